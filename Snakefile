@@ -1,0 +1,33 @@
+# Position bias of multimodal LLMs in multi-image retrieval, and LAD debiasing.
+#
+#   snakemake --cores N                                   the study in config.yaml
+#   snakemake --cores 2 --configfile workflow/demo/config.yaml   the offline demo
+#   snakemake --workflow-profile workflow/profiles/slurm  on a SLURM cluster
+#
+# A --configfile replaces config.yaml entirely (it is not merged into it).
+
+from snakemake.utils import min_version
+
+min_version("9.0")
+
+if not workflow.overwrite_configfiles:
+
+    configfile: "config.yaml"
+
+
+include: "workflow/rules/common.smk"
+include: "workflow/rules/demo.smk"
+include: "workflow/rules/download.smk"
+include: "workflow/rules/captions.smk"
+include: "workflow/rules/features.smk"
+include: "workflow/rules/benchmark.smk"
+include: "workflow/rules/infer.smk"
+include: "workflow/rules/calibrate.smk"
+include: "workflow/rules/evaluate.smk"
+include: "workflow/rules/report.smk"
+
+
+rule all:
+    default_target: True
+    input:
+        rules.report_all.input,

@@ -1,0 +1,3 @@
+from ladbench.cli import main
+
+main()

@@ -1,0 +1,142 @@
+"""Study configuration: load a YAML file, fill defaults and validate it against the schema.
+
+The schema (``workflow/schemas/config.schema.yaml``) is the single description of every
+key. Validation fills defaults in place (like ``snakemake.utils.validate``) and turns the
+first schema violation into a :class:`ConfigError` that names the offending key path and
+the file, e.g. ``config.yaml: lad.tau: -1 is less than or equal to the minimum of 0``.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any, Mapping
+
+import jsonschema
+import yaml
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SCHEMA_PATH = REPO_ROOT / "workflow" / "schemas" / "config.schema.yaml"
+
+
+class ConfigError(ValueError):
+    """A configuration value is missing, of the wrong type or out of range."""
+
+
+def _extend_with_defaults(validator_class):
+    """A validator class that writes each subschema's ``default`` into missing keys.
+
+    Defaults are filled while descending, so a default object (e.g. ``lad: {}``) gets its
+    own nested defaults too.
+    """
+    validate_properties = validator_class.VALIDATORS["properties"]
+
+    def set_defaults(validator, properties, instance, schema):
+        if isinstance(instance, dict):
+            for key, subschema in properties.items():
+                if "default" in subschema and key not in instance:
+                    instance[key] = copy.deepcopy(subschema["default"])
+        yield from validate_properties(validator, properties, instance, schema)
+
+    return jsonschema.validators.extend(validator_class, {"properties": set_defaults})
+
+
+_DefaultFillingValidator = _extend_with_defaults(jsonschema.Draft202012Validator)
+
+
+def load_schema(path: Path | str = SCHEMA_PATH) -> dict:
+    with open(path) as handle:
+        return yaml.safe_load(handle)
+
+
+def key_path(error: jsonschema.ValidationError) -> str:
+    """``lad.tau`` or ``models.qwen.layer_range[1]`` for a validation error."""
+    text = ""
+    for part in error.absolute_path:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text or "(top level)"
+
+
+def _most_specific(error: jsonschema.ValidationError) -> jsonschema.ValidationError:
+    """Descend into oneOf/anyOf failures to the error deepest in the document."""
+    if error.context:
+        return _most_specific(max(error.context, key=lambda e: len(e.absolute_path)))
+    return error
+
+
+def validate_config(config: dict, schema: Mapping | None = None, source: str = "config") -> dict:
+    """Fill defaults into ``config`` (in place) and validate it; returns ``config``.
+
+    Raises :class:`ConfigError` naming ``source`` and the key path of the first problem.
+    """
+    schema = load_schema() if schema is None else schema
+    validator = _DefaultFillingValidator(schema)
+    errors = sorted(validator.iter_errors(config), key=lambda e: list(map(str, e.absolute_path)))
+    if errors:
+        error = _most_specific(errors[0])
+        raise ConfigError(f"{source}: {key_path(error)}: {error.message}")
+    _check_cross_references(config, source)
+    return config
+
+
+def _check_cross_references(config: dict, source: str) -> None:
+    """Constraints the schema cannot express: names that must refer to other entries."""
+    benchmarks = config.setdefault("benchmarks", {})
+    benchmarks.setdefault("datasets", sorted(config["datasets"]))
+    for name in benchmarks["datasets"]:
+        if name not in config["datasets"]:
+            raise ConfigError(
+                f"{source}: benchmarks.datasets: '{name}' is not a key of datasets "
+                f"(known: {', '.join(sorted(config['datasets']))})"
+            )
+    for name, dataset in config["datasets"].items():
+        if dataset["source"] != "synthetic" and "root" not in dataset and not (
+            "images_dir" in dataset and "captions_json" in dataset
+        ):
+            raise ConfigError(
+                f"{source}: datasets.{name}: give root (download folder) or images_dir + captions_json"
+            )
+    for name, model in config["models"].items():
+        if model["family"] == "llava_ov15" and not model["tiny"] and not model["trust_remote_code"]:
+            raise ConfigError(
+                f"{source}: models.{name}.trust_remote_code: LLaVA-OneVision-1.5 runs the model's own "
+                "code from the hub; set it to true to allow that"
+            )
+    if not 0 < config["calibration"]["n_cal"] <= benchmarks["n_calibration_pool"]:
+        raise ConfigError(
+            f"{source}: calibration.n_cal: {config['calibration']['n_cal']} must be at most "
+            f"benchmarks.n_calibration_pool ({benchmarks['n_calibration_pool']})"
+        )
+
+
+def load_config(path: Path | str, schema_path: Path | str = SCHEMA_PATH) -> dict:
+    """Read a YAML study file and return it validated, with defaults filled."""
+    path = Path(path)
+    try:
+        with open(path) as handle:
+            config = yaml.safe_load(handle) or {}
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such config file") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(config, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of keys to values")
+    return validate_config(config, load_schema(schema_path), source=str(path))
+
+
+def layer_range_arg(layer_range: Any) -> str:
+    """The CLI form of a layer range: ``all`` or ``first:last``."""
+    return "all" if layer_range == "all" else f"{layer_range[0]}:{layer_range[1]}"
+
+
+def parse_layer_range(text: str) -> tuple[int, int] | None:
+    """Inverse of :func:`layer_range_arg`; ``None`` means every layer."""
+    if text == "all":
+        return None
+    try:
+        first, last = (int(part) for part in text.split(":"))
+    except ValueError:
+        raise ValueError(f"layer range '{text}': expected 'all' or 'first:last', e.g. 21:35") from None
+    if not 0 <= first <= last:
+        raise ValueError(f"layer range '{text}': need 0 <= first <= last")
+    return first, last

@@ -1,0 +1,1 @@
+"""Data stages: downloads, COCO-format annotations and the embedded synthetic scenes."""

@@ -1,0 +1,312 @@
+"""What every model adapter provides, and the code the three families share.
+
+An adapter is the ONLY place that knows a model family: how to load it, how its chat
+template lays out images and text, which marker tokens delimit an image's token span
+(METHOD §3), where its decoder self-attention modules live, and how positions continue
+after a prefill (for KV-cache continuation steps). Everything downstream (attention
+capture, candidate scoring, the cache) talks to models through this interface only.
+
+All three supported families use a ChatML-style template (``<|im_start|>`` /
+``<|im_end|>``), take images through their own processor, and expose a base model
+(``model.model``) whose output is the last hidden state, plus an ``lm_head``.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Any, ClassVar, Sequence
+
+import torch
+from PIL import Image
+
+#: The attention implementation name the adapters load text decoders with. It is
+#: registered by :mod:`ladbench.inference.attention` (fast kernel + last-row capture).
+CAPTURE_ATTENTION = "ladbench_capture"
+
+
+@dataclass
+class PrefillState:
+    """What a prefill pass leaves behind for continuation steps.
+
+    ``past_key_values`` is the model's KV cache (None when not requested);
+    ``attention_mask`` the 2-D padding mask [B, T]; ``position_offset`` a family-specific
+    tensor needed to continue positions (Qwen2.5-VL: its M-RoPE ``rope_deltas`` [B, 1];
+    1-D RoPE families: the last real position per row [B, 1]).
+    """
+
+    past_key_values: Any
+    attention_mask: torch.Tensor
+    position_offset: torch.Tensor | None
+    seq_len: int
+
+
+def resolve_device(device: str) -> str:
+    """Map ``auto`` to ``cuda`` when a GPU is visible, else ``cpu``; validate the rest."""
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
+        raise ValueError(f"--device must be auto, cpu or cuda[:i]; got {device!r}")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"--device {device!r} asked for, but torch sees no CUDA device")
+    return device
+
+
+def resolve_dtype(dtype: str, device: str) -> torch.dtype:
+    """``auto`` is bfloat16 on GPU (what the paper's models were released in) and float32 on CPU."""
+    table = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    if dtype == "auto":
+        return torch.bfloat16 if device.startswith("cuda") else torch.float32
+    if dtype not in table:
+        raise ValueError(f"--dtype must be one of auto, {', '.join(table)}; got {dtype!r}")
+    return table[dtype]
+
+
+def read_config_json(model_path: str) -> dict:
+    """The raw ``config.json`` of a local model folder ({} for hub ids, resolved later)."""
+    path = os.path.join(model_path, "config.json")
+    if os.path.isfile(path):
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    return {}
+
+
+def resize_square(image: Image.Image, size: int) -> Image.Image:
+    """Resize to ``size`` x ``size`` with bicubic filtering, as the reference does before the processor."""
+    return image.convert("RGB").resize((size, size), Image.BICUBIC)
+
+
+class ModelAdapter:
+    """Base class: one subclass per model family (see the module docstring)."""
+
+    #: registry key, e.g. "qwen2_5_vl"
+    family: ClassVar[str] = ""
+    #: marker tokens that open / close one image's token span (inclusive, METHOD §3)
+    image_start_token: ClassVar[str] = ""
+    image_end_token: ClassVar[str] = ""
+    #: the placeholder token the vision features are scattered into
+    image_token: ClassVar[str] = ""
+    #: token that ends an assistant turn; the "EOS" of the restricted normalisation
+    end_of_turn_token: ClassVar[str] = "<|im_end|>"
+    #: keys the processor returns that this family's base model does not accept
+    drop_input_keys: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, model: torch.nn.Module, processor: Any, *, model_path: str,
+                 revision: str | None = None, attention: str = "sdpa") -> None:
+        self.model = model
+        self.processor = processor
+        self.model_path = model_path
+        self.revision = revision
+        self.attention = attention
+        tok = self.tokenizer
+        self.image_start_id = self._token_id(self.image_start_token)
+        self.image_end_id = self._token_id(self.image_end_token)
+        self.image_token_id = self._token_id(self.image_token)
+        self.end_of_turn_id = self._token_id(self.end_of_turn_token)
+        self.pad_token_id = tok.pad_token_id if tok.pad_token_id is not None else self.end_of_turn_id
+
+    # ---------------------------------------------------------------- loading
+    @classmethod
+    def load(cls, model_path: str, *, revision: str | None = None, dtype: str = "auto",
+             device: str = "auto", trust_remote_code: bool = False,
+             attention: str = "capture") -> "ModelAdapter":
+        """Load model + processor from a hub id or a local folder (same code path for both).
+
+        ``attention`` is ``capture`` (fast kernel with last-row capture, the default),
+        ``sdpa`` (plain fast kernel, no capture: for timing baselines) or ``eager``
+        (the reference path, ``output_attentions`` works). On GPU the weights are placed
+        with ``device_map="auto"``; on CPU everything is float32 unless told otherwise.
+        """
+        dev = resolve_device(device)
+        torch_dtype = resolve_dtype(dtype, dev)
+        text_impl = {"capture": CAPTURE_ATTENTION, "sdpa": "sdpa", "eager": "eager"}.get(attention)
+        if text_impl is None:
+            raise ValueError(f"attention must be capture, sdpa or eager; got {attention!r}")
+        if text_impl == CAPTURE_ATTENTION:
+            from ladbench.inference.attention import register_capture_attention
+            register_capture_attention()
+        load_kw: dict[str, Any] = {"torch_dtype": torch_dtype, "revision": revision}
+        if dev.startswith("cuda"):
+            load_kw["device_map"] = "auto" if dev == "cuda" else dev
+        processor = cls._load_processor(model_path, revision=revision, trust_remote_code=trust_remote_code)
+        model = cls._load_model(model_path, text_impl=text_impl, trust_remote_code=trust_remote_code, **load_kw)
+        model.eval()
+        if not dev.startswith("cuda"):
+            model.to(dev)
+        return cls(model, processor, model_path=model_path, revision=revision, attention=attention)
+
+    @classmethod
+    def _load_processor(cls, model_path: str, *, revision: str | None, trust_remote_code: bool) -> Any:
+        from transformers import AutoProcessor, ProcessorMixin
+        # trust_remote_code is always passed explicitly: with None, transformers may ask on stdin
+        processor = AutoProcessor.from_pretrained(model_path, revision=revision,
+                                                  trust_remote_code=trust_remote_code)
+        if not isinstance(processor, ProcessorMixin):
+            # AutoProcessor silently falls back to the bare tokenizer when it cannot find a processor
+            raise ValueError(f"{model_path}: AutoProcessor returned {type(processor).__name__}, not a "
+                             "multimodal processor (is processor_config.json / preprocessor_config.json there?)")
+        return processor
+
+    @classmethod
+    def _load_model(cls, model_path: str, *, text_impl: str, trust_remote_code: bool, **kw: Any) -> torch.nn.Module:
+        raise NotImplementedError
+
+    @staticmethod
+    def attn_implementation(text_impl: str) -> dict[str, str]:
+        """Per-sub-config attention choice: the capture function only on the text decoder."""
+        return {"text_config": text_impl, "vision_config": "sdpa" if text_impl != "eager" else "eager"}
+
+    # ------------------------------------------------------------- properties
+    @property
+    def tokenizer(self) -> Any:
+        return self.processor.tokenizer
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.get_input_embeddings().weight.device
+
+    @property
+    def text_config(self) -> Any:
+        return self.model.config.get_text_config()
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.attention_modules())
+
+    @property
+    def n_heads(self) -> int:
+        return int(self.text_config.num_attention_heads)
+
+    def _token_id(self, token: str) -> int:
+        tid = self.tokenizer.convert_tokens_to_ids(token)
+        if tid is None or tid == self.tokenizer.unk_token_id:
+            raise ValueError(f"{self.model_path}: the tokenizer has no token {token!r}, which the "
+                             f"{self.family} adapter needs")
+        return int(tid)
+
+    # -------------------------------------------------------------- structure
+    def decoder_layers(self) -> Sequence[torch.nn.Module]:
+        """The text decoder layers, in order (layer index = position in this list)."""
+        return list(self.model.model.language_model.layers)
+
+    def attention_modules(self) -> list[torch.nn.Module]:
+        """The self-attention module of every text decoder layer."""
+        return [layer.self_attn for layer in self.decoder_layers()]
+
+    # ----------------------------------------------------------------- inputs
+    def chat_text(self, prompt: str, n_images: int) -> str:
+        """The full prompt string: ``n_images`` images first, then ``prompt``, through the
+        model's own chat template with the generation prompt added (METHOD §1)."""
+        messages = [{"role": "user", "content": [{"type": "image"} for _ in range(n_images)]
+                     + [{"type": "text", "text": prompt}]}]
+        return self.processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+    def encode(self, texts: Sequence[str], images: Sequence[Sequence[Image.Image]]) -> dict[str, torch.Tensor]:
+        """Tokenise a batch of prompts with their images (flat, in prompt order), left padded."""
+        flat = [im for row in images for im in row]
+        inputs = self.processor(text=list(texts), images=flat, return_tensors="pt", padding=True,
+                                padding_side="left")
+        out = {k: v.to(self.device) for k, v in inputs.items() if k not in self.drop_input_keys}
+        if "pixel_values" in out and out["pixel_values"].is_floating_point():
+            out["pixel_values"] = out["pixel_values"].to(self.model.dtype)
+        return out
+
+    def image_spans(self, input_ids: Sequence[int]) -> list[tuple[int, int]]:
+        """Token spans ``[start, end)`` of each image, start and end markers included (METHOD §3)."""
+        spans, start = [], None
+        for pos, tid in enumerate(input_ids):
+            if tid == self.image_start_id:
+                if start is not None:
+                    raise ValueError(f"nested {self.image_start_token!r} at token {pos}")
+                start = pos
+            elif tid == self.image_end_id:
+                if start is None:
+                    raise ValueError(f"{self.image_end_token!r} without an opening marker at token {pos}")
+                spans.append((start, pos + 1))
+                start = None
+        if start is not None:
+            raise ValueError(f"unclosed {self.image_start_token!r} at token {start}")
+        return spans
+
+    # ---------------------------------------------------------------- forward
+    def prefill_position_ids(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor | None:
+        """Explicit position ids for the prefill, or None to let the model compute them."""
+        return None
+
+    @torch.no_grad()
+    def prefill(self, inputs: dict[str, torch.Tensor], *, use_cache: bool) -> tuple[torch.Tensor, PrefillState]:
+        """One forward pass over the whole prompt; returns the next-token logits [B, V]
+        (float32) and the state continuation steps need. Only the last position goes
+        through the LM head (a full-vocabulary projection of every position is waste)."""
+        kwargs = dict(inputs)
+        pos = self.prefill_position_ids(inputs)
+        if pos is not None:
+            kwargs["position_ids"] = pos
+        out = self.model.model(**kwargs, use_cache=use_cache, return_dict=True)
+        hidden = out.last_hidden_state[:, -1:]
+        logits = self.model.get_output_embeddings()(hidden)[:, -1].float()
+        state = PrefillState(past_key_values=out.past_key_values if use_cache else None,
+                             attention_mask=inputs["attention_mask"],
+                             position_offset=self._position_offset(inputs, out),
+                             seq_len=int(inputs["input_ids"].shape[1]))
+        return logits, state
+
+    def _position_offset(self, inputs: dict[str, torch.Tensor], out: Any) -> torch.Tensor | None:
+        """Family hook: what ``continuation_position_ids`` needs from the prefill."""
+        return None
+
+    def continuation_position_ids(self, state: PrefillState, n_new: int) -> torch.Tensor | None:
+        """Position ids of ``n_new`` tokens appended after the prefill (None = model default)."""
+        return None
+
+    @torch.no_grad()
+    def continue_logits(self, state: PrefillState, new_tokens: Sequence[int]) -> torch.Tensor:
+        """Next-token logits [B, V] after appending ``new_tokens`` (same for every row) to the
+        prefilled prompt, reusing the prefill's KV cache; the cache is cropped back afterwards
+        so several continuations can share one prefill."""
+        if state.past_key_values is None:
+            raise ValueError("continue_logits needs a prefill run with use_cache=True")
+        batch = state.attention_mask.shape[0]
+        n_new = len(new_tokens)
+        ids = torch.tensor([list(new_tokens)] * batch, dtype=torch.long, device=self.device)
+        mask = torch.cat([state.attention_mask, torch.ones_like(ids, dtype=state.attention_mask.dtype)], dim=1)
+        cache_position = torch.arange(state.seq_len, state.seq_len + n_new, device=self.device)
+        kwargs: dict[str, Any] = dict(input_ids=ids, attention_mask=mask, past_key_values=state.past_key_values,
+                                      use_cache=True, cache_position=cache_position, return_dict=True)
+        pos = self.continuation_position_ids(state, n_new)
+        if pos is not None:
+            kwargs["position_ids"] = pos
+        try:
+            out = self.model.model(**kwargs)
+            hidden = out.last_hidden_state[:, -1:]
+            return self.model.get_output_embeddings()(hidden)[:, -1].float()
+        finally:
+            state.past_key_values.crop(state.seq_len)
+
+    @torch.no_grad()
+    def generate(self, inputs: dict[str, torch.Tensor], **generation_kwargs: Any) -> list[str]:
+        """Generate replies for a batch (left padded); returns only the new text per row."""
+        out = self.model.generate(**inputs, **generation_kwargs)
+        new = out[:, inputs["input_ids"].shape[1]:]
+        return self.tokenizer.batch_decode(new, skip_special_tokens=True)
+
+
+class OneDimRopeMixin:
+    """Position handling of decoders with plain 1-D RoPE (InternVL's Qwen2, OV-1.5's Qwen3).
+
+    With left padding the model's default positions (``arange``) would start every row at
+    the padding; RoPE scores are shift-invariant, but generation in transformers counts
+    positions from the first real token, so we do the same for exact batch == single-row
+    equivalence.
+    """
+
+    def prefill_position_ids(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        mask = inputs["attention_mask"].long()
+        return (mask.cumsum(-1) - 1).clamp(min=0)
+
+    def _position_offset(self, inputs: dict[str, torch.Tensor], out: Any) -> torch.Tensor:
+        return inputs["attention_mask"].long().sum(-1, keepdim=True) - 1          # last real position [B, 1]
+
+    def continuation_position_ids(self, state: PrefillState, n_new: int) -> torch.Tensor:
+        steps = torch.arange(1, n_new + 1, device=state.position_offset.device).view(1, -1)
+        return state.position_offset + steps

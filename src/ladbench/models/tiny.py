@@ -1,0 +1,253 @@
+"""Tiny, randomly initialised, fully offline builds of the three model families.
+
+Each build is saved with ``save_pretrained`` (model + processor + chat template) into a
+folder and is meant to be loaded back through exactly the adapter code a hub model goes
+through (``ModelAdapter.load(folder)``). Nothing is downloaded: the tokenizer is a
+byte-level BPE trained here on a few sentences, with the real special tokens of the
+families, wrapped in ``Qwen2TokenizerFast`` (the class real Qwen checkpoints use), so
+digits are single tokens and multi-character identifiers ("10", "III", "third") really
+need several tokens, as they do for the real tokenizers.
+
+The weights are random: these models are for testing code paths and equivalences, and
+their answers mean nothing.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import tempfile
+from typing import Any
+
+import torch
+
+FAMILIES = ("qwen2_5_vl", "internvl", "llava_ov15")
+
+# Pre-tokenisation of Qwen2 tokenizers (one digit per token, words with one leading non-letter).
+_QWEN_PRETOKENIZE = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                     r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+QWEN_SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
+                       "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>",
+                       "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>")
+INTERNVL_SPECIAL_TOKENS = ("<img>", "</img>", "<IMG_CONTEXT>", "<quad>", "</quad>", "<ref>", "</ref>",
+                           "<box>", "</box>", "<video>")
+
+# Text the BPE is trained on: the prompts and every identifier format, so that the merges
+# look like a real tokenizer's on this task (e.g. "first" one token, "III" maybe not).
+_TRAINING_TEXT = (
+    "Given 4 images indexed from 1 to 4, identify the image that best matches the provided caption. "
+    "Respond with the index number only and nothing else.\nCaption: a red square on a table\nAnswer: ",
+    "Please note that the provided images have been randomly shuffled, so it is essential to consider them "
+    "fairly and without bias. Analyze the visual content objectively and do not be influenced by the order.",
+    "Please think step by step. First, write your reasoning inside <think> and </think> tags. "
+    "The answer is 3. You are a helpful assistant. user assistant system",
+    "A B C D E F G H I J K L a b c d e f g h i j k l I II III IV V VI VII VIII IX X XI XII",
+    "first second third fourth fifth sixth seventh eighth ninth tenth eleventh twelfth",
+    "0 1 2 3 4 5 6 7 8 9 10 11 12 the a an of and in on with is that this dog cat blue green yellow",
+)
+
+QWEN2_5_VL_CHAT_TEMPLATE = (
+    "{% set image_count = namespace(value=0) %}{% set video_count = namespace(value=0) %}"
+    "{% for message in messages %}"
+    "{% if loop.first and message['role'] != 'system' %}<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}"
+    "<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}<|im_end|>\n"
+    "{% else %}{% for content in message['content'] %}"
+    "{% if content['type'] == 'image' or 'image' in content or 'image_url' in content %}"
+    "{% set image_count.value = image_count.value + 1 %}"
+    "{% if add_vision_id %}Picture {{ image_count.value }}: {% endif %}<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif content['type'] == 'video' or 'video' in content %}{% set video_count.value = video_count.value + 1 %}"
+    "{% if add_vision_id %}Video {{ video_count.value }}: {% endif %}<|vision_start|><|video_pad|><|vision_end|>"
+    "{% elif 'text' in content %}{{ content['text'] }}{% endif %}{% endfor %}<|im_end|>\n{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+# The template of the OpenGVLab/InternVL3-*-hf checkpoints (images as <IMG_CONTEXT>, which the
+# processor expands to <img><IMG_CONTEXT>*k</img>).
+INTERNVL_CHAT_TEMPLATE = (
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n'}}"
+    "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
+    "{% for content in message['content'] %}"
+    "{% if content['type'] == 'image' %}{{ '<IMG_CONTEXT>\n' }}{% elif content['type'] == 'video' %}{{ '<video>\n' }}"
+    "{% elif content['type'] == 'text' %}{{ content['text'] }}{% endif %}{% endfor %}{% endif %}"
+    "{{'<|im_end|>\n'}}{% endfor %}{% if add_generation_prompt %}{{'<|im_start|>assistant\n' }}{% endif %}")
+
+#: Model sizes. "tiny" is for tests (seconds on CPU); "medium" for the CPU benchmark.
+PRESETS: dict[str, dict[str, Any]] = {
+    "tiny": dict(hidden=64, intermediate=128, layers=3, heads=4, kv_heads=2, vision_hidden=32, vision_depth=2,
+                 max_pixels=112 * 112, init_std=0.15),
+    "medium": dict(hidden=512, intermediate=1024, layers=8, heads=8, kv_heads=2, vision_hidden=64, vision_depth=2,
+                   max_pixels=448 * 448, init_std=0.05),
+}
+VOCAB_SIZE = 512
+
+
+def build_tokenizer(extra_special_tokens: tuple[str, ...] = (), **tokenizer_kwargs: Any):
+    """A Qwen2-style byte-level BPE tokenizer trained offline, with the families' special tokens."""
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    from transformers import Qwen2TokenizerFast
+
+    core = Tokenizer(models.BPE())
+    core.normalizer = normalizers.NFC()
+    core.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(_QWEN_PRETOKENIZE), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    core.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=400, min_frequency=1, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  special_tokens=["<|endoftext|>"])
+    core.train_from_iterator(list(_TRAINING_TEXT) * 3, trainer=trainer)
+    bpe = json.loads(core.to_str())["model"]
+    merges = [m if isinstance(m, str) else " ".join(m) for m in bpe["merges"]]
+    # transformers 4.53's Qwen2TokenizerFast converts from vocab/merges files (the slow class's format)
+    with tempfile.TemporaryDirectory() as tmp:
+        vocab_file, merges_file = os.path.join(tmp, "vocab.json"), os.path.join(tmp, "merges.txt")
+        with open(vocab_file, "w", encoding="utf-8") as f:
+            json.dump(bpe["vocab"], f, ensure_ascii=False)
+        with open(merges_file, "w", encoding="utf-8") as f:
+            f.write("#version: 0.2\n" + "".join(m + "\n" for m in merges))
+        tok = Qwen2TokenizerFast(vocab_file=vocab_file, merges_file=merges_file, unk_token=None, bos_token=None,
+                                 eos_token="<|im_end|>", pad_token="<|endoftext|>", **tokenizer_kwargs)
+    vocab = tok.get_vocab()
+    tok.add_tokens([t for t in QWEN_SPECIAL_TOKENS + extra_special_tokens if t not in vocab], special_tokens=True)
+    if len(tok) > VOCAB_SIZE:
+        raise RuntimeError(f"tiny tokenizer has {len(tok)} tokens, more than the tiny models' {VOCAB_SIZE}")
+    return tok
+
+
+def _ids(tok, names: tuple[str, ...]) -> dict[str, int]:
+    return {n: tok.convert_tokens_to_ids(n) for n in names}
+
+
+def _qwen_processor(tok, max_pixels: int, **image_kwargs: Any):
+    from transformers import Qwen2_5_VLProcessor, Qwen2VLImageProcessor, Qwen2VLVideoProcessor
+    improc = Qwen2VLImageProcessor(min_pixels=56 * 56, max_pixels=max_pixels, **image_kwargs)
+    vidproc = Qwen2VLVideoProcessor(min_pixels=56 * 56, max_pixels=max_pixels, **image_kwargs)
+    return Qwen2_5_VLProcessor(image_processor=improc, video_processor=vidproc, tokenizer=tok,
+                               chat_template=QWEN2_5_VL_CHAT_TEMPLATE)
+
+
+def _text_config(p: dict[str, Any], ids: dict[str, int], **extra: Any) -> dict[str, Any]:
+    return dict(vocab_size=VOCAB_SIZE, hidden_size=p["hidden"], intermediate_size=p["intermediate"],
+                num_hidden_layers=p["layers"], num_attention_heads=p["heads"], num_key_value_heads=p["kv_heads"],
+                max_position_embeddings=8192, initializer_range=p["init_std"], rope_theta=1e6,
+                bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"],
+                pad_token_id=ids["<|endoftext|>"], **extra)
+
+
+def _qwen_vision_config(p: dict[str, Any], full_attention_blocks: list[int]) -> dict[str, Any]:
+    return dict(depth=p["vision_depth"], hidden_size=p["vision_hidden"], intermediate_size=2 * p["vision_hidden"],
+                num_heads=2, out_hidden_size=p["hidden"], patch_size=14, spatial_merge_size=2,
+                temporal_patch_size=2, window_size=112, fullatt_block_indexes=full_attention_blocks)
+
+
+def _build_qwen2_5_vl(out_dir: str, p: dict[str, Any]):
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+    tok = build_tokenizer()
+    ids = _ids(tok, QWEN_SPECIAL_TOKENS)
+    head_dim = p["hidden"] // p["heads"]
+    # M-RoPE sections (t, h, w) in rotary pairs; they sum to head_dim / 2 like the real 16/24/24 of 128
+    t = head_dim // 8
+    section = [t, (head_dim // 2 - t) // 2, head_dim // 2 - t - (head_dim // 2 - t) // 2]
+    cfg = Qwen2_5_VLConfig(
+        text_config=_text_config(p, ids, rope_scaling={"type": "mrope", "mrope_section": section}),
+        vision_config=_qwen_vision_config(p, [p["vision_depth"] - 1]),
+        image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
+        bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"], pad_token_id=ids["<|endoftext|>"])
+    return Qwen2_5_VLForConditionalGeneration(cfg), _qwen_processor(tok, p["max_pixels"])
+
+
+def _build_internvl(out_dir: str, p: dict[str, Any]):
+    from transformers import (GotOcr2ImageProcessor, InternVLConfig, InternVLForConditionalGeneration,
+                              InternVLProcessor, InternVLVideoProcessor)
+    tok = build_tokenizer(INTERNVL_SPECIAL_TOKENS, extra_special_tokens={
+        "start_image_token": "<img>", "end_image_token": "</img>", "context_image_token": "<IMG_CONTEXT>",
+        "video_token": "<video>"})
+    ids = _ids(tok, QWEN_SPECIAL_TOKENS + INTERNVL_SPECIAL_TOKENS)
+    tile, patch, downsample = 56, 14, 0.5
+    tokens_per_tile = int((tile // patch) ** 2 * downsample ** 2)
+    norm = dict(image_mean=[0.485, 0.456, 0.406], image_std=[0.229, 0.224, 0.225])
+    improc = GotOcr2ImageProcessor(size={"height": tile, "width": tile}, crop_to_patches=False,
+                                   min_patches=1, max_patches=4, **norm)
+    vidproc = InternVLVideoProcessor(size={"height": tile, "width": tile}, **norm)
+    proc = InternVLProcessor(image_processor=improc, video_processor=vidproc, tokenizer=tok,
+                             image_seq_length=tokens_per_tile, chat_template=INTERNVL_CHAT_TEMPLATE)
+    cfg = InternVLConfig(
+        vision_config=dict(hidden_size=p["vision_hidden"], num_hidden_layers=p["vision_depth"], num_attention_heads=2,
+                           intermediate_size=2 * p["vision_hidden"], image_size=tile, patch_size=patch,
+                           norm_type="layer_norm", use_qk_norm=False, use_mean_pooling=True),
+        text_config=dict(model_type="qwen2", **_text_config(p, ids)),
+        image_token_id=ids["<IMG_CONTEXT>"], image_seq_length=tokens_per_tile, downsample_ratio=downsample,
+        projector_hidden_act="gelu", vision_feature_layer=-1, vision_feature_select_strategy="default",
+        tie_word_embeddings=False, eos_token_id=ids["<|im_end|>"], pad_token_id=ids["<|endoftext|>"])
+    return InternVLForConditionalGeneration(cfg), proc
+
+
+def _build_llava_ov15(out_dir: str, p: dict[str, Any]):
+    from .tiny_ov15 import modeling_tiny_ov15 as remote
+    tok = build_tokenizer()
+    ids = _ids(tok, QWEN_SPECIAL_TOKENS)
+    proc = _qwen_processor(tok, p["max_pixels"], image_mean=[0.48145466, 0.4578275, 0.40821073],
+                           image_std=[0.26862954, 0.26130258, 0.27577711])
+    cfg = remote.TinyOV15Config(
+        text_config=_text_config(p, ids, head_dim=p["hidden"] // p["heads"]),
+        vision_config=_qwen_vision_config(p, list(range(p["vision_depth"]))),
+        image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
+        auto_map={"AutoConfig": "modeling_tiny_ov15.TinyOV15Config",
+                  "AutoModelForCausalLM": "modeling_tiny_ov15.TinyOV15ForConditionalGeneration"},
+        eos_token_id=ids["<|im_end|>"], pad_token_id=ids["<|endoftext|>"])
+    return remote.TinyOV15ForConditionalGeneration(cfg), proc
+
+
+_BUILDERS = {"qwen2_5_vl": _build_qwen2_5_vl, "internvl": _build_internvl, "llava_ov15": _build_llava_ov15}
+
+
+def build_tiny_model(family: str, out_dir: str, *, seed: int = 0, preset: str = "tiny") -> str:
+    """Build a random model of ``family`` and save it (weights, processor, chat template) to ``out_dir``.
+
+    The folder is written to a temporary sibling and renamed, so a half-built model is
+    never mistaken for a finished one. Returns ``out_dir``. For ``llava_ov15`` the folder
+    also holds the model code (``modeling_tiny_ov15.py``) and an ``auto_map``, so it loads
+    only with ``trust_remote_code=True``, like the hub model.
+    """
+    if family not in _BUILDERS:
+        raise ValueError(f"unknown family {family!r}; choose one of {', '.join(FAMILIES)}")
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
+    out_dir = os.path.abspath(out_dir)
+    tmp_dir = out_dir.rstrip("/") + ".tmp"
+    shutil.rmtree(tmp_dir, ignore_errors=True)
+    torch.manual_seed(seed)
+    model, processor = _BUILDERS[family](tmp_dir, PRESETS[preset])
+    model.eval()
+    model.save_pretrained(tmp_dir)
+    processor.save_pretrained(tmp_dir)
+    if family == "llava_ov15":
+        from .tiny_ov15 import modeling_tiny_ov15 as remote
+        shutil.copy(remote.__file__, os.path.join(tmp_dir, "modeling_tiny_ov15.py"))
+    with open(os.path.join(tmp_dir, "ladbench_tiny.json"), "w", encoding="utf-8") as f:
+        json.dump({"family": family, "seed": seed, "preset": preset,
+                   "note": "random weights built offline by ladbench demo-model; answers are meaningless"}, f)
+    shutil.rmtree(out_dir, ignore_errors=True)
+    os.replace(tmp_dir, out_dir)
+    return out_dir
+
+
+def _cmd_demo_model(args: argparse.Namespace) -> None:
+    path = build_tiny_model(args.family, args.out, seed=args.seed, preset=args.preset)
+    print(path)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the ``demo-model`` subcommand."""
+    p = subparsers.add_parser("demo-model", help="build a tiny random model of one family into a folder (offline)",
+                              description=build_tiny_model.__doc__)
+    p.add_argument("--family", required=True, choices=FAMILIES, help="model family to build")
+    p.add_argument("--out", required=True, help="output folder (replaced if it exists)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random weights (default 0)")
+    p.add_argument("--preset", default="tiny", choices=sorted(PRESETS),
+                   help="model size: tiny (tests) or medium (CPU benchmark); default tiny")
+    p.set_defaults(func=_cmd_demo_model)

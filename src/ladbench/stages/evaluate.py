@@ -1,0 +1,90 @@
+"""Stage `evaluate`: every configured method on a cache's evaluation rows, with one
+calibration per draw (seed), and metrics with bootstrap confidence intervals.
+
+The calibration may come from another benchmark's cache (calibration transfer): it only
+has to share N and the model's layer count. Writes a JSON summary and, beside it, an
+``.npz`` of per-instance predictions (the first draw) for figures and paired tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+
+from ladbench import methods, metrics
+from ladbench.atomic import atomic_path, atomic_write_json
+from ladbench.calibration import Calibration
+from ladbench.config import parse_layer_range
+from ladbench.inference.cache import read_cache
+from ladbench.stages.arrays import EvalArrays, eval_arrays
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser("evaluate", help="evaluate methods from a cache and calibrations")
+    parser.add_argument("--cache", required=True, help="inference cache (HDF5) of the test benchmark")
+    parser.add_argument("--calibration", nargs="+", required=True, help="calibration .npz, one per draw")
+    parser.add_argument("--methods", nargs="+", default=["vanilla", "pride", "lad"], help="methods to evaluate")
+    parser.add_argument("--layer-range", default="all", help="LAD's layer search range: all or first:last (0-based)")
+    parser.add_argument("--top-k", type=int, default=2, help="K: layers kept by attention strength")
+    parser.add_argument("--tau", type=float, default=5.0, help="sharpening temperature")
+    parser.add_argument("--layer-mean", choices=["reference", "paper"], default="reference")
+    parser.add_argument("--mixture", choices=["reference", "paper"], default="reference")
+    parser.add_argument("--bootstrap", type=int, default=10000, help="bootstrap resamples (0: no intervals)")
+    parser.add_argument("--ci", type=float, default=0.95, help="confidence level")
+    parser.add_argument("--seed", type=int, default=0, help="bootstrap seed")
+    parser.add_argument("--out", required=True, help="output .json (predictions go to the same name .npz)")
+    parser.set_defaults(func=run)
+
+
+def method_settings(args: argparse.Namespace) -> dict:
+    return {
+        "top_k": args.top_k, "tau": args.tau, "layer_range": parse_layer_range(args.layer_range),
+        "layer_mean": args.layer_mean, "mixture": args.mixture,
+    }
+
+
+def predict_all(names, arrays: EvalArrays, calibration: Calibration, settings: dict) -> dict[str, np.ndarray]:
+    unknown = sorted(set(names) - set(methods.METHODS))
+    if unknown:
+        raise ValueError(f"unknown method(s) {unknown}; known: {sorted(methods.METHODS)}")
+    return {name: methods.METHODS[name](arrays, calibration, settings) for name in names}
+
+
+def run(args: argparse.Namespace) -> None:
+    arrays = eval_arrays(read_cache(args.cache), source=args.cache)
+    calibrations = [Calibration.from_npz(path) for path in args.calibration]
+    settings = method_settings(args)
+    n = arrays.scores.shape[-1]
+    draws = [predict_all(args.methods, arrays, cal, settings) for cal in calibrations]
+
+    summary = {}
+    for name in args.methods:
+        summary[name] = metrics.summarize(
+            draws[0][name], arrays.target_pos, arrays.order, n, n_boot=args.bootstrap, ci=args.ci, seed=args.seed
+        )
+        if len(draws) > 1:
+            summary[name]["calibration_draws"] = metrics.spread_over_draws(
+                [metrics.summarize(d[name], arrays.target_pos, arrays.order, n, n_boot=0) for d in draws]
+            )
+    result = {
+        "cache": str(args.cache),
+        "calibrations": [str(p) for p in args.calibration],
+        "n_instances": int(arrays.scores.shape[0]),
+        "n_orderings": int(arrays.scores.shape[1]),
+        "n_candidates": int(n),
+        "settings": {**settings, "bootstrap": args.bootstrap, "ci": args.ci, "seed": args.seed},
+        "methods": summary,
+    }
+    atomic_write_json(args.out, result, indent=1)
+    npz = Path(args.out).with_suffix(".npz")
+    with atomic_path(npz) as tmp:
+        with open(tmp, "wb") as handle:
+            np.savez(handle, target_pos=arrays.target_pos, order=arrays.order,
+                     **{f"pred_{name}": pred for name, pred in draws[0].items()})
+    for name in args.methods:
+        m = summary[name]
+        print(f"{name:>20s}: Acc {m['acc_mean']:.2f} ± {m['acc_std']:.2f}  RStd {m['rstd']:.2f}  Cons {m['cons']:.2f}")
+    print(f"wrote {args.out} and {npz}")

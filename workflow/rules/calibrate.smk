@@ -1,0 +1,19 @@
+# Calibration from a cache's calibration rows: the score matrix L, bias matrix B, gain k,
+# attention prior per layer and PriDe priors. Pure numpy; milliseconds. Independent of
+# LAD's test-time settings (K, tau, layer range), so changing those never refits it.
+
+
+rule calibrate:
+    input:
+        f"{OUT}/cache/{{model}}/{{benchmark}}/{{variant}}.h5",
+    output:
+        f"{OUT}/calibration/{{model}}/{{benchmark}}/{{variant}}/dcal{{n_cal}}_seed{{seed}}.npz",
+    params:
+        average=config["calibration"]["score_average"],
+    log:
+        f"{LOGS}/calibrate/{{model}}/{{benchmark}}/{{variant}}/dcal{{n_cal}}_seed{{seed}}.log",
+    conda:
+        "../../envs/cpu.yaml"
+    shell:
+        "{LADBENCH} calibrate --cache {input} --n-cal {wildcards.n_cal} --seed {wildcards.seed} "
+        "--score-average {params.average} --out {output} > {log} 2>&1"

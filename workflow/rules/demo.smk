@@ -1,0 +1,46 @@
+# The embedded offline demo's inputs, built deterministically from seeds: synthetic
+# scenes in the MS-COCO format, a tiny random open_clip model, tiny random VLMs.
+
+
+rule demo_scenes:
+    output:
+        captions=f"{OUT}/data/{{dataset}}/raw/annotations/captions.json",
+        instances=f"{OUT}/data/{{dataset}}/raw/annotations/instances.json",
+        images=directory(f"{OUT}/data/{{dataset}}/raw/images"),
+    params:
+        options=lambda w: flags(
+            n_images=dataset_config(w.dataset)["n_images"],
+            image_size=dataset_config(w.dataset)["image_size"],
+            seed=dataset_config(w.dataset)["seed"],
+        ),
+        root=lambda w: f"{OUT}/data/{w.dataset}/raw",
+    log:
+        f"{LOGS}/demo_scenes/{{dataset}}.log",
+    conda:
+        "../../envs/cpu.yaml"
+    shell:
+        "{LADBENCH} demo-scenes --out {params.root} {params.options} > {log} 2>&1"
+
+
+rule demo_clip:
+    output:
+        directory(TINY_CLIP_DIR),
+    log:
+        f"{LOGS}/demo_clip.log",
+    conda:
+        "../../envs/cpu.yaml"
+    shell:
+        "{LADBENCH} demo-clip --out {output} --seed 0 > {log} 2>&1"
+
+
+rule demo_model:
+    output:
+        directory(f"{OUT}/models/{{model}}"),
+    params:
+        family=lambda w: config["models"][w.model]["family"],
+    log:
+        f"{LOGS}/demo_model/{{model}}.log",
+    conda:
+        "../../envs/gpu.yaml"
+    shell:
+        "{LADBENCH} demo-model --family {params.family} --out {output} --seed 0 > {log} 2>&1"

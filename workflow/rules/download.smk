@@ -1,0 +1,19 @@
+# Downloads of the real datasets (resumable, verified, atomic; files already in place are
+# verified and kept). Used for datasets with `download: true`; with an existing copy the
+# captions rule reads it directly.
+
+
+rule download:
+    output:
+        touch(f"{OUT}/data/{{dataset}}/download.done"),
+    params:
+        source=lambda w: dataset_config(w.dataset)["source"],
+        root=lambda w: dataset_config(w.dataset)["root"],
+    log:
+        f"{LOGS}/download/{{dataset}}.log",
+    resources:
+        runtime=240,
+    conda:
+        "../../envs/cpu.yaml"
+    shell:
+        "{LADBENCH} download --dataset {params.source} --dest {params.root} > {log} 2>&1"

@@ -1,0 +1,23 @@
+# open_clip image and caption embeddings (L2-normalised, float16) into HDF5; resumable.
+
+
+rule features:
+    input:
+        images=f"{OUT}/data/{{dataset}}/images.json",
+        clip=clip_inputs,
+    output:
+        f"{OUT}/data/{{dataset}}/features.h5",
+    params:
+        options=clip_flags(),
+    threads: 2
+    resources:
+        gpu=lambda w: 0 if config["clip"]["tiny"] else 1,
+        mem_mb=16000,
+        runtime=120,
+    log:
+        f"{LOGS}/features/{{dataset}}.log",
+    conda:
+        "../../envs/gpu.yaml"
+    shell:
+        "OMP_NUM_THREADS={threads} {LADBENCH} features --images {input.images} --out {output} "
+        "{params.options} > {log} 2>&1"

@@ -1,0 +1,42 @@
+# The only GPU stage: one forward pass per benchmark row (evaluation instance x ordering,
+# calibration instance x cyclic shift), caching candidate scores and the last token's
+# attention mass per layer per image. Resumable by chunks.
+
+
+def infer_flags(wildcards):
+    model = config["models"][wildcards.model]
+    inference = config["inference"]
+    variant = inference["variants"][wildcards.variant]
+    return flags(
+        model_name=wildcards.model, family=model["family"], model_path=model_dir(wildcards.model),
+        revision=None if model["tiny"] else model["revision"],
+        trust_remote_code=model["trust_remote_code"] or model["tiny"],
+        prompt=variant["prompt"], identifiers=variant["identifiers"],
+        score_mode=inference["score_mode"], image_size=inference["image_size"],
+        batch_size=model.get("batch_size", inference["batch_size"]), chunk_size=inference["chunk_size"],
+        dtype=inference["dtype"], device=inference["device"],
+        store_head_attention=inference["store_head_attention"],
+    )
+
+
+rule infer:
+    input:
+        benchmark=f"{OUT}/benchmarks/{{benchmark}}.json",
+        images=lambda w: image_table(benchmark_dataset(w.benchmark)),
+        model=model_inputs,
+    output:
+        f"{OUT}/cache/{{model}}/{{benchmark}}/{{variant}}.h5",
+    params:
+        options=infer_flags,
+    threads: 2
+    resources:
+        gpu=lambda w: 0 if config["models"][w.model]["tiny"] or config["inference"]["device"] == "cpu" else 1,
+        mem_mb=32000,
+        runtime=720,
+    log:
+        f"{LOGS}/infer/{{model}}/{{benchmark}}/{{variant}}.log",
+    conda:
+        "../../envs/gpu.yaml"
+    shell:
+        "OMP_NUM_THREADS={threads} {LADBENCH} infer --benchmark {input.benchmark} --images {input.images} "
+        "{params.options} --out {output} > {log} 2>&1"
