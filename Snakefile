@@ -16,6 +16,19 @@ if not workflow.overwrite_configfiles:
 
 
 include: "workflow/rules/common.smk"
+
+
+wildcard_constraints:
+    dataset=r"[A-Za-z0-9][A-Za-z0-9.-]*",
+    setting=r"random|adversarial",
+    n=r"\d+",
+    model="|".join(MODELS),
+    variant="|".join(VARIANTS),
+    benchmark=r"[A-Za-z0-9.-]+_(random|adversarial)_N\d+",
+    cal_benchmark=r"[A-Za-z0-9.-]+_(random|adversarial)_N\d+",
+    seed=r"\d+",
+
+
 include: "workflow/rules/demo.smk"
 include: "workflow/rules/download.smk"
 include: "workflow/rules/captions.smk"

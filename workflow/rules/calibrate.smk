@@ -15,5 +15,5 @@ rule calibrate:
     conda:
         "../../envs/cpu.yaml"
     shell:
-        "{LADBENCH} calibrate --cache {input} --n-cal {wildcards.n_cal} --seed {wildcards.seed} "
+        "ladbench calibrate --cache {input} --n-cal {wildcards.n_cal} --seed {wildcards.seed} "
         "--score-average {params.average} --out {output} > {log} 2>&1"

@@ -1,27 +1,21 @@
-# Shared by every rule file: the validated config, output paths, and helpers that map
+# Shared by all included files: the validated config, output paths, and helpers that map
 # config entries to the inputs and command-line flags of each stage.
 import json
 import shlex
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(workflow.basedir) / "src"))
-from ladbench.config import ConfigError, layer_range_arg, validate_config, load_schema  # noqa: E402
+from ladbench.config import ConfigError, layer_range_arg, load_schema, validate_config
 
 try:
     validate_config(
         config,
         load_schema(workflow.source_path("../schemas/config.schema.yaml")),
-        source=", ".join(map(str, workflow.overwrite_configfiles)) or "config.yaml",
+        source=" ".join(str(path) for path in workflow.overwrite_configfiles) or "config.yaml",
     )
 except ConfigError as error:
     raise WorkflowError(f"invalid configuration: {error}")
 
 OUT = config["output_dir"].rstrip("/")
 LOGS = f"{OUT}/logs"
-# Run the project's CLI from this checkout, so the rules work in the project's venv and
-# in per-rule conda environments (--sdm conda) alike.
-LADBENCH = f"PYTHONPATH={shlex.quote(str(Path(workflow.basedir) / 'src'))}${{PYTHONPATH:+:$PYTHONPATH}} python -m ladbench"
 
 DATASETS = config["benchmarks"]["datasets"]
 SETTINGS = config["benchmarks"]["settings"]
@@ -33,29 +27,19 @@ CAL_SEEDS = config["calibration"]["seeds"]
 N_CAL = config["calibration"]["n_cal"]
 
 
-wildcard_constraints:
-    dataset=r"[A-Za-z0-9][A-Za-z0-9.-]*",
-    setting=r"random|adversarial",
-    n=r"\d+",
-    model="|".join(MODELS),
-    variant="|".join(VARIANTS),
-    benchmark=r"[A-Za-z0-9.-]+_(random|adversarial)_N\d+",
-    cal_benchmark=r"[A-Za-z0-9.-]+_(random|adversarial)_N\d+",
-    seed=r"\d+",
-
 
 def flags(**options):
     """Command-line flags from keyword options: tau=5 -> --tau 5; True -> bare flag;
     False/None -> omitted; lists -> repeated values."""
     parts = []
     for key, value in options.items():
-        flag = "--" + key.replace("_", "-")
+        flag = f"--{key.replace('_', '-')}"
         if value is None or value is False:
             continue
         if value is True:
             parts.append(flag)
         elif isinstance(value, (list, tuple)):
-            parts.append(flag + " " + " ".join(shlex.quote(str(v)) for v in value))
+            parts.append(f"{flag} {' '.join(shlex.quote(str(v)) for v in value)}")
         else:
             parts.append(f"{flag} {shlex.quote(str(value))}")
     return " ".join(parts)
@@ -115,7 +99,8 @@ def clip_inputs(wildcards):
 def clip_flags():
     clip = config["clip"]
     if clip["tiny"]:
-        return f"--tiny-dir {TINY_CLIP_DIR} " + flags(batch_size=clip["batch_size"], workers=clip["workers"], device=clip["device"])
+        sizes = flags(batch_size=clip["batch_size"], workers=clip["workers"], device=clip["device"])
+        return f"--tiny-dir {TINY_CLIP_DIR} {sizes}"
     return flags(
         model=clip["model"], pretrained=clip["pretrained"], batch_size=clip["batch_size"],
         workers=clip["workers"], device=clip["device"],
@@ -153,6 +138,78 @@ def evaluation_file(model, benchmark, variant, cal_benchmark=None):
 
 def benchmark_dataset(benchmark):
     return benchmark.split("_")[0]
+
+
+# ---- captions ----
+def captions_inputs(wildcards):
+    """Downloaded datasets wait for the download; local copies must already exist."""
+    ds = dataset_config(wildcards.dataset)
+    if ds["source"] != "synthetic" and ds["download"]:
+        return [f"{OUT}/data/{wildcards.dataset}/download.done"]
+    return [f for f in raw_dataset_files(wildcards.dataset).values() if f is not None]
+
+
+def captions_flags(wildcards):
+    files = raw_dataset_files(wildcards.dataset)
+    return flags(
+        captions_json=files["captions"], instances_json=files["instances"], image_root=files["images"],
+    )
+
+
+# ---- benchmark ----
+def benchmark_inputs(wildcards):
+    inputs = {"images": image_table(wildcards.dataset)}
+    if wildcards.setting == "adversarial":
+        inputs["features"] = features_file(wildcards.dataset)
+    return inputs
+
+
+def benchmark_flags(wildcards):
+    bench = config["benchmarks"]
+    return flags(
+        n_eval=bench["n_eval"], n_calibration=bench["n_calibration_pool"],
+        n_orderings=bench["n_orderings"], pool_size=bench["pool_size"], seed=bench["seed"],
+        caption_sim_max=bench["caption_sim_max"], category_rule=bench["category_rule"],
+    )
+
+
+# ---- infer ----
+def infer_flags(wildcards):
+    model = config["models"][wildcards.model]
+    inference = config["inference"]
+    variant = inference["variants"][wildcards.variant]
+    return flags(
+        model_name=wildcards.model, family=model["family"], model_path=model_dir(wildcards.model),
+        revision=None if model["tiny"] else model["revision"],
+        trust_remote_code=model["trust_remote_code"] or model["tiny"],
+        prompt=variant["prompt"], identifiers=variant["identifiers"],
+        score_mode=inference["score_mode"], image_size=inference["image_size"],
+        batch_size=model.get("batch_size", inference["batch_size"]), chunk_size=inference["chunk_size"],
+        dtype=inference["dtype"], device=inference["device"],
+        store_head_attention=inference["store_head_attention"],
+    )
+
+
+# ---- evaluate ----
+def evaluation_inputs(wildcards):
+    return {
+        "cache": cache_file(wildcards.model, wildcards.benchmark, wildcards.variant),
+        "calibrations": [
+            calibration_file(wildcards.model, wildcards.cal_benchmark, wildcards.variant, seed)
+            for seed in CAL_SEEDS
+        ],
+    }
+
+
+def evaluation_flags(wildcards):
+    lad = config["lad"]
+    evaluation = config["evaluation"]
+    return flags(
+        layer_range=layer_range_arg(config["models"][wildcards.model]["layer_range"]),
+        top_k=lad["top_k"], tau=lad["tau"], layer_mean=lad["layer_mean"], mixture=lad["mixture"],
+        methods=evaluation["methods"], bootstrap=evaluation["bootstrap"], ci=evaluation["ci"],
+        seed=evaluation["seed"],
+    )
 
 
 EVALUATIONS = [evaluation_file(m, b, v) for m in MODELS for b in BENCHMARKS for v in VARIANTS]

@@ -19,7 +19,7 @@ rule demo_scenes:
     conda:
         "../../envs/cpu.yaml"
     shell:
-        "{LADBENCH} demo-scenes --out {params.root} {params.options} > {log} 2>&1"
+        "ladbench demo-scenes --out {params.root} {params.options} > {log} 2>&1"
 
 
 rule demo_clip:
@@ -30,7 +30,7 @@ rule demo_clip:
     conda:
         "../../envs/cpu.yaml"
     shell:
-        "{LADBENCH} demo-clip --out {output} --seed 0 > {log} 2>&1"
+        "ladbench demo-clip --out {output} --seed 0 > {log} 2>&1"
 
 
 rule demo_model:
@@ -43,4 +43,4 @@ rule demo_model:
     conda:
         "../../envs/gpu.yaml"
     shell:
-        "{LADBENCH} demo-model --family {params.family} --out {output} --seed 0 > {log} 2>&1"
+        "ladbench demo-model --family {params.family} --out {output} --seed 0 > {log} 2>&1"

@@ -3,23 +3,7 @@
 # attention mass per layer per image. Resumable by chunks.
 
 
-def infer_flags(wildcards):
-    model = config["models"][wildcards.model]
-    inference = config["inference"]
-    variant = inference["variants"][wildcards.variant]
-    return flags(
-        model_name=wildcards.model, family=model["family"], model_path=model_dir(wildcards.model),
-        revision=None if model["tiny"] else model["revision"],
-        trust_remote_code=model["trust_remote_code"] or model["tiny"],
-        prompt=variant["prompt"], identifiers=variant["identifiers"],
-        score_mode=inference["score_mode"], image_size=inference["image_size"],
-        batch_size=model.get("batch_size", inference["batch_size"]), chunk_size=inference["chunk_size"],
-        dtype=inference["dtype"], device=inference["device"],
-        store_head_attention=inference["store_head_attention"],
-    )
-
-
-rule infer:
+rule rule infer:
     input:
         benchmark=f"{OUT}/benchmarks/{{benchmark}}.json",
         images=lambda w: image_table(benchmark_dataset(w.benchmark)),
@@ -38,5 +22,5 @@ rule infer:
     conda:
         "../../envs/gpu.yaml"
     shell:
-        "OMP_NUM_THREADS={threads} {LADBENCH} infer --benchmark {input.benchmark} --images {input.images} "
+        "OMP_NUM_THREADS={threads} ladbench infer --benchmark {input.benchmark} --images {input.images} "
         "{params.options} --out {output} > {log} 2>&1"

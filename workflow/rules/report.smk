@@ -15,7 +15,7 @@ rule report_table:
     conda:
         "../../envs/cpu.yaml"
     shell:
-        "{LADBENCH} report table --eval-root {OUT}/eval --models {params.models} "
+        "ladbench report table --evaluations {input} --models {params.models} "
         "--benchmarks {params.benchmarks} --variant {params.variant} --out {output.markdown} > {log} 2>&1"
 
 
@@ -32,7 +32,7 @@ rule report_confusion:
     conda:
         "../../envs/cpu.yaml"
     shell:
-        "{LADBENCH} report confusion --predictions {input} --out {output} > {log} 2>&1"
+        "ladbench report confusion --predictions {input} --out {output} > {log} 2>&1"
 
 
 FIGURES = expand(

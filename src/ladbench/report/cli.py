@@ -14,7 +14,10 @@ def register(subparsers) -> None:
     kinds = parser.add_subparsers(dest="kind", metavar="<kind>", required=True)
 
     table = kinds.add_parser("table", help="Table 1 layout (Markdown)")
-    table.add_argument("--eval-root", required=True, help="folder {model}/{benchmark}/{variant}/cal-*.json")
+    table.add_argument(
+        "--evaluations", nargs="+", required=True,
+        help="evaluation files laid out as .../{model}/{benchmark}/{variant}/cal-{benchmark}.json",
+    )
     table.add_argument("--models", nargs="+", required=True)
     table.add_argument("--benchmarks", nargs="+", required=True)
     table.add_argument("--variant", default="vanilla")
@@ -31,7 +34,7 @@ def register(subparsers) -> None:
 def run_table(args: argparse.Namespace) -> None:
     from ladbench.report.tables import table1_markdown
 
-    atomic_write_text(args.out, table1_markdown(args.eval_root, args.models, args.benchmarks, args.variant))
+    atomic_write_text(args.out, table1_markdown(args.evaluations, args.models, args.benchmarks, args.variant))
     print(f"wrote {args.out}")
 
 

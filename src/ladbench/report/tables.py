@@ -61,14 +61,21 @@ def markdown_table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def table1_markdown(eval_root: Path, models: list[str], benchmarks: list[str], variant: str) -> str:
-    """Table 1's layout (one block per dataset and N), from ``{eval_root}/{model}/{benchmark}/{variant}/``."""
+def index_evaluations(paths: list[str], variant: str) -> dict[tuple[str, str], dict]:
+    """Evaluation files keyed by (model, benchmark), from their documented location
+    ``.../{model}/{benchmark}/{variant}/cal-{calibration benchmark}.json``; only the given
+    variant and same-benchmark calibrations (no transfer) are kept."""
     evaluations = {}
-    for model in models:
-        for benchmark in benchmarks:
-            path = Path(eval_root) / model / benchmark / variant / f"cal-{benchmark}.json"
-            if path.exists():
-                evaluations[(model, benchmark)] = load_evaluation(path)
+    for path in map(Path, paths):
+        model, benchmark, path_variant = path.parts[-4:-1]
+        if path_variant == variant and path.stem == f"cal-{benchmark}":
+            evaluations[(model, benchmark)] = load_evaluation(path)
+    return evaluations
+
+
+def table1_markdown(paths: list[str], models: list[str], benchmarks: list[str], variant: str) -> str:
+    """Table 1's layout, one block per dataset and N."""
+    evaluations = index_evaluations(paths, variant)
     header = ["Setting", "Method"] + [f"{m} {c}" for m in models for c in ("Acc", "RStd", "Cons.")]
     blocks = []
     groups: dict[tuple[str, int], list[str]] = {}

@@ -1,0 +1,93 @@
+"""The study configs validate, defaults are filled, and a bad value names its key."""
+
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ladbench.config import ConfigError, load_config, parse_layer_range, validate_config
+
+ROOT = Path(__file__).resolve().parents[1]
+PAPER = ROOT / "config.yaml"
+DEMO = ROOT / "workflow" / "demo" / "config.yaml"
+
+
+def raw(path):
+    return yaml.safe_load(path.read_text())
+
+
+def test_paper_config_describes_the_paper_study():
+    config = load_config(PAPER)
+    assert set(config["models"]) == {"qwen2_5_vl_3b", "llava_ov15_8b", "internvl3_8b"}
+    paths = {m["path"] for m in config["models"].values()}
+    assert paths == {
+        "Qwen/Qwen2.5-VL-3B-Instruct",
+        "OpenGVLab/InternVL3-8B-HF",
+        "lmms-lab/LLaVA-OneVision-1.5-8B-Instruct",
+    }
+    bench = config["benchmarks"]
+    assert bench["n_candidates"] == [4, 8] and bench["settings"] == ["random", "adversarial"]
+    assert bench["n_eval"] == 1000 and bench["n_orderings"] == 5 and bench["seed"] == 42
+    assert config["calibration"]["n_cal"] == 5
+    assert config["lad"] == {"top_k": 2, "tau": 5.0, "layer_mean": "reference", "mixture": "reference"}
+    assert config["clip"]["model"] == "ViT-L-14-quickgelu" and config["clip"]["pretrained"] == "openai"
+
+
+def test_demo_config_is_offline():
+    config = load_config(DEMO)
+    assert all(d["source"] == "synthetic" for d in config["datasets"].values())
+    assert all(m["tiny"] for m in config["models"].values())
+    assert config["clip"]["tiny"]
+
+
+def test_defaults_are_filled_in_nested_sections():
+    config = raw(DEMO)
+    del config["lad"]
+    validate_config(config)
+    assert config["lad"]["tau"] == 5.0 and config["lad"]["top_k"] == 2
+    assert config["evaluation"]["ci"] == 0.95
+
+
+@pytest.mark.parametrize(
+    "edit, key",
+    [
+        (lambda c: c["lad"].update(tau=-1), "lad.tau"),
+        (lambda c: c["lad"].update(top_k="two"), "lad.top_k"),
+        (lambda c: c["benchmarks"].update(n_candidates=[1]), "benchmarks.n_candidates[0]"),
+        (lambda c: c["models"]["tiny_qwen2_5_vl"].update(family="gpt"), "models.tiny_qwen2_5_vl.family"),
+        (lambda c: c["models"]["tiny_qwen2_5_vl"].update(layer_range=[3]), "models.tiny_qwen2_5_vl.layer_range"),
+        (lambda c: c["inference"].update(batchsize=3), "inference"),
+        (lambda c: c["calibration"].update(n_cal=50), "calibration.n_cal"),
+        (lambda c: c["benchmarks"].update(datasets=["nope"]), "benchmarks.datasets"),
+    ],
+)
+def test_bad_values_name_their_key(edit, key):
+    config = copy.deepcopy(raw(DEMO))
+    edit(config)
+    with pytest.raises(ConfigError) as error:
+        validate_config(config, source="study.yaml")
+    assert str(error.value).startswith(f"study.yaml: {key}")
+
+
+def test_ov15_requires_trusting_remote_code():
+    config = raw(PAPER)
+    config["models"]["llava_ov15_8b"]["trust_remote_code"] = False
+    with pytest.raises(ConfigError, match="llava_ov15_8b.trust_remote_code"):
+        validate_config(config)
+
+
+def test_missing_file_and_bad_yaml(tmp_path):
+    with pytest.raises(ConfigError, match="no such config file"):
+        load_config(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("lad: [unclosed")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad)
+
+
+def test_layer_range_round_trip():
+    assert parse_layer_range("all") is None
+    assert parse_layer_range("21:35") == (21, 35)
+    with pytest.raises(ValueError, match="first:last"):
+        parse_layer_range("21-35")
