@@ -1,5 +1,5 @@
 # Benchmark sets: evaluation instances, a disjoint calibration pool and the orderings,
-# fixed by seed. Only the adversarial setting needs CLIP features.
+# fixed by seed.
 
 
 rule rule benchmark:
@@ -9,12 +9,11 @@ rule rule benchmark:
         f"{OUT}/benchmarks/{{dataset}}_{{setting}}_N{{n}}.json",
     params:
         options=benchmark_flags,
-        features=lambda w, input: f"--features {input.features}" if "features" in input.keys() else "",
     log:
         f"{LOGS}/benchmark/{{dataset}}_{{setting}}_N{{n}}.log",
     conda:
         "../../envs/cpu.yaml"
     shell:
         "ladbench benchmark --dataset {wildcards.dataset} --setting {wildcards.setting} "
-        "--n-candidates {wildcards.n} --images {input.images} {params.features} "
+        "--n-candidates {wildcards.n} --images {input.images} --features {input.features} "
         "{params.options} --out {output} > {log} 2>&1"

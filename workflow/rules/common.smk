@@ -99,10 +99,13 @@ def clip_inputs(wildcards):
 def clip_flags():
     clip = config["clip"]
     if clip["tiny"]:
-        sizes = flags(batch_size=clip["batch_size"], workers=clip["workers"], device=clip["device"])
-        return f"--tiny-dir {TINY_CLIP_DIR} {sizes}"
+        # `ladbench demo-clip` writes this config and checkpoint; they load like a real model.
+        model, pretrained = "ladbench-tiny-clip", f"{TINY_CLIP_DIR}/ladbench-tiny-clip.pt"
+        model_config = f"{TINY_CLIP_DIR}/ladbench-tiny-clip.json"
+    else:
+        model, pretrained, model_config = clip["model"], clip["pretrained"], None
     return flags(
-        model=clip["model"], pretrained=clip["pretrained"], batch_size=clip["batch_size"],
+        model=model, pretrained=pretrained, model_config=model_config, batch_size=clip["batch_size"],
         workers=clip["workers"], device=clip["device"],
     )
 
@@ -142,9 +145,11 @@ def benchmark_dataset(benchmark):
 
 # ---- captions ----
 def captions_inputs(wildcards):
-    """Downloaded datasets wait for the download; local copies must already exist."""
+    """Synthetic scenes and downloads are made by the workflow; local copies must exist."""
     ds = dataset_config(wildcards.dataset)
-    if ds["source"] != "synthetic" and ds["download"]:
+    if ds["source"] == "synthetic":
+        return [f"{OUT}/data/{wildcards.dataset}/raw"]
+    if ds["download"]:
         return [f"{OUT}/data/{wildcards.dataset}/download.done"]
     return [f for f in raw_dataset_files(wildcards.dataset).values() if f is not None]
 
@@ -158,10 +163,7 @@ def captions_flags(wildcards):
 
 # ---- benchmark ----
 def benchmark_inputs(wildcards):
-    inputs = {"images": image_table(wildcards.dataset)}
-    if wildcards.setting == "adversarial":
-        inputs["features"] = features_file(wildcards.dataset)
-    return inputs
+    return {"images": image_table(wildcards.dataset), "features": features_file(wildcards.dataset)}
 
 
 def benchmark_flags(wildcards):

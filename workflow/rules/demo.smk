@@ -4,22 +4,19 @@
 
 rule demo_scenes:
     output:
-        captions=f"{OUT}/data/{{dataset}}/raw/annotations/captions.json",
-        instances=f"{OUT}/data/{{dataset}}/raw/annotations/instances.json",
-        images=directory(f"{OUT}/data/{{dataset}}/raw/images"),
+        directory(f"{OUT}/data/{{dataset}}/raw"),
     params:
         options=lambda w: flags(
             n_images=dataset_config(w.dataset)["n_images"],
             image_size=dataset_config(w.dataset)["image_size"],
             seed=dataset_config(w.dataset)["seed"],
         ),
-        root=lambda w: f"{OUT}/data/{w.dataset}/raw",
     log:
         f"{LOGS}/demo_scenes/{{dataset}}.log",
     conda:
         "../../envs/cpu.yaml"
     shell:
-        "ladbench demo-scenes --out {params.root} {params.options} > {log} 2>&1"
+        "ladbench demo-scenes --out {output} {params.options} > {log} 2>&1"
 
 
 rule demo_clip:

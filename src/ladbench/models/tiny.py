@@ -83,7 +83,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 VOCAB_SIZE = 512
 
 
-def build_tokenizer(extra_special_tokens: tuple[str, ...] = (), **tokenizer_kwargs: Any):
+def build_tokenizer(added_special_tokens: tuple[str, ...] = (), **tokenizer_kwargs: Any):
     """A Qwen2-style byte-level BPE tokenizer trained offline, with the families' special tokens."""
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
     from transformers import Qwen2TokenizerFast
@@ -110,7 +110,7 @@ def build_tokenizer(extra_special_tokens: tuple[str, ...] = (), **tokenizer_kwar
         tok = Qwen2TokenizerFast(vocab_file=vocab_file, merges_file=merges_file, unk_token=None, bos_token=None,
                                  eos_token="<|im_end|>", pad_token="<|endoftext|>", **tokenizer_kwargs)
     vocab = tok.get_vocab()
-    tok.add_tokens([t for t in QWEN_SPECIAL_TOKENS + extra_special_tokens if t not in vocab], special_tokens=True)
+    tok.add_tokens([t for t in QWEN_SPECIAL_TOKENS + added_special_tokens if t not in vocab], special_tokens=True)
     if len(tok) > VOCAB_SIZE:
         raise RuntimeError(f"tiny tokenizer has {len(tok)} tokens, more than the tiny models' {VOCAB_SIZE}")
     return tok

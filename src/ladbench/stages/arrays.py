@@ -1,26 +1,25 @@
-"""Views of an inference cache's rows as the arrays the pure methods work on.
+"""The inference cache's rows as the arrays the pure methods take (``methods.EvalArraysLike``).
 
-Rows are laid out as docs/formats.md §4 says: every evaluation instance x ordering
-(instance-major), then every calibration instance x cyclic shift. These functions only
-reshape; they check that the layout is complete so a partial cache fails loudly.
+The reshaping and its layout checks live in :class:`ladbench.inference.cache.InferenceCache`;
+this module only names the arrays the methods use.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping
 
 import numpy as np
 
-EVAL, CALIBRATION = 0, 1
+from ladbench.inference.cache import InferenceCache
 
 
 @dataclass(frozen=True)
 class EvalArrays:
-    scores: np.ndarray  # [I, T, N] per physical position
+    scores: np.ndarray  # [I, T, N] per physical position (permavg: [I, T, N(shift), N])
     attn: np.ndarray  # [I, T, Lyr, N]
     target_pos: np.ndarray  # [I, T]
     order: np.ndarray  # [I, T, N] identity shown at each position
+    parsed: np.ndarray | None = None  # [I, T] generative variants: parsed position, -1 unparsable
 
 
 @dataclass(frozen=True)
@@ -30,34 +29,10 @@ class CalibrationArrays:
     target_pos: np.ndarray  # [C, N(shift)]
 
 
-def _grid(cache: Mapping[str, np.ndarray], split: int, source: str) -> tuple[np.ndarray, int, int]:
-    """Row indices of one split as an [instances, per_instance] grid, checked complete."""
-    rows = np.flatnonzero(np.asarray(cache["split"]) == split)
-    if rows.size == 0:
-        raise ValueError(f"{source}: no {'evaluation' if split == EVAL else 'calibration'} rows")
-    instance = np.asarray(cache["instance"])[rows]
-    position = np.asarray(cache["ordering"])[rows]
-    n_inst, per = int(instance.max()) + 1, int(position.max()) + 1
-    if rows.size != n_inst * per or np.any(instance != np.repeat(np.arange(n_inst), per)) or np.any(
-        position != np.tile(np.arange(per), n_inst)
-    ):
-        raise ValueError(f"{source}: rows are not a complete instance x ordering grid (formats.md §4)")
-    return rows, n_inst, per
+def eval_arrays(cache: InferenceCache) -> EvalArrays:
+    parsed = cache.eval_view("parsed") if "parsed" in cache else None
+    return EvalArrays(*(cache.eval_view(k) for k in ("scores", "attn", "target_pos", "order")), parsed=parsed)
 
 
-def _take(cache, name, rows, n_inst, per):
-    values = np.asarray(cache[name])[rows]
-    return values.reshape(n_inst, per, *values.shape[1:])
-
-
-def eval_arrays(cache: Mapping[str, np.ndarray], source: str = "cache") -> EvalArrays:
-    rows, n_inst, per = _grid(cache, EVAL, source)
-    return EvalArrays(*(_take(cache, k, rows, n_inst, per) for k in ("scores", "attn", "target_pos", "order")))
-
-
-def calibration_arrays(cache: Mapping[str, np.ndarray], source: str = "cache") -> CalibrationArrays:
-    rows, n_inst, per = _grid(cache, CALIBRATION, source)
-    n = np.asarray(cache["scores"]).shape[1]
-    if per != n:
-        raise ValueError(f"{source}: {per} cyclic shifts per calibration instance, expected N = {n}")
-    return CalibrationArrays(*(_take(cache, k, rows, n_inst, per) for k in ("scores", "attn", "target_pos")))
+def calibration_arrays(cache: InferenceCache) -> CalibrationArrays:
+    return CalibrationArrays(*(cache.calibration_view(k) for k in ("scores", "attn", "target_pos")))

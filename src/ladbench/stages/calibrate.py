@@ -24,7 +24,7 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    cal = calibration_arrays(read_cache(args.cache), source=args.cache)
+    cal = calibration_arrays(read_cache(args.cache))
     calibration = fit_calibration(
         cal.scores, cal.attn, cal.target_pos, n_cal=args.n_cal, seed=args.seed, average=args.score_average
     )

@@ -54,7 +54,7 @@ def predict_all(names, arrays: EvalArrays, calibration: Calibration, settings: d
 
 
 def run(args: argparse.Namespace) -> None:
-    arrays = eval_arrays(read_cache(args.cache), source=args.cache)
+    arrays = eval_arrays(read_cache(args.cache))
     calibrations = [Calibration.from_npz(path) for path in args.calibration]
     settings = method_settings(args)
     n = arrays.scores.shape[-1]

@@ -1,0 +1,339 @@
+"""Benchmark construction (METHOD §7): evaluation instances, a disjoint calibration pool, orderings.
+
+Steps, all fixed by ``seed``:
+
+1. Eligible images: rows of the image table with a finite image embedding (see
+   ``--skip-bad-images`` of the features stage) and, for datasets with instance
+   annotations, a non-empty category set. Datasets without categories (Flickr8k) keep
+   every image.
+2. Pool: ``pool_size`` eligible images drawn without replacement (all of them if there
+   are fewer, with a note on stderr; the recorded ``pool_size`` is the actual one).
+3. Targets: ``n_eval + n_calibration`` distinct pool images; the first ``n_eval`` are the
+   evaluation targets, the rest the calibration targets, so no target image is shared.
+   Steps 1-3 depend only on the table, the features and the seed: every setting and
+   every N built from them has the same targets.
+4. Distractors (``N - 1`` per target, distinct, never the target):
+   - ``random``: uniform over the pool.
+   - ``adversarial``: among pool images whose caption embedding has cosine similarity
+     ``< caption_sim_max`` with the target's caption and that pass the category rule,
+     the ``N - 1`` with the highest image-embedding cosine similarity to the target
+     (ties broken by pool position). Category rule ``reference`` (default): skip a
+     candidate whose category set contains the target's (target ⊆ candidate);
+     ``paper``: skip only an identical category set. For a dataset without categories
+     the category rule is disabled (recorded as ``"category_rule": "none"``) and only
+     the caption-similarity rule applies.
+   Mining is matrix work on blocks of targets: two [block, pool] similarity products
+   and one [block, pool] category-overlap product, then a top-k per row.
+5. The target plus its distractors are shuffled into the instance's base order.
+6. Orderings (evaluation instances only): the identity plus ``T - 1`` distinct other
+   random permutations of ``range(N)``, drawn per instance.
+
+The output (docs/formats.md §3) carries additive keys beyond the contract: ``pool_size``,
+``n_eval``, ``n_calibration``, ``caption_sim_max`` and ``category_rule`` (adversarial),
+and ``features`` (CLIP model and weights identity).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tqdm import tqdm
+
+from ladbench.atomic import atomic_write_text
+from ladbench.data.coco import load_image_table
+
+SETTINGS = ("random", "adversarial")
+CATEGORY_RULES = ("reference", "paper")
+_BLOCK = 256  # targets per similarity block: 256 x 20,000 float32 = 20 MB per matrix
+
+
+class BenchmarkError(ValueError):
+    """The benchmark cannot be built as asked; the message names the cause."""
+
+
+# --- selection of images ----------------------------------------------------------------
+
+def eligible_rows(categories: list[list[int]], image_emb: np.ndarray, has_categories: bool) -> np.ndarray:
+    """Indices of rows that may enter the pool: finite embedding and, if the dataset has categories, at least one."""
+    finite = np.isfinite(image_emb).all(axis=1)
+    if has_categories:
+        finite &= np.array([len(c) > 0 for c in categories], dtype=bool)
+    return np.flatnonzero(finite)
+
+
+def draw_pool(eligible: np.ndarray, pool_size: int, rng: np.random.Generator) -> np.ndarray:
+    """``pool_size`` eligible rows without replacement, in draw order (all rows if fewer)."""
+    if pool_size < 2:
+        raise BenchmarkError(f"--pool-size must be >= 2, got {pool_size}")
+    size = min(pool_size, len(eligible))
+    return rng.choice(eligible, size=size, replace=False)
+
+
+def draw_targets(pool_len: int, n_eval: int, n_calibration: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Distinct pool positions for the evaluation targets and the calibration targets (disjoint)."""
+    if n_eval < 1 or n_calibration < 0:
+        raise BenchmarkError(f"--n-eval must be >= 1 and --n-calibration >= 0, got {n_eval}, {n_calibration}")
+    if n_eval + n_calibration > pool_len:
+        raise BenchmarkError(f"the pool has {pool_len} images but {n_eval} evaluation + {n_calibration} "
+                             "calibration instances need that many distinct target images; lower "
+                             "--n-eval/--n-calibration or use a larger dataset")
+    chosen = rng.choice(pool_len, size=n_eval + n_calibration, replace=False)
+    return chosen[:n_eval], chosen[n_eval:]
+
+
+# --- distractors ------------------------------------------------------------------------
+
+def random_distractors(targets: np.ndarray, pool_len: int, n_distractors: int, rng: np.random.Generator) -> np.ndarray:
+    """[len(targets), n_distractors] distinct pool positions drawn uniformly, never the target itself."""
+    out = np.empty((len(targets), n_distractors), dtype=np.int64)
+    for row, target in enumerate(targets.tolist()):
+        # Draw from the pool without the target, then shift positions past it by one.
+        draw = rng.choice(pool_len - 1, size=n_distractors, replace=False)
+        out[row] = draw + (draw >= target)
+    return out
+
+
+def category_matrix(categories: list[list[int]]) -> np.ndarray:
+    """Multi-hot float32 matrix [M, C] over the category ids that occur (float: BLAS products stay exact for counts)."""
+    ids = sorted({c for cats in categories for c in cats})
+    column = {c: j for j, c in enumerate(ids)}
+    matrix = np.zeros((len(categories), max(1, len(ids))), dtype=np.float32)
+    for row, cats in enumerate(categories):
+        matrix[row, [column[c] for c in cats]] = 1.0
+    return matrix
+
+
+def category_blocked(target_cats: np.ndarray, pool_cats: np.ndarray, rule: str) -> np.ndarray:
+    """[T, P] True where the category rule forbids the pool image as a distractor of the target.
+
+    ``reference``: target's set ⊆ candidate's set; ``paper``: the two sets are equal.
+    """
+    overlap = target_cats @ pool_cats.T  # |target ∩ candidate|, exact small integers
+    target_size = target_cats.sum(axis=1, keepdims=True)
+    contains_target = overlap == target_size
+    if rule == "reference":
+        return contains_target
+    if rule == "paper":
+        return contains_target & (pool_cats.sum(axis=1)[None, :] == target_size)
+    raise BenchmarkError(f"--category-rule must be one of {CATEGORY_RULES}, got {rule!r}")
+
+
+def top_k_by_row(scores: np.ndarray, k: int) -> np.ndarray:
+    """Column indices of the k largest entries per row, best first; ties go to the smaller index.
+
+    ``argpartition`` finds the top k in linear time; rows with a tie at the k-th value
+    (duplicate images) are redone with a stable sort so the choice is deterministic.
+    """
+    part = np.argpartition(-scores, k - 1, axis=1)[:, :k]
+    kth_value = np.take_along_axis(scores, part, axis=1).min(axis=1, keepdims=True)
+    tied = (scores >= kth_value).sum(axis=1) > k
+    for row in np.flatnonzero(tied):
+        part[row] = np.argsort(-scores[row], kind="stable")[:k]
+    picked = np.take_along_axis(scores, part, axis=1)
+    order = np.lexsort((part, -picked), axis=1)  # by score descending, then index ascending
+    return np.take_along_axis(part, order, axis=1)
+
+
+def hard_distractors(targets: np.ndarray, image_emb: np.ndarray, text_emb: np.ndarray,
+                     pool_cats: np.ndarray | None, n_distractors: int, caption_sim_max: float,
+                     category_rule: str, pool_ids: np.ndarray | None = None, block: int = _BLOCK) -> np.ndarray:
+    """Adversarial distractors (METHOD §7): [len(targets), n_distractors] pool positions.
+
+    ``image_emb``/``text_emb`` are the pool's L2-normalised embeddings [P, D];
+    ``pool_cats`` the pool's multi-hot categories or None (rule disabled). A target with
+    fewer than ``n_distractors`` admissible candidates is an error naming its image id
+    (from ``pool_ids``, else its pool position).
+    """
+    image_emb = np.asarray(image_emb, dtype=np.float32)
+    text_emb = np.asarray(text_emb, dtype=np.float32)
+    out = np.empty((len(targets), n_distractors), dtype=np.int64)
+    starts = range(0, len(targets), block)
+    for start in tqdm(starts, desc="hard negatives", unit="block", file=sys.stderr, disable=len(starts) < 4):
+        rows = targets[start:start + block]
+        admissible = (text_emb[rows] @ text_emb.T) < caption_sim_max
+        if pool_cats is not None:
+            admissible &= ~category_blocked(pool_cats[rows], pool_cats, category_rule)
+        admissible[np.arange(len(rows)), rows] = False  # never the target itself
+        counts = admissible.sum(axis=1)
+        if (counts < n_distractors).any():
+            bad = int(np.flatnonzero(counts < n_distractors)[0])
+            name = f"image id {int(pool_ids[rows[bad]])}" if pool_ids is not None else f"pool position {int(rows[bad])}"
+            raise BenchmarkError(f"target {name} has only {int(counts[bad])} admissible hard negatives "
+                                 f"(caption similarity < {caption_sim_max}, category rule {category_rule}) "
+                                 f"but N - 1 = {n_distractors} are needed")
+        scores = np.where(admissible, image_emb[rows] @ image_emb.T, -np.inf)
+        out[start:start + len(rows)] = top_k_by_row(scores, n_distractors)
+    return out
+
+
+# --- orderings --------------------------------------------------------------------------
+
+def distinct_orderings(n: int, t: int, rng: np.random.Generator) -> list[list[int]]:
+    """The identity followed by ``t - 1`` distinct non-identity random permutations of range(n)."""
+    if t < 1:
+        raise BenchmarkError(f"--n-orderings must be >= 1, got {t}")
+    if math.factorial(n) < t:
+        raise BenchmarkError(f"N = {n} candidates have only {math.factorial(n)} orderings, fewer than the "
+                             f"{t} requested (--n-orderings); use --n-orderings <= {math.factorial(n)}")
+    orderings = [list(range(n))]
+    seen = {tuple(orderings[0])}
+    while len(orderings) < t:
+        perm = rng.permutation(n).tolist()
+        if tuple(perm) not in seen:
+            seen.add(tuple(perm))
+            orderings.append(perm)
+    return orderings
+
+
+# --- assembly ---------------------------------------------------------------------------
+
+def build_benchmark(table: dict, features: dict, setting: str, n_candidates: int, n_eval: int = 1000,
+                    n_calibration: int = 100, n_orderings: int = 5, pool_size: int = 20000, seed: int = 42,
+                    caption_sim_max: float = 0.9, category_rule: str = "reference",
+                    dataset: str | None = None) -> dict:
+    """Build one benchmark document (docs/formats.md §3) from an image table and its features.
+
+    ``features`` holds ``image_id``, ``image_emb``, ``text_emb`` arrays aligned with
+    ``table["images"]`` (see :func:`ladbench.features.load_features`) and optional ``attrs``.
+    """
+    if setting not in SETTINGS:
+        raise BenchmarkError(f"--setting must be one of {SETTINGS}, got {setting!r}")
+    if category_rule not in CATEGORY_RULES:
+        raise BenchmarkError(f"--category-rule must be one of {CATEGORY_RULES}, got {category_rule!r}")
+    if n_candidates < 2:
+        raise BenchmarkError(f"--n-candidates must be >= 2 (a target and at least one distractor), got {n_candidates}")
+    if math.factorial(n_candidates) < n_orderings:
+        distinct_orderings(n_candidates, n_orderings, np.random.default_rng(0))  # raises the clear error
+
+    rows = table["images"]
+    ids = np.array([row["image_id"] for row in rows], dtype=np.int64)
+    if not np.array_equal(ids, np.asarray(features["image_id"], dtype=np.int64)):
+        raise BenchmarkError("the features' image_id list differs from the image table's; "
+                             "rebuild the features from this images.json")
+    categories = [row["categories"] for row in rows]
+    has_categories = bool(table.get("has_categories", any(categories)))
+
+    eligible = eligible_rows(categories, np.asarray(features["image_emb"]), has_categories)
+    rng = np.random.default_rng(seed)
+    pool = draw_pool(eligible, pool_size, rng)
+    if len(pool) < pool_size:
+        print(f"benchmark: only {len(pool)} eligible images, the pool is all of them (asked {pool_size})",
+              file=sys.stderr)
+    if len(pool) < n_candidates:
+        raise BenchmarkError(f"the pool has {len(pool)} images, fewer than N = {n_candidates} candidates")
+    eval_targets, cal_targets = draw_targets(len(pool), n_eval, n_calibration, rng)
+    targets = np.concatenate([eval_targets, cal_targets])
+
+    # Everything below depends on N and the setting; a separate stream keeps steps 1-3 shared.
+    rng_n = np.random.default_rng([seed, n_candidates, SETTINGS.index(setting)])
+    if setting == "random":
+        distractors = random_distractors(targets, len(pool), n_candidates - 1, rng_n)
+        rule_used = None
+    else:
+        pool_cats = category_matrix([categories[r] for r in pool]) if has_categories else None
+        rule_used = category_rule if has_categories else "none"
+        distractors = hard_distractors(
+            targets, np.asarray(features["image_emb"])[pool], np.asarray(features["text_emb"])[pool],
+            pool_cats, n_candidates - 1, caption_sim_max, category_rule, pool_ids=ids[pool])
+
+    instances = []
+    for index, target in enumerate(targets.tolist()):
+        members = [target] + distractors[index].tolist()
+        base = [members[j] for j in rng_n.permutation(n_candidates).tolist()]
+        row = pool[target]
+        instance = {"id": 0, "caption": rows[row]["caption"], "target": int(ids[row]),
+                    "candidates": [int(ids[pool[m]]) for m in base]}
+        instances.append(instance)
+    eval_instances = instances[:n_eval]
+    cal_instances = instances[n_eval:]
+    for number, instance in enumerate(eval_instances):
+        instance["id"] = number
+        instance["orderings"] = distinct_orderings(n_candidates, n_orderings, rng_n)
+    for number, instance in enumerate(cal_instances):
+        instance["id"] = number
+
+    doc: dict[str, Any] = {
+        "dataset": dataset if dataset is not None else table["dataset"], "setting": setting,
+        "n_candidates": n_candidates, "seed": seed, "n_orderings": n_orderings,
+        "pool_size": int(len(pool)), "n_eval": n_eval, "n_calibration": n_calibration,
+    }
+    if setting == "adversarial":
+        doc["caption_sim_max"] = caption_sim_max
+        doc["category_rule"] = rule_used
+    attrs = features.get("attrs", {})
+    doc["features"] = {key: _plain(attrs[key]) for key in ("model", "pretrained", "weights_sha256") if key in attrs}
+    doc["eval"] = eval_instances
+    doc["calibration"] = cal_instances
+    return doc
+
+
+def _plain(value: Any) -> Any:
+    """HDF5 attributes come back as numpy scalars/bytes; JSON needs plain Python values."""
+    if isinstance(value, bytes):
+        return value.decode()
+    return value.item() if hasattr(value, "item") else value
+
+
+def format_benchmark(doc: dict) -> str:
+    """JSON text with one instance per line: valid JSON, diff-friendly, deterministic."""
+    head = {key: value for key, value in doc.items() if key not in ("eval", "calibration")}
+    parts = [json.dumps(head, ensure_ascii=False)[:-1]]
+    for key in ("eval", "calibration"):
+        lines = [json.dumps(instance, ensure_ascii=False) for instance in doc[key]]
+        parts.append(f', "{key}": [\n' + ",\n".join(lines) + "\n]")
+    return "".join(parts) + "}\n"
+
+
+def load_benchmark(path: str | os.PathLike) -> dict:
+    """Read a benchmark file written by :func:`format_benchmark` (any JSON reader works too)."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return json.load(handle)
+    except FileNotFoundError:
+        raise BenchmarkError(f"{path}: benchmark file not found (run `ladbench benchmark`)") from None
+
+
+def _run(args: argparse.Namespace) -> None:
+    from ladbench.features import load_features
+
+    table = load_image_table(args.images)
+    features = load_features(args.features)
+    if not np.array_equal(np.asarray(features["image_id"]), [row["image_id"] for row in table["images"]]):
+        raise BenchmarkError(f"{args.features}: image ids differ from {args.images}; rebuild the features")
+    doc = build_benchmark(table, features, args.setting, args.n_candidates, args.n_eval, args.n_calibration,
+                          args.n_orderings, args.pool_size, args.seed, args.caption_sim_max, args.category_rule,
+                          args.dataset)
+    atomic_write_text(args.out, format_benchmark(doc))
+    print(f"benchmark: {len(doc['eval'])} evaluation + {len(doc['calibration'])} calibration instances "
+          f"({args.setting}, N = {args.n_candidates}, pool {doc['pool_size']}) -> {args.out}")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the ``benchmark`` subcommand."""
+    parser = subparsers.add_parser(
+        "benchmark", help="Build a random or adversarial benchmark (instances, calibration pool, orderings).",
+        description="Build one benchmark file (docs/formats.md §3) per METHOD §7.")
+    parser.add_argument("--images", required=True, help="Image table (images.json).")
+    parser.add_argument("--features", required=True, help="CLIP features (features.h5) of that table.")
+    parser.add_argument("--setting", required=True, choices=SETTINGS, help="random or adversarial distractors.")
+    parser.add_argument("--n-candidates", type=int, required=True, help="N, candidate images per instance (>= 2).")
+    parser.add_argument("--n-eval", type=int, default=1000, help="Evaluation instances (default 1000).")
+    parser.add_argument("--n-calibration", type=int, default=100, help="Calibration instances, disjoint targets (default 100).")
+    parser.add_argument("--n-orderings", type=int, default=5, help="T, orderings per evaluation instance, identity first (default 5).")
+    parser.add_argument("--pool-size", type=int, default=20000, help="Images drawn into the pool (default 20000).")
+    parser.add_argument("--seed", type=int, default=42, help="Seed (default 42); the same seed gives a byte-identical file.")
+    parser.add_argument("--caption-sim-max", type=float, default=0.9,
+                        help="Adversarial: a distractor's caption cosine similarity must be below this (default 0.9).")
+    parser.add_argument("--category-rule", choices=CATEGORY_RULES, default="reference",
+                        help="Adversarial: reference = skip candidates whose categories contain the target's; "
+                             "paper = skip only identical category sets.")
+    parser.add_argument("--dataset", default=None, help="Dataset name recorded in the file (default: the table's).")
+    parser.add_argument("--out", required=True, help="Output benchmark JSON.")
+    parser.set_defaults(func=_run)

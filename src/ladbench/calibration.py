@@ -1,0 +1,286 @@
+"""Calibration from a cache's calibration rows (METHOD.md §4): pure numpy.
+
+A calibration pool of ``C`` instances was run under all ``N`` cyclic left-shifts of
+its candidate list, so the arrays are
+
+- ``cal_scores``      [C, N(shift), N(position)]   candidate scores per physical position,
+- ``cal_attn``        [C, N(shift), Lyr, N]        last-query attention mass per layer and image,
+- ``cal_target_pos``  [C, N(shift)]                physical position of the ground truth.
+
+``|D_cal|`` instances are drawn from the pool (a seeded draw, so several draws can be
+fitted for one study) and give the conditional score matrix ``L``, the bias matrix
+``B`` with its gain ``k`` (Eqs. 1-5), the attention prior per layer (Eq. 7) and two
+PriDe priors (the reference implementation's and the original paper's).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+from ladbench.atomic import atomic_path
+
+__all__ = [
+    "Calibration",
+    "attention_prior",
+    "bias_matrix",
+    "draw_calibration_instances",
+    "fit_calibration",
+    "log_softmax",
+    "pride_prior_original",
+    "pride_prior_reference",
+    "score_matrix",
+]
+
+ScoreAverage = Literal["reference", "paper"]
+
+# Inside every log of a probability or an attention mass (METHOD §5): keeps exact zeros finite.
+EPS = 1e-20
+
+
+def log_softmax(scores: np.ndarray, axis: int = -1) -> np.ndarray:
+    """Numerically stable ``log softmax`` along ``axis``."""
+    scores = np.asarray(scores, dtype=np.float64)
+    shifted = scores - scores.max(axis=axis, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(axis=axis, keepdims=True))
+
+
+def draw_calibration_instances(n_pool: int, n_cal: int, seed: int) -> np.ndarray:
+    """Sorted indices of ``n_cal`` distinct calibration instances drawn from a pool of ``n_pool``.
+
+    The draw is a seeded permutation's first ``n_cal`` entries, so a given seed always
+    gives the same set, and ``n_cal = n_pool`` gives the whole pool.
+    """
+    if n_cal < 1:
+        raise ValueError(f"|D_cal| (n_cal) must be at least 1, got {n_cal}")
+    if n_cal > n_pool:
+        raise ValueError(
+            f"|D_cal| = {n_cal} calibration instances requested but the cache's calibration pool "
+            f"has only {n_pool}; lower n_cal or build the benchmark with a larger pool"
+        )
+    rng = np.random.default_rng(seed)
+    return np.sort(rng.permutation(n_pool)[:n_cal])
+
+
+def _check_calibration_shapes(cal_scores: np.ndarray, cal_target_pos: np.ndarray) -> int:
+    """Validate [C, N, N] scores and [C, N] target positions; return N."""
+    if cal_scores.ndim != 3 or cal_scores.shape[1] != cal_scores.shape[2]:
+        raise ValueError(
+            f"cal_scores must be [C, N(shift), N(position)], got shape {cal_scores.shape}"
+        )
+    if cal_target_pos.shape != cal_scores.shape[:2]:
+        raise ValueError(
+            f"cal_target_pos shape {cal_target_pos.shape} does not match cal_scores {cal_scores.shape[:2]}"
+        )
+    n = cal_scores.shape[-1]
+    if cal_target_pos.min() < 0 or cal_target_pos.max() >= n:
+        raise ValueError(f"cal_target_pos has values outside 0..{n - 1}")
+    return n
+
+
+def score_matrix(
+    cal_scores: np.ndarray, cal_target_pos: np.ndarray, average: ScoreAverage = "reference"
+) -> np.ndarray:
+    """Conditional score matrix ``L`` [N, N] (Eqs. 1-3).
+
+    ``L[i, j]`` is the average, over calibration rows whose ground truth sits at
+    position ``i`` (the set ``D_cal^(i)``), of candidate ``j``'s score:
+
+    - ``"reference"``: the mean of the raw scores ``s_j(x)`` (log domain);
+    - ``"paper"``: the log of the mean of the probabilities ``softmax(s(x))_j`` over
+      the ``N`` candidates.
+    """
+    cal_scores = np.asarray(cal_scores, dtype=np.float64)
+    cal_target_pos = np.asarray(cal_target_pos)
+    n = _check_calibration_shapes(cal_scores, cal_target_pos)
+    rows = cal_scores.reshape(-1, n)
+    target = cal_target_pos.reshape(-1)
+    if average == "reference":
+        values = rows
+    elif average == "paper":
+        values = np.exp(log_softmax(rows))
+    else:
+        raise ValueError(f"score average must be 'reference' or 'paper', got {average!r}")
+    counts = np.bincount(target, minlength=n)
+    if np.any(counts == 0):
+        missing = np.flatnonzero(counts == 0).tolist()
+        raise ValueError(f"no calibration row has its ground truth at position(s) {missing}")
+    # Sum the rows of each ground-truth position with one scatter-add, then divide.
+    sums = np.zeros((n, n))
+    np.add.at(sums, target, values)
+    mean = sums / counts[:, None]
+    return mean if average == "reference" else np.log(mean + EPS)
+
+
+def bias_matrix(L: np.ndarray) -> tuple[np.ndarray, float]:
+    """Bias matrix ``B`` [N, N] and gain ``k`` from ``L`` (Eqs. 4-5).
+
+    ``k = max_{i, j != i} (L[i, i] - L[i, j])`` is the log of the estimated visual gain
+    ``gamma``, and ``B[i, j] = L[i, j] - k [i == j]`` is ``log P_bias(j | i)``: the
+    score of position ``j`` when the ground truth is at ``i`` with the ground truth's
+    own visual advantage removed.
+
+    The reference implementation also subtracts one constant from every entry of ``B``.
+    That changes no prediction: every use of ``B`` (PriDe's column mean, LAD's expected
+    bias under either mixture, since the posterior sums to one) then shifts all ``N``
+    corrected scores of a row by the same constant, and the argmax is shift-invariant.
+    It is therefore not applied here.
+    """
+    L = np.asarray(L, dtype=np.float64)
+    if L.ndim != 2 or L.shape[0] != L.shape[1] or L.shape[0] < 2:
+        raise ValueError(f"L must be a square [N, N] matrix with N >= 2, got shape {L.shape}")
+    off_diagonal = ~np.eye(L.shape[0], dtype=bool)
+    gaps = np.diag(L)[:, None] - L  # gaps[i, j] = L[i, i] - L[i, j]
+    k = float(gaps[off_diagonal].max())
+    B = L - k * np.eye(L.shape[0])
+    return B, k
+
+
+def attention_prior(cal_attn: np.ndarray) -> np.ndarray:
+    """Attention prior ``a_prior`` [Lyr, N] (Eq. 7): mean attention over every calibration row.
+
+    Because every instance contributes all ``N`` cyclic shifts, each image (relevant or
+    not) sits at each position equally often, so the mean isolates the positional part.
+    """
+    cal_attn = np.asarray(cal_attn, dtype=np.float64)
+    if cal_attn.ndim != 4:
+        raise ValueError(f"cal_attn must be [C, N(shift), Lyr, N], got shape {cal_attn.shape}")
+    return cal_attn.mean(axis=(0, 1))
+
+
+def pride_prior_reference(B: np.ndarray) -> np.ndarray:
+    """PriDe prior of the reference implementation: the column mean ``g[j] = mean_i B[i, j]``."""
+    return np.asarray(B, dtype=np.float64).mean(axis=0)
+
+
+def pride_prior_original(
+    cal_scores: np.ndarray, cal_target_pos: np.ndarray | None = None
+) -> np.ndarray:
+    """Log prior over positions of the original PriDe (Zheng et al., 2023) [N].
+
+    For each calibration instance, the observed probabilities ``P_s(p)`` of position
+    ``p`` under its cyclic shifts ``s`` (softmax of the scores over the ``N``
+    candidates) are combined as a normalised geometric mean over the shifts:
+
+        prior_c(p) = softmax_p( mean_s log P_s(p) ),
+
+    which is the prior that, under PriDe's model ``P_s(p) ∝ prior(p) P_debiased(identity
+    at p)``, cancels the content because every identity visits every position once.
+    These per-instance priors (probabilities) are averaged over the instances, and the
+    log of the average is returned, to be subtracted from test log-probabilities (or, as
+    the argmax is shift-invariant, from raw scores). The estimate uses no labels:
+    ``cal_target_pos`` is accepted for a uniform signature and only validated.
+    """
+    cal_scores = np.asarray(cal_scores, dtype=np.float64)
+    if cal_target_pos is not None:
+        _check_calibration_shapes(cal_scores, np.asarray(cal_target_pos))
+    elif cal_scores.ndim != 3 or cal_scores.shape[1] != cal_scores.shape[2]:
+        raise ValueError(f"cal_scores must be [C, N(shift), N(position)], got shape {cal_scores.shape}")
+    log_observed = log_softmax(cal_scores, axis=-1)  # [C, S, N]
+    per_instance = np.exp(log_softmax(log_observed.mean(axis=1), axis=-1))  # [C, N]
+    return np.log(per_instance.mean(axis=0) + EPS)
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Everything the test-time methods need from a calibration draw (formats.md §5).
+
+    ``settings`` records how it was fitted (``n_cal``, ``seed``, ``average``, pool size).
+    """
+
+    instances: np.ndarray  # [|D_cal|] indices into the cache's calibration pool
+    L: np.ndarray  # [N, N]
+    B: np.ndarray  # [N, N]
+    k: float
+    attn_prior: np.ndarray  # [Lyr, N]
+    pride_prior: np.ndarray  # [N] reference PriDe (column mean of B)
+    pride_original_prior: np.ndarray  # [N] log prior of the original PriDe
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def n_candidates(self) -> int:
+        return int(self.B.shape[0])
+
+    @property
+    def n_layers(self) -> int:
+        return int(self.attn_prior.shape[0])
+
+    def to_npz(self, path: str | os.PathLike) -> None:
+        """Write the arrays (names of formats.md §5) plus ``settings_*`` scalars, atomically."""
+        settings = {f"settings_{key}": np.asarray(value) for key, value in self.settings.items()}
+        with atomic_path(path) as tmp:
+            # An open handle: np.savez would otherwise append ".npz" to the ".tmp" name.
+            with open(tmp, "wb") as handle:
+                np.savez(
+                    handle,
+                    instances=self.instances,
+                    L=self.L,
+                    B=self.B,
+                    k=np.asarray(self.k),
+                    attn_prior=self.attn_prior,
+                    pride_prior=self.pride_prior,
+                    pride_original_prior=self.pride_original_prior,
+                    **settings,
+                )
+
+    @classmethod
+    def from_npz(cls, path: str | os.PathLike) -> "Calibration":
+        """Read a calibration written by :meth:`to_npz`; names the missing array on failure."""
+        required = ("instances", "L", "B", "k", "attn_prior", "pride_prior", "pride_original_prior")
+        with np.load(path, allow_pickle=False) as data:
+            missing = [name for name in required if name not in data.files]
+            if missing:
+                raise ValueError(f"calibration file {path}: missing array(s) {missing}")
+            arrays = {name: data[name] for name in required}
+            settings = {
+                name[len("settings_"):]: data[name].item()
+                for name in data.files
+                if name.startswith("settings_")
+            }
+        return cls(
+            instances=arrays["instances"],
+            L=arrays["L"],
+            B=arrays["B"],
+            k=float(arrays["k"]),
+            attn_prior=arrays["attn_prior"],
+            pride_prior=arrays["pride_prior"],
+            pride_original_prior=arrays["pride_original_prior"],
+            settings=settings,
+        )
+
+
+def fit_calibration(
+    cal_scores: np.ndarray,
+    cal_attn: np.ndarray,
+    cal_target_pos: np.ndarray,
+    n_cal: int,
+    seed: int,
+    average: ScoreAverage = "reference",
+) -> Calibration:
+    """Draw ``n_cal`` instances of the pool (``seed``) and fit every calibration quantity."""
+    cal_scores = np.asarray(cal_scores, dtype=np.float64)
+    cal_attn = np.asarray(cal_attn, dtype=np.float64)
+    cal_target_pos = np.asarray(cal_target_pos)
+    _check_calibration_shapes(cal_scores, cal_target_pos)
+    if cal_attn.shape[:2] != cal_scores.shape[:2] or cal_attn.shape[-1] != cal_scores.shape[-1]:
+        raise ValueError(
+            f"cal_attn shape {cal_attn.shape} does not match cal_scores {cal_scores.shape} "
+            "(expected [C, N, Lyr, N])"
+        )
+    instances = draw_calibration_instances(cal_scores.shape[0], n_cal, seed)
+    scores, attn, target = cal_scores[instances], cal_attn[instances], cal_target_pos[instances]
+    L = score_matrix(scores, target, average)
+    B, k = bias_matrix(L)
+    return Calibration(
+        instances=instances,
+        L=L,
+        B=B,
+        k=k,
+        attn_prior=attention_prior(attn),
+        pride_prior=pride_prior_reference(B),
+        pride_original_prior=pride_prior_original(scores, target),
+        settings={"n_cal": int(n_cal), "seed": int(seed), "average": average, "n_pool": int(cal_scores.shape[0])},
+    )

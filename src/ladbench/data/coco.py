@@ -1,0 +1,302 @@
+"""Annotation files in the MS-COCO format -> the image table (docs/formats.md §1).
+
+One caption per image: the first caption annotation listed for that image in the
+captions file (file order, not annotation id; the reference implementation's choice).
+Captions are stripped of surrounding whitespace (COCO has a few with trailing spaces
+or newlines). Categories: the sorted set of category ids of the image's instance
+annotations; an image without instances keeps an empty list here and is left out of
+the benchmark pool later (:mod:`ladbench.benchmark`).
+
+Flickr8k has no instance annotations. :func:`flickr8k_to_coco` converts its caption file
+(``Flickr8k.token.txt`` of the original release, or the ``captions.txt`` CSV of the
+Kaggle copy) to a COCO captions file, so one reader serves COCO, Flickr8k and the demo.
+Its image table has ``"has_categories": false`` and every ``categories`` list empty;
+the adversarial benchmark then applies the caption-similarity rule only (see
+:mod:`ladbench.benchmark`).
+
+Beyond formats.md §1, the table carries two additive keys: ``has_categories`` (an
+instances file was read) and ``skipped_files`` (images left out by ``--skip-missing``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, Iterable
+
+from ladbench.atomic import atomic_write_json, atomic_write_text
+
+_MAX_LISTED = 5  # how many offending ids/files an error message lists
+
+
+class AnnotationError(ValueError):
+    """An annotation file is malformed or inconsistent; the message names the file."""
+
+
+def _examples(items: Iterable[Any]) -> str:
+    items = list(items)
+    shown = ", ".join(str(x) for x in items[:_MAX_LISTED])
+    return shown + (f", ... ({len(items)} in all)" if len(items) > _MAX_LISTED else "")
+
+
+def load_annotation_json(path: str | os.PathLike, need: tuple[str, ...] = ("images", "annotations")) -> dict:
+    """Read a COCO-format JSON file and check that it has the top-level lists ``need``."""
+    path = Path(path)
+    try:
+        with open(path, encoding="utf-8") as handle:
+            doc = json.load(handle)
+    except FileNotFoundError:
+        raise AnnotationError(f"{path}: annotation file not found") from None
+    except json.JSONDecodeError as err:
+        raise AnnotationError(f"{path}: not valid JSON ({err})") from None
+    if not isinstance(doc, dict):
+        raise AnnotationError(f"{path}: expected a JSON object with keys {list(need)}")
+    for key in need:
+        if not isinstance(doc.get(key), list):
+            raise AnnotationError(f"{path}: missing the list '{key}' of the MS-COCO format")
+    return doc
+
+
+def index_images(images: list[dict], source: str | os.PathLike) -> dict[int, str]:
+    """Map image id -> file name; duplicate ids or entries without id/file_name are errors."""
+    index: dict[int, str] = {}
+    duplicates = []
+    for entry in images:
+        if not isinstance(entry, dict) or "id" not in entry or "file_name" not in entry:
+            raise AnnotationError(f"{source}: an entry of 'images' lacks 'id' or 'file_name': {entry!r}")
+        image_id = int(entry["id"])
+        if image_id in index:
+            duplicates.append(image_id)
+        index[image_id] = str(entry["file_name"])
+    if duplicates:
+        raise AnnotationError(f"{source}: duplicate image ids in 'images': {_examples(duplicates)}")
+    return index
+
+
+def first_captions(annotations: list[dict], known_ids: set[int] | dict, source: str | os.PathLike) -> dict[int, str]:
+    """The first caption listed (file order) for each image id.
+
+    A caption whose ``image_id`` is not among the file's images is an error (captions
+    without images), as is a caption annotation without ``image_id``/``caption``.
+    """
+    captions: dict[int, str] = {}
+    orphans = []
+    for annotation in annotations:
+        if not isinstance(annotation, dict) or "image_id" not in annotation or "caption" not in annotation:
+            raise AnnotationError(f"{source}: a caption annotation lacks 'image_id' or 'caption': {annotation!r}")
+        image_id = int(annotation["image_id"])
+        if image_id not in known_ids:
+            orphans.append(image_id)
+            continue
+        captions.setdefault(image_id, str(annotation["caption"]).strip())
+    if orphans:
+        raise AnnotationError(f"{source}: captions refer to image ids that are not in 'images' "
+                              f"(captions without images): {_examples(sorted(set(orphans)))}")
+    return captions
+
+
+def category_sets(instances: dict, known_ids: set[int] | dict, source: str | os.PathLike) -> dict[int, list[int]]:
+    """Sorted category-id set per image id from an instances file.
+
+    Annotations on unknown images or with undeclared category ids are errors.
+    """
+    declared = {int(c["id"]) for c in instances.get("categories", []) if isinstance(c, dict) and "id" in c}
+    if not declared:
+        raise AnnotationError(f"{source}: no 'categories' declared; is this an instances file?")
+    sets: dict[int, set[int]] = {}
+    unknown_images, unknown_categories = [], []
+    for annotation in instances["annotations"]:
+        if not isinstance(annotation, dict) or "image_id" not in annotation or "category_id" not in annotation:
+            raise AnnotationError(f"{source}: an instance annotation lacks 'image_id' or 'category_id': {annotation!r}")
+        image_id, category = int(annotation["image_id"]), int(annotation["category_id"])
+        if image_id not in known_ids:
+            unknown_images.append(image_id)
+        elif category not in declared:
+            unknown_categories.append(category)
+        else:
+            sets.setdefault(image_id, set()).add(category)
+    if unknown_images:
+        raise AnnotationError(f"{source}: instance annotations refer to image ids that are not in the "
+                              f"captions file: {_examples(sorted(set(unknown_images)))}")
+    if unknown_categories:
+        raise AnnotationError(f"{source}: instance annotations use undeclared category ids: "
+                              f"{_examples(sorted(set(unknown_categories)))}")
+    return {image_id: sorted(cats) for image_id, cats in sets.items()}
+
+
+def build_image_table(captions_json: str | os.PathLike, instances_json: str | os.PathLike | None,
+                      image_root: str | os.PathLike, dataset: str, check_files: bool = True,
+                      skip_missing: bool = False) -> dict:
+    """Build the image table of docs/formats.md §1 from COCO-format annotation files.
+
+    ``instances_json`` may be None (datasets without instance annotations). With
+    ``check_files`` every image file must exist under ``image_root``; a missing file is
+    an error naming it, unless ``skip_missing`` drops such images (listed in
+    ``skipped_files``). Every image must have at least one caption.
+    """
+    captions_doc = load_annotation_json(captions_json)
+    files = index_images(captions_doc["images"], captions_json)
+    captions = first_captions(captions_doc["annotations"], files, captions_json)
+    without_caption = sorted(set(files) - set(captions))
+    if without_caption:
+        raise AnnotationError(f"{captions_json}: images without any caption: {_examples(without_caption)}")
+    categories: dict[int, list[int]] = {}
+    if instances_json is not None:
+        instances_doc = load_annotation_json(instances_json)
+        categories = category_sets(instances_doc, files, instances_json)
+
+    root = Path(image_root).resolve()
+    skipped: list[str] = []
+    if check_files:
+        if not root.is_dir():
+            raise AnnotationError(f"image folder not found: {root}")
+        missing = sorted(name for name in files.values() if not (root / name).is_file())
+        if missing and not skip_missing:
+            raise AnnotationError(f"{captions_json}: image files missing under {root}: {_examples(missing)} "
+                                  "(pass --skip-missing to leave them out)")
+        skipped = missing
+        if skipped:
+            print(f"captions: skipped {len(skipped)} images whose files are missing under {root}", file=sys.stderr)
+    skipped_set = set(skipped)
+    rows = [{"image_id": image_id, "file_name": files[image_id], "caption": captions[image_id],
+             "categories": categories.get(image_id, [])}
+            for image_id in sorted(files) if files[image_id] not in skipped_set]
+    return {"dataset": dataset, "image_root": str(root), "has_categories": instances_json is not None,
+            "skipped_files": skipped, "images": rows}
+
+
+def write_image_table(table: dict, out: str | os.PathLike) -> None:
+    """Write the image table atomically: one image per line, so diffs stay readable."""
+    head = {key: value for key, value in table.items() if key != "images"}
+    lines = [json.dumps(row, ensure_ascii=False) for row in table["images"]]
+    text = json.dumps(head, ensure_ascii=False)[:-1] + ', "images": [\n' + ",\n".join(lines) + "\n]}"
+    atomic_write_text(out, text + "\n")
+
+
+def load_image_table(path: str | os.PathLike) -> dict:
+    """Read an image table and check its shape (keys, sorted unique ids)."""
+    path = Path(path)
+    try:
+        with open(path, encoding="utf-8") as handle:
+            table = json.load(handle)
+    except FileNotFoundError:
+        raise AnnotationError(f"{path}: image table not found (run `ladbench captions`)") from None
+    except json.JSONDecodeError as err:
+        raise AnnotationError(f"{path}: not valid JSON ({err})") from None
+    for key in ("dataset", "image_root", "images"):
+        if key not in table:
+            raise AnnotationError(f"{path}: missing key '{key}' (docs/formats.md §1)")
+    ids = [row["image_id"] for row in table["images"]]
+    if any(b <= a for a, b in zip(ids, ids[1:])):
+        raise AnnotationError(f"{path}: image ids must be unique and sorted")
+    table.setdefault("has_categories", any(row["categories"] for row in table["images"]))
+    return table
+
+
+# --- Flickr8k ---------------------------------------------------------------------------
+
+def read_flickr8k_captions(path: str | os.PathLike) -> list[tuple[str, str]]:
+    """(file name, caption) pairs in caption order from a Flickr8k caption file.
+
+    Accepts the original ``Flickr8k.token.txt`` (``name.jpg#k<TAB>caption``; sorted by
+    ``k`` within an image) and the Kaggle ``captions.txt`` CSV (header ``image,caption``;
+    file order within an image).
+    """
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise AnnotationError(f"{path}: Flickr8k caption file not found") from None
+    lines = [line for line in text.splitlines() if line.strip()]
+    if not lines:
+        raise AnnotationError(f"{path}: empty caption file")
+    if lines[0].strip().lower().startswith("image,caption"):
+        reader = csv.reader(lines[1:])
+        return [(row[0].strip(), ",".join(row[1:]).strip()) for row in reader if row]
+    keyed = []
+    for number, line in enumerate(lines, 1):
+        key, sep, caption = line.partition("\t")
+        name, hash_sign, index = key.partition("#")
+        if not sep or not hash_sign or not index.strip().isdigit():
+            raise AnnotationError(f"{path}:{number}: expected 'name.jpg#k<TAB>caption', got {line[:80]!r}")
+        keyed.append((name.strip(), int(index), number, caption.strip()))
+    keyed.sort(key=lambda item: (item[0], item[1], item[2]))
+    return [(name, caption) for name, _, _, caption in keyed]
+
+
+def flickr8k_to_coco(captions_path: str | os.PathLike, image_root: str | os.PathLike | None = None) -> dict:
+    """Convert a Flickr8k caption file into an MS-COCO captions document.
+
+    Image ids are 1, 2, ... in sorted file-name order, so they do not depend on the
+    caption file's line order; annotations are listed image by image in caption order,
+    so the first one listed is caption ``#0``. With ``image_root``, captions of files
+    that do not exist there are dropped (the original token file names a
+    ``2258277193_586949ec62.jpg.1`` that the image archive lacks) and the count is
+    reported on stderr.
+    """
+    pairs = read_flickr8k_captions(captions_path)
+    names = sorted({name for name, _ in pairs})
+    if image_root is not None:
+        root = Path(image_root)
+        present = [name for name in names if (root / name).is_file()]
+        dropped = len(names) - len(present)
+        if dropped:
+            print(f"flickr8k: dropped {dropped} captioned file names not found under {root}", file=sys.stderr)
+        names = present
+    ids = {name: index + 1 for index, name in enumerate(names)}
+    order = {name: [] for name in names}
+    for name, caption in pairs:
+        if name in order:
+            order[name].append(caption)
+    annotations = []
+    for name in names:
+        for caption in order[name]:
+            annotations.append({"image_id": ids[name], "id": len(annotations) + 1, "caption": caption})
+    return {"info": {"description": "Flickr8k converted to the MS-COCO captions format by ladbench"},
+            "licenses": [], "images": [{"id": ids[name], "file_name": name} for name in names],
+            "annotations": annotations}
+
+
+# --- CLI --------------------------------------------------------------------------------
+
+def _run_captions(args: argparse.Namespace) -> None:
+    table = build_image_table(args.captions_json, args.instances_json, args.image_root, args.dataset,
+                              check_files=not args.no_check_files, skip_missing=args.skip_missing)
+    write_image_table(table, args.out)
+    n_with = sum(1 for row in table["images"] if row["categories"])
+    print(f"captions: {len(table['images'])} images ({n_with} with categories) -> {args.out}")
+
+
+def _run_flickr8k(args: argparse.Namespace) -> None:
+    doc = flickr8k_to_coco(args.captions, args.image_root)
+    atomic_write_json(args.out, doc, separators=(",", ":"))
+    print(f"flickr8k-to-coco: {len(doc['images'])} images, {len(doc['annotations'])} captions -> {args.out}")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the ``captions`` and ``flickr8k-to-coco`` subcommands."""
+    parser = subparsers.add_parser(
+        "captions", help="COCO-format annotation JSONs -> the image table (images.json).",
+        description="Build images.json (docs/formats.md §1): the first caption listed for each image "
+                    "and its sorted category-id set.")
+    parser.add_argument("--captions-json", required=True, help="Captions file in the MS-COCO format (e.g. captions_val2014.json).")
+    parser.add_argument("--instances-json", default=None,
+                        help="Instances file in the MS-COCO format (e.g. instances_val2014.json); omit for datasets without categories (Flickr8k).")
+    parser.add_argument("--image-root", required=True, help="Folder holding the images' file_name paths.")
+    parser.add_argument("--dataset", required=True, help="Dataset name recorded in the table.")
+    parser.add_argument("--out", required=True, help="Output images.json.")
+    parser.add_argument("--skip-missing", action="store_true", help="Leave out images whose files are missing (count reported) instead of stopping.")
+    parser.add_argument("--no-check-files", action="store_true", help="Do not check that the image files exist.")
+    parser.set_defaults(func=_run_captions)
+
+    flickr = subparsers.add_parser(
+        "flickr8k-to-coco", help="Convert Flickr8k captions to an MS-COCO captions file.",
+        description="Convert Flickr8k.token.txt (or Kaggle's captions.txt) to the MS-COCO captions format.")
+    flickr.add_argument("--captions", required=True, help="Flickr8k.token.txt or captions.txt.")
+    flickr.add_argument("--image-root", default=None, help="Image folder; captions of missing files are dropped.")
+    flickr.add_argument("--out", required=True, help="Output captions JSON.")
+    flickr.set_defaults(func=_run_flickr8k)

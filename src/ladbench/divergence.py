@@ -1,0 +1,172 @@
+"""Logit-attention divergence statistics (METHOD.md §9) and the profiles of Figures 2-3.
+
+Order robustness of a signal is measured per instance, on the vectors that assign a
+value to each IMAGE IDENTITY (not position): under ordering ``t`` the identity
+``order[i, t, p]`` receives the value at position ``p``. For an instance with ``T``
+orderings this gives ``T`` vectors of length ``N``; the instance's statistic is
+
+    rho_i = mean over the T(T-1)/2 pairs t < t' of Spearman(v_t, v_t'),
+
+Spearman being the Pearson correlation of average ranks (ties share their mean rank).
+A pair is skipped when either vector is constant (no ranking); an instance with no
+usable pair is left out (``NaN``) and counted in ``n_undefined``. A signal that follows
+the image content gives rho near 1; one that follows the position gives rho near the
+correlation between the orderings' position patterns (near 0 for random orderings).
+Scores are used raw; attention evidence is whatever per-position array the caller
+passes (by default :func:`ladbench.methods.raw_attention` over the selected layers).
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import numpy as np
+from scipy.stats import rankdata
+
+from ladbench.methods import identity_indexed, raw_attention
+from ladbench.metrics import InstanceMetric, bootstrap_ci
+
+__all__ = [
+    "Profile",
+    "attention_profiles",
+    "divergence_summary",
+    "mean_pairwise_spearman",
+    "profiles",
+    "score_profiles",
+    "spearman_summary",
+]
+
+
+def mean_pairwise_spearman(identity_values: np.ndarray) -> np.ndarray:
+    """Per instance [I]: mean Spearman correlation over all pairs of orderings.
+
+    ``identity_values`` [I, T, N] are values indexed by image identity (see
+    :func:`ladbench.methods.identity_indexed`). NaN where no pair is defined.
+    """
+    values = np.asarray(identity_values, dtype=np.float64)
+    if values.ndim != 3 or values.shape[1] < 2:
+        raise ValueError(f"need [I, T, N] values with T >= 2 orderings, got shape {values.shape}")
+    ranks = rankdata(values, axis=-1)  # average ranks for ties
+    centred = ranks - ranks.mean(axis=-1, keepdims=True)
+    norms = np.sqrt((centred**2).sum(axis=-1))  # [I, T]; 0 for a constant vector
+    gram = np.einsum("itn,isn->its", centred, centred)
+    first, second = np.triu_indices(values.shape[1], k=1)
+    denominator = norms[:, first] * norms[:, second]
+    usable = denominator > 0
+    rho = np.where(usable, gram[:, first, second] / np.where(usable, denominator, 1.0), 0.0)
+    counts = usable.sum(axis=1)
+    with np.errstate(invalid="ignore"):
+        return np.where(counts > 0, rho.sum(axis=1) / counts, np.nan)
+
+
+def _nan_mean_metric(name: str) -> InstanceMetric:
+    """Mean over instances of a per-instance value, ignoring NaN (bootstrap-ready)."""
+
+    def statistics(values: np.ndarray) -> dict[str, np.ndarray]:
+        defined = ~np.isnan(values)
+        return {"total": np.where(defined, values, 0.0)[:, None], "count": defined[:, None].astype(np.float64)}
+
+    def from_sums(sums, n_instances):
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return sums["total"][..., 0] / sums["count"][..., 0]
+
+    return InstanceMetric(name, statistics, from_sums)
+
+
+def spearman_summary(rho: np.ndarray, n_boot: int = 10000, ci: float = 0.95, seed: int = 0) -> dict[str, Any]:
+    """Mean, std over instances (ddof = 1) and a bootstrap CI of the mean of per-instance rho."""
+    rho = np.asarray(rho, dtype=np.float64)
+    defined = rho[~np.isnan(rho)]
+    summary: dict[str, Any] = {
+        "mean": float(defined.mean()) if defined.size else float("nan"),
+        "std": float(defined.std(ddof=1)) if defined.size > 1 else float("nan"),
+        "n_instances": int(rho.size),
+        "n_undefined": int(rho.size - defined.size),
+        "ci_low": None,
+        "ci_high": None,
+    }
+    if n_boot > 0 and defined.size:
+        result = bootstrap_ci(_nan_mean_metric("spearman"), rho, n_boot=n_boot, ci=ci, seed=seed)
+        summary["ci_low"], summary["ci_high"] = result.ci_low, result.ci_high
+    return summary
+
+
+def divergence_summary(
+    scores: np.ndarray,
+    order: np.ndarray,
+    attn_evidence: np.ndarray | None = None,
+    attn: np.ndarray | None = None,
+    *,
+    top_k: int = 2,
+    layer_range: tuple[int, int] | None = None,
+    n_boot: int = 10000,
+    ci: float = 0.95,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Order robustness of logits versus attention (METHOD §9), with bootstrap CIs.
+
+    ``scores`` [I, T, N]; ``attn_evidence`` [I, T, N] per position, or ``attn``
+    [I, T, Lyr, N] from which the raw attention over the per-row top-``top_k`` layers
+    (in ``layer_range``) is taken. Returns ``logits`` and ``attention`` summaries (see
+    :func:`spearman_summary`), the per-instance rho arrays (lists), and the paired
+    difference attention - logits with its CI.
+    """
+    if attn_evidence is None:
+        if attn is None:
+            raise ValueError("divergence_summary needs attn_evidence [I, T, N] or attn [I, T, Lyr, N]")
+        attn_evidence = raw_attention(attn, top_k, layer_range)
+    scores, attn_evidence = np.asarray(scores), np.asarray(attn_evidence)
+    if scores.shape != attn_evidence.shape:
+        raise ValueError(f"scores {scores.shape} and attention evidence {attn_evidence.shape} must match")
+    rho_logits = mean_pairwise_spearman(identity_indexed(scores, order))
+    rho_attention = mean_pairwise_spearman(identity_indexed(attn_evidence, order))
+    difference = rho_attention - rho_logits
+    return {
+        "definition": "per instance: mean over ordering pairs of Spearman rho between identity-indexed vectors",
+        "logits": spearman_summary(rho_logits, n_boot, ci, seed),
+        "attention": spearman_summary(rho_attention, n_boot, ci, seed),
+        "attention_minus_logits": spearman_summary(difference, n_boot, ci, seed),
+        "rho_logits": rho_logits.tolist(),
+        "rho_attention": rho_attention.tolist(),
+    }
+
+
+class Profile(NamedTuple):
+    """Per ground-truth position ``i`` (rows) the mean / std of a per-position signal (columns)."""
+
+    mean: np.ndarray  # [N, N]
+    std: np.ndarray  # [N, N], ddof = 1 (NaN with fewer than two rows)
+    count: np.ndarray  # [N] rows with the ground truth at position i
+
+
+def profiles(values: np.ndarray, target_pos: np.ndarray) -> Profile:
+    """Mean and std of ``values`` [..., N] over the rows grouped by ground-truth position."""
+    values = np.asarray(values, dtype=np.float64)
+    target_pos = np.asarray(target_pos)
+    if values.shape[:-1] != target_pos.shape:
+        raise ValueError(f"values {values.shape} and target_pos {target_pos.shape} do not match")
+    n = values.shape[-1]
+    rows = values.reshape(-1, n)
+    target = target_pos.reshape(-1)
+    count = np.bincount(target, minlength=n)
+    total = np.zeros((n, n))
+    np.add.at(total, target, rows)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = total / count[:, None]
+        squares = np.zeros((n, n))
+        np.add.at(squares, target, (rows - mean[target]) ** 2)
+        std = np.sqrt(squares / (count[:, None] - 1))
+    std[count < 2] = np.nan
+    return Profile(mean, std, count)
+
+
+def score_profiles(scores: np.ndarray, target_pos: np.ndarray) -> Profile:
+    """Figure 2's data: mean candidate score per physical position, per ground-truth position."""
+    return profiles(scores, target_pos)
+
+
+def attention_profiles(
+    attn: np.ndarray, target_pos: np.ndarray, top_k: int = 2, layer_range: tuple[int, int] | None = None
+) -> Profile:
+    """Figure 3's data: mean raw attention evidence (top-K layers) per position, per ground-truth position."""
+    return profiles(raw_attention(attn, top_k, layer_range), target_pos)

@@ -1,0 +1,430 @@
+"""CLIP image and caption embeddings into HDF5 (docs/formats.md §2), and the demo's tiny CLIP.
+
+Every model, real or tiny, is loaded through the same call,
+``open_clip.create_model_and_transforms(name, pretrained=<tag or checkpoint file>)``.
+A custom architecture (the demo's tiny model) is first registered from its JSON config
+with ``open_clip.add_model_config``; the config file's stem is the model name.
+
+QuickGELU guard: the OpenAI CLIP weights were trained with QuickGELU. open_clip only
+*warns* when they are loaded into a model whose config uses nn.GELU (e.g. ``ViT-L-14``
+instead of ``ViT-L-14-quickgelu``) and the embeddings are then silently wrong; here that
+combination is refused with a message naming the right model.
+
+Weights identity: the sha256 of the checkpoint file actually loaded (for a tag, the file
+in the user's open_clip / Hugging Face cache, which is also where the weights come from
+when offline: set ``HF_HUB_OFFLINE=1``).
+
+Resumption: the HDF5 file is created with every dataset at full size and a ``done`` flag
+per row; rows are written batch by batch (embeddings first, then their flags, then a
+flush), so after a kill a rerun computes only the rows not yet flagged. The ``complete``
+attribute is set last. A file left by another model, other weights or another image
+table is started over (with a warning).
+
+Unreadable images: by default the first one stops the run with an error naming the file.
+With ``--skip-bad-images`` its image embedding is written as NaN (its caption embedding
+is still computed), the row is flagged done, and the count and file names are recorded
+in the ``n_bad_images``/``bad_images`` attributes; the benchmark leaves such images out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+import warnings
+from pathlib import Path
+from typing import Any, Callable
+
+import h5py
+import numpy as np
+import torch
+from PIL import Image
+from tqdm import tqdm
+
+from ladbench.atomic import atomic_path, atomic_write_json
+from ladbench.data.coco import load_image_table
+
+DEFAULT_MODEL = "ViT-L-14-quickgelu"
+DEFAULT_PRETRAINED = "openai"
+TINY_CLIP_NAME = "ladbench-tiny-clip"
+# Small enough to build and run in a second on a CPU; the text tower keeps open_clip's
+# BPE vocabulary (49,408 tokens) because the stock tokenizer emits those ids.
+TINY_CLIP_CONFIG: dict[str, Any] = {
+    "embed_dim": 32,
+    "quick_gelu": False,
+    "vision_cfg": {"image_size": 32, "layers": 2, "width": 64, "patch_size": 8, "head_width": 32},
+    "text_cfg": {"context_length": 32, "vocab_size": 49408, "width": 64, "heads": 2, "layers": 2},
+}
+
+
+class FeatureError(RuntimeError):
+    """Features cannot be computed; the message names the file, model or weights at fault."""
+
+
+# --- model loading ----------------------------------------------------------------------
+
+def register_model_config(config_path: str | os.PathLike, model_name: str) -> None:
+    """Register a custom open_clip architecture from its JSON config file.
+
+    open_clip names a registered config after the file's stem, so the stem must equal
+    ``model_name``.
+    """
+    import open_clip
+
+    path = Path(config_path)
+    if not path.is_file():
+        raise FeatureError(f"--model-config {path}: file not found")
+    if path.stem != model_name:
+        raise FeatureError(f"--model-config {path}: open_clip names a config after its file stem "
+                           f"('{path.stem}'), which must equal --model '{model_name}'")
+    open_clip.add_model_config(path)
+
+
+def check_quick_gelu(model_name: str, pretrained: str) -> None:
+    """Refuse a pretrained tag whose activation (QuickGELU or GELU) differs from the model's.
+
+    Only tags carry this information; a checkpoint file is the caller's responsibility.
+    """
+    import open_clip
+
+    tag_cfg = open_clip.get_pretrained_cfg(model_name, pretrained) if not os.path.isfile(pretrained) else {}
+    if not tag_cfg:
+        return
+    model_cfg = open_clip.get_model_config(model_name) or {}
+    tag_quick, model_quick = bool(tag_cfg.get("quick_gelu", False)), bool(model_cfg.get("quick_gelu", False))
+    if tag_quick != model_quick:
+        if tag_quick:
+            suggestion = f"use --model {model_name}-quickgelu"
+        else:
+            suggestion = f"use --model {model_name.removesuffix('-quickgelu')}"
+        raise FeatureError(
+            f"weights '{pretrained}' were trained with {'QuickGELU' if tag_quick else 'GELU'} but model "
+            f"'{model_name}' uses {'QuickGELU' if model_quick else 'GELU'}: the embeddings would be silently "
+            f"wrong; {suggestion}")
+
+
+def resolve_weights(model_name: str, pretrained: str, cache_dir: str | None = None) -> Path:
+    """The checkpoint file behind ``pretrained`` (a path, or a tag fetched into / read from the cache)."""
+    import open_clip
+    from open_clip import pretrained as oc_pretrained
+
+    if os.path.isfile(pretrained):
+        return Path(pretrained)
+    tag_cfg = open_clip.get_pretrained_cfg(model_name, pretrained)
+    if not tag_cfg:
+        known = open_clip.list_pretrained_tags_by_model(model_name)
+        raise FeatureError(f"--pretrained '{pretrained}' is neither a file nor a tag of '{model_name}' "
+                           f"(known tags: {known})")
+    try:
+        path = oc_pretrained.download_pretrained(tag_cfg, cache_dir=cache_dir)
+    except Exception as err:  # network errors, LocalEntryNotFoundError when offline, ...
+        raise FeatureError(
+            f"could not get the '{pretrained}' weights of '{model_name}' ({type(err).__name__}: {err}). "
+            "On a machine with network access run this once to fill the cache (Hugging Face cache, "
+            "HF_HOME), then rerun offline with HF_HUB_OFFLINE=1; or pass --pretrained /path/to/checkpoint") from err
+    if not path or not os.path.isfile(path):
+        raise FeatureError(f"open_clip returned no weights file for '{model_name}' / '{pretrained}'")
+    return Path(path)
+
+
+def sha256_file(path: str | os.PathLike, chunk_bytes: int = 1 << 22) -> str:
+    """Hex sha256 of a file, read in chunks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(chunk_bytes), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def pick_device(device: str) -> torch.device:
+    """``auto`` -> CUDA when present, else CPU; ``cuda`` without a GPU is an error."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise FeatureError("--device cuda: no CUDA device is available")
+    return torch.device(device)
+
+
+def load_clip(model_name: str, pretrained: str, model_config: str | os.PathLike | None = None,
+              device: str | torch.device = "cpu", cache_dir: str | None = None):
+    """Load an open_clip model for inference.
+
+    Returns ``(model, preprocess, tokenizer, weights_path)``; the model is in eval mode on
+    ``device``. Raises :class:`FeatureError` for a QuickGELU mismatch or missing weights.
+    """
+    import open_clip
+
+    if model_config is not None:
+        register_model_config(model_config, model_name)
+    if model_name not in open_clip.list_models():
+        raise FeatureError(f"--model '{model_name}' is not an open_clip architecture "
+                           "(pass --model-config for a custom one)")
+    check_quick_gelu(model_name, pretrained)
+    weights = resolve_weights(model_name, pretrained, cache_dir)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # the QuickGELU warning is handled above
+        model, _, preprocess = open_clip.create_model_and_transforms(
+            model_name, pretrained=pretrained, device=device, cache_dir=cache_dir)
+    model.eval()
+    return model, preprocess, open_clip.get_tokenizer(model_name), weights
+
+
+def build_tiny_clip(out_dir: str | os.PathLike, seed: int = 0, name: str = TINY_CLIP_NAME) -> dict:
+    """Save a tiny randomly initialised open_clip model: ``{name}.json`` config + ``{name}.pt`` weights.
+
+    Also writes ``clip.json`` (model name, config and checkpoint paths, weights sha256)
+    and checks that the checkpoint loads back through :func:`load_clip`. Returns that
+    manifest.
+    """
+    import open_clip
+
+    out = Path(out_dir).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    config_path, weights_path = out / f"{name}.json", out / f"{name}.pt"
+    atomic_write_json(config_path, TINY_CLIP_CONFIG, indent=2)
+    register_model_config(config_path, name)
+    torch.manual_seed(seed)
+    model = open_clip.create_model(name, pretrained=None)
+    with atomic_path(weights_path) as tmp:
+        torch.save(model.state_dict(), tmp)
+    load_clip(name, str(weights_path), config_path)  # the same code path as a real model
+    manifest = {"model": name, "model_config": str(config_path), "pretrained": str(weights_path),
+                "weights_sha256": sha256_file(weights_path), "seed": seed}
+    atomic_write_json(out / "clip.json", manifest, indent=2)
+    return manifest
+
+
+# --- image decoding ---------------------------------------------------------------------
+
+class ImageFiles(torch.utils.data.Dataset):
+    """Rows of the image table, decoded and preprocessed; a decoding error is returned, not raised.
+
+    Returning the error lets the main process decide (stop naming the file, or skip it)
+    instead of a worker crashing with a traceback that hides the file name.
+    """
+
+    def __init__(self, paths: list[Path], rows: list[int], preprocess: Callable):
+        self.paths, self.rows, self.preprocess = paths, rows, preprocess
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, item: int) -> tuple[int, torch.Tensor | None, str | None]:
+        row = self.rows[item]
+        try:
+            with Image.open(self.paths[row]) as image:
+                tensor = self.preprocess(image.convert("RGB"))
+            return row, tensor, None
+        except Exception as err:  # PIL raises several types for truncated/corrupt files
+            return row, None, f"{type(err).__name__}: {err}"
+
+
+def collate_rows(items: list[tuple[int, torch.Tensor | None, str | None]]) -> dict:
+    """Batch rows; images that failed to decode stay out of the tensor and are listed apart."""
+    good = [(row, tensor) for row, tensor, error in items if error is None]
+    return {"rows": [row for row, _, _ in items],
+            "good_rows": [row for row, _ in good],
+            "pixels": torch.stack([tensor for _, tensor in good]) if good else None,
+            "errors": {row: error for row, _, error in items if error is not None}}
+
+
+# --- encoding ---------------------------------------------------------------------------
+
+def l2_normalise(x: np.ndarray) -> np.ndarray:
+    """Rows divided by their L2 norm (float32)."""
+    x = np.asarray(x, dtype=np.float32)
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+@torch.no_grad()
+def encode_image_batch(model, pixels: torch.Tensor, device: torch.device) -> np.ndarray:
+    """L2-normalised image embeddings of a preprocessed batch, float32 [B, D]."""
+    return l2_normalise(model.encode_image(pixels.to(device)).float().cpu().numpy())
+
+
+@torch.no_grad()
+def encode_text_batch(model, tokenizer, captions: list[str], device: torch.device) -> np.ndarray:
+    """L2-normalised caption embeddings, float32 [B, D]."""
+    return l2_normalise(model.encode_text(tokenizer(captions).to(device)).float().cpu().numpy())
+
+
+# --- HDF5 -------------------------------------------------------------------------------
+
+def table_fingerprint(table: dict) -> str:
+    """sha256 of what the features depend on in the table: ids, files and captions."""
+    digest = hashlib.sha256()
+    for row in table["images"]:
+        digest.update(json.dumps([row["image_id"], row["file_name"], row["caption"]]).encode())
+    return digest.hexdigest()
+
+
+def _existing_file_matches(path: Path, expected: dict, image_ids: np.ndarray, dim: int) -> str | None:
+    """None if the existing HDF5 can be resumed, else the reason it cannot."""
+    try:
+        with h5py.File(path, "r") as h5:
+            for key, value in expected.items():
+                if h5.attrs.get(key) != value:
+                    return f"attribute {key}={h5.attrs.get(key)!r}, expected {value!r}"
+            if not np.array_equal(h5["image_id"][()], image_ids):
+                return "image ids differ from the image table"
+            if h5["image_emb"].shape[1] != dim:
+                return f"embedding size {h5['image_emb'].shape[1]} != {dim}"
+    except (OSError, KeyError) as err:
+        return f"unreadable ({err})"
+    return None
+
+
+def _create_feature_file(path: Path, attrs: dict, image_ids: np.ndarray, dim: int) -> None:
+    n = len(image_ids)
+    chunk_rows = max(1, min(n, 1024))
+    with atomic_path(path) as tmp:
+        with h5py.File(tmp, "w") as h5:
+            h5.create_dataset("image_id", data=image_ids.astype(np.int64))
+            for name in ("image_emb", "text_emb"):
+                h5.create_dataset(name, shape=(n, dim), dtype=np.float16, chunks=(chunk_rows, dim),
+                                  fillvalue=np.nan)
+            h5.create_dataset("done", shape=(n,), dtype=bool, fillvalue=False)
+            for key, value in attrs.items():
+                h5.attrs[key] = value
+            h5.attrs["complete"] = False
+            h5.attrs["n_bad_images"] = 0
+            h5.attrs["bad_images"] = "[]"
+
+
+def compute_features(images_json: str | os.PathLike, out: str | os.PathLike, model_name: str = DEFAULT_MODEL,
+                     pretrained: str = DEFAULT_PRETRAINED, model_config: str | os.PathLike | None = None,
+                     batch_size: int = 64, workers: int = 4, device: str = "auto",
+                     skip_bad_images: bool = False, cache_dir: str | None = None) -> Path:
+    """Embed every image and caption of an image table into ``out`` (docs/formats.md §2).
+
+    Resumes a previous interrupted run of the same model, weights and table. Returns
+    ``out`` as a Path.
+    """
+    import open_clip
+
+    if batch_size < 1:
+        raise FeatureError(f"--batch-size must be >= 1, got {batch_size}")
+    table = load_image_table(images_json)
+    rows = table["images"]
+    if not rows:
+        raise FeatureError(f"{images_json}: the image table is empty")
+    root = Path(table["image_root"])
+    paths = [root / row["file_name"] for row in rows]
+    captions = [row["caption"] for row in rows]
+    image_ids = np.array([row["image_id"] for row in rows], dtype=np.int64)
+
+    torch_device = pick_device(device)
+    model, preprocess, tokenizer, weights = load_clip(model_name, pretrained, model_config, torch_device, cache_dir)
+    dim = int(encode_text_batch(model, tokenizer, captions[:1], torch_device).shape[1])
+    attrs = {"model": model_name, "pretrained": str(pretrained), "weights_sha256": sha256_file(weights),
+             "open_clip_version": open_clip.__version__, "table_sha256": table_fingerprint(table)}
+
+    out = Path(out)
+    if out.exists():
+        reason = _existing_file_matches(out, attrs, image_ids, dim)
+        if reason is not None:
+            print(f"features: {out} cannot be resumed ({reason}); starting over", file=sys.stderr)
+            out.unlink()
+    if not out.exists():
+        _create_feature_file(out, attrs, image_ids, dim)
+
+    with h5py.File(out, "r+") as h5:
+        pending = np.flatnonzero(~h5["done"][()]).tolist()
+        bad = json.loads(h5.attrs["bad_images"])
+        if pending:
+            loader = torch.utils.data.DataLoader(
+                ImageFiles(paths, pending, preprocess), batch_size=batch_size, shuffle=False,
+                num_workers=workers, collate_fn=collate_rows, pin_memory=torch_device.type == "cuda")
+            with tqdm(total=len(rows), initial=len(rows) - len(pending), desc="features", unit="img",
+                      file=sys.stderr) as bar:
+                for batch in loader:
+                    bad.extend(_write_batch(h5, batch, paths, captions, model, tokenizer, torch_device,
+                                            skip_bad_images))
+                    h5.attrs["bad_images"] = json.dumps(bad)
+                    h5.attrs["n_bad_images"] = len(bad)
+                    h5.flush()
+                    bar.update(len(batch["rows"]))
+        h5.attrs["complete"] = True
+    if bad:
+        print(f"features: skipped {len(bad)} unreadable images (NaN embeddings), e.g. {bad[:3]}", file=sys.stderr)
+    return out
+
+
+def _write_batch(h5: h5py.File, batch: dict, paths: list[Path], captions: list[str], model, tokenizer,
+                 device: torch.device, skip_bad_images: bool) -> list[str]:
+    """Write one batch's embeddings, then its done flags; return the files that failed to decode."""
+    if batch["errors"] and not skip_bad_images:
+        row, error = next(iter(batch["errors"].items()))
+        raise FeatureError(f"cannot read image {paths[row]} ({error}); fix or remove it, or pass "
+                           "--skip-bad-images to leave unreadable images out")
+    rows = batch["rows"]
+    # h5py writes a selection given as increasing indices; the loader keeps row order.
+    text = encode_text_batch(model, tokenizer, [captions[r] for r in rows], device)
+    h5["text_emb"][rows] = text.astype(np.float16)
+    if batch["good_rows"]:
+        image = encode_image_batch(model, batch["pixels"], device)
+        h5["image_emb"][batch["good_rows"]] = image.astype(np.float16)
+    # Failed rows keep the NaN fill value of image_emb.
+    h5["done"][rows] = True
+    return [str(paths[r]) for r in sorted(batch["errors"])]
+
+
+def load_features(path: str | os.PathLike, require_complete: bool = True) -> dict[str, Any]:
+    """Read a features file: ``image_id``, ``image_emb``, ``text_emb`` (float16 arrays) and its attributes."""
+    path = Path(path)
+    if not path.is_file():
+        raise FeatureError(f"{path}: features file not found (run `ladbench features`)")
+    with h5py.File(path, "r") as h5:
+        if require_complete and not bool(h5.attrs.get("complete", False)):
+            raise FeatureError(f"{path}: features are incomplete (attribute complete is false); rerun `ladbench features`")
+        for name in ("image_id", "image_emb", "text_emb"):
+            if name not in h5:
+                raise FeatureError(f"{path}: dataset '{name}' missing (docs/formats.md §2)")
+        data = {name: h5[name][()] for name in ("image_id", "image_emb", "text_emb")}
+        data["attrs"] = dict(h5.attrs)
+    return data
+
+
+# --- CLI --------------------------------------------------------------------------------
+
+def _run_features(args: argparse.Namespace) -> None:
+    out = compute_features(args.images, args.out, args.model, args.pretrained, args.model_config,
+                           args.batch_size, args.workers, args.device, args.skip_bad_images, args.cache_dir)
+    print(f"features: {out}")
+
+
+def _run_demo_clip(args: argparse.Namespace) -> None:
+    manifest = build_tiny_clip(args.out, args.seed, args.name)
+    print(f"demo-clip: model {manifest['model']} -> {manifest['pretrained']} (config {manifest['model_config']})")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the ``features`` and ``demo-clip`` subcommands."""
+    parser = subparsers.add_parser(
+        "features", help="CLIP image and caption embeddings -> features.h5.",
+        description="L2-normalised float16 open_clip embeddings of every image and caption of an image "
+                    "table (docs/formats.md §2); resumable after an interruption.")
+    parser.add_argument("--images", required=True, help="Image table (images.json from `ladbench captions`).")
+    parser.add_argument("--out", required=True, help="Output HDF5 file.")
+    parser.add_argument("--model", default=DEFAULT_MODEL, help=f"open_clip model name (default {DEFAULT_MODEL}).")
+    parser.add_argument("--pretrained", default=DEFAULT_PRETRAINED,
+                        help=f"open_clip pretrained tag or a local checkpoint file (default {DEFAULT_PRETRAINED}).")
+    parser.add_argument("--model-config", default=None,
+                        help="JSON config of a custom open_clip architecture; its file stem must equal --model.")
+    parser.add_argument("--batch-size", type=int, default=64, help="Images per batch (default 64).")
+    parser.add_argument("--workers", type=int, default=4, help="DataLoader worker processes for image decoding (default 4).")
+    parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="auto = CUDA when present.")
+    parser.add_argument("--skip-bad-images", action="store_true",
+                        help="Record unreadable images (NaN embedding, count in the file) instead of stopping.")
+    parser.add_argument("--cache-dir", default=None, help="open_clip weights cache folder (default: the library's).")
+    parser.set_defaults(func=_run_features)
+
+    demo = subparsers.add_parser(
+        "demo-clip", help="Build the demo's tiny random open_clip model locally.",
+        description="Write a tiny open_clip config (NAME.json), random weights (NAME.pt) and clip.json into --out.")
+    demo.add_argument("--out", required=True, help="Output folder.")
+    demo.add_argument("--seed", type=int, default=0, help="Seed of the random weights.")
+    demo.add_argument("--name", default=TINY_CLIP_NAME, help=f"Model (and config file) name (default {TINY_CLIP_NAME}).")
+    demo.set_defaults(func=_run_demo_clip)

@@ -1,0 +1,172 @@
+"""Exact last-query attention at the speed of the fast kernel.
+
+The model runs with SDPA (the fused kernel; no T x T attention matrix is kept). For every
+captured decoder layer, a registered attention function additionally computes the ONE
+attention row the method needs, that of the last query position (METHOD §3), from the
+same post-rotary query/key states, grouped KV heads expanded, the same mask and scaling
+the kernel sees, and reduces it at once to the attention mass per token segment (one
+segment per image span, one for all other text tokens, one for padding). Cost per layer:
+H x T dot products, against H x T x T for the kernel; memory: L x H x (N + 2) numbers.
+
+The function is registered under :data:`CAPTURE_ATTENTION` in transformers'
+``AttentionInterface`` AND ``AttentionMaskInterface`` (without the latter, transformers
+4.53 builds no padding mask for an unknown name). It behaves exactly like SDPA for any
+module not currently inside a :class:`LastRowCapture` context.
+
+SoFA (METHOD §6) also lives here: :class:`SofaMask` swaps the attention mask of chosen
+layers for one where image tokens see later image tokens with additive bias log(sigma).
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import torch
+
+from ladbench.models.base import CAPTURE_ATTENTION
+
+_CAPTURE_ATTR = "_ladbench_capture"
+_SOFA_ATTR = "_ladbench_sofa_bias"
+
+
+def last_row_attention(query: torch.Tensor, key: torch.Tensor, attention_mask: torch.Tensor | None,
+                       scaling: float | None) -> torch.Tensor:
+    """Post-softmax attention of the last query position, float32 [B, H, Tk].
+
+    ``query`` [B, H, Tq, d] and ``key`` [B, KV, Tk, d] are the states the kernel gets
+    (after rotary embedding, before GQA expansion). ``attention_mask`` is what the kernel
+    gets: None (pure causal, no padding: the last row sees every key), a 4-D boolean
+    (True = attend) or additive float mask [B, 1, Tq, Tk'], or a 2-D padding mask [B, Tk].
+    """
+    n_heads, n_kv = query.shape[1], key.shape[1]
+    q = query[:, :, -1:, :].float()
+    k = key.float().repeat_interleave(n_heads // n_kv, dim=1)          # same head order as repeat_kv
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    scores = (q @ k.transpose(-1, -2)) * scale                         # [B, H, 1, Tk]
+    if attention_mask is not None:
+        if attention_mask.dim() == 2:                                   # flash-style padding mask
+            scores = scores.masked_fill(attention_mask[:, None, None, :] == 0, float("-inf"))
+        else:
+            m = attention_mask[:, :, -1:, : k.shape[-2]]
+            scores = scores.masked_fill(~m, float("-inf")) if m.dtype == torch.bool else scores + m.float()
+    return scores.softmax(dim=-1)[:, :, 0]
+
+
+def segment_mass(rows: torch.Tensor, segment_ids: torch.Tensor, n_segments: int) -> torch.Tensor:
+    """Sum attention rows [B, H, T] over token segments: [B, H, n_segments].
+
+    ``segment_ids`` [B, T] gives each token's segment (0 .. n_segments - 1).
+    """
+    batch, heads, length = rows.shape
+    index = segment_ids.to(rows.device).long().unsqueeze(1).expand(batch, heads, length)
+    out = torch.zeros(batch, heads, n_segments, dtype=rows.dtype, device=rows.device)
+    return out.scatter_add_(2, index, rows)
+
+
+def capture_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
+                              value: torch.Tensor, attention_mask: torch.Tensor | None,
+                              scaling: float | None = None, **kwargs: Any):
+    """SDPA, plus the last-row capture and SoFA mask of modules that asked for them."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    sofa_bias = getattr(module, _SOFA_ATTR, None)
+    if sofa_bias is not None and query.shape[2] == sofa_bias.shape[-2]:   # prefill only
+        attention_mask = sofa_bias
+    capture = getattr(module, _CAPTURE_ATTR, None)
+    if capture is not None:
+        recorder, layer = capture
+        recorder.record(layer, last_row_attention(query, key, attention_mask, scaling))
+    return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
+
+
+def register_capture_attention() -> None:
+    """Register :func:`capture_attention_forward` (idempotent) with transformers."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(CAPTURE_ATTENTION, capture_attention_forward)
+    AttentionMaskInterface.register(CAPTURE_ATTENTION, sdpa_mask)
+
+
+class _ModuleAttributes:
+    """Set an attribute on some modules for the duration of a ``with`` block."""
+
+    def __init__(self, attr: str, values: dict[torch.nn.Module, Any]) -> None:
+        self.attr, self.values = attr, values
+
+    def __enter__(self):
+        for module, value in self.values.items():
+            setattr(module, self.attr, value)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for module in self.values:
+            if hasattr(module, self.attr):
+                delattr(module, self.attr)
+
+
+class LastRowCapture(_ModuleAttributes):
+    """Collect the last query row's attention mass per segment for every given layer.
+
+    Use as ``with LastRowCapture(adapter.attention_modules(), segment_ids, n_segments) as cap:``
+    around ONE forward pass; then ``cap.masses()`` is [B, L, H, n_segments] (float32).
+    The model must have been loaded with the :data:`CAPTURE_ATTENTION` implementation.
+    """
+
+    def __init__(self, modules: Sequence[torch.nn.Module], segment_ids: torch.Tensor, n_segments: int) -> None:
+        super().__init__(_CAPTURE_ATTR, {m: (self, i) for i, m in enumerate(modules)})
+        self.n_layers = len(modules)
+        self.segment_ids, self.n_segments = segment_ids, n_segments
+        self._mass: dict[int, torch.Tensor] = {}
+
+    def record(self, layer: int, rows: torch.Tensor) -> None:
+        if rows.shape[-1] != self.segment_ids.shape[-1]:
+            raise RuntimeError(f"layer {layer}: attention row has {rows.shape[-1]} keys but the prompt has "
+                               f"{self.segment_ids.shape[-1]} tokens (capture must wrap a prefill, not a cached step)")
+        self._mass[layer] = segment_mass(rows, self.segment_ids, self.n_segments)
+
+    def masses(self) -> torch.Tensor:
+        missing = [i for i in range(self.n_layers) if i not in self._mass]
+        if missing:
+            raise RuntimeError(
+                f"no attention captured for decoder layers {missing}: the model's attention modules do not "
+                f"dispatch through transformers' AttentionInterface with implementation {CAPTURE_ATTENTION!r}")
+        return torch.stack([self._mass[i] for i in range(self.n_layers)], dim=1)
+
+
+def sofa_attention_bias(attention_mask: torch.Tensor, image_tokens: torch.Tensor, sigma: float,
+                        dtype: torch.dtype) -> torch.Tensor:
+    """Additive SoFA mask [B, 1, T, T]: causal + padding, except that an image token sees
+    LATER image tokens too, with bias log(sigma) (METHOD §6).
+
+    ``attention_mask`` [B, T] is the padding mask (1 = real token), ``image_tokens`` [B, T]
+    marks image tokens. Masked entries get the dtype's most negative finite value rather
+    than -inf, so the all-padding query rows of left padding stay finite (their outputs are
+    never attended to by real tokens).
+    """
+    length = attention_mask.shape[-1]
+    device = attention_mask.device
+    causal = torch.ones(length, length, dtype=torch.bool, device=device).tril()
+    keys_real = attention_mask.bool()[:, None, :]
+    allowed = causal[None] & keys_real                                   # [B, T, T]
+    neg = torch.finfo(dtype).min
+    bias = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill(~allowed, neg)
+    img = image_tokens.bool().to(device)
+    future_images = img[:, :, None] & img[:, None, :] & ~causal[None]
+    soft = math.log(sigma) if sigma > 0 else neg
+    bias = bias.masked_fill(future_images, soft)
+    return bias[:, None]
+
+
+def sofa_layers(n_layers: int, every: int, start: int = 0) -> list[int]:
+    """Indices of the layers SoFA modifies: every ``every``-th layer from ``start`` (reference: 0, 2, 4, ...)."""
+    if every < 1:
+        raise ValueError(f"SoFA every-n must be >= 1; got {every}")
+    return list(range(start, n_layers, every))
+
+
+class SofaMask(_ModuleAttributes):
+    """Use ``bias`` (see :func:`sofa_attention_bias`) as the attention mask of the given modules."""
+
+    def __init__(self, modules: Sequence[torch.nn.Module], bias: torch.Tensor) -> None:
+        super().__init__(_SOFA_ATTR, {m: bias for m in modules})

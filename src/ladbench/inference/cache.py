@@ -1,0 +1,296 @@
+"""The inference cache (docs/formats.md §4): row plan, resumable HDF5 writer, and reader.
+
+Rows: every evaluation instance x ordering (instance-major), then every calibration
+instance x cyclic left shift. The ``permavg`` variant adds, for every evaluation
+(instance, ordering), all N cyclic left shifts of that ordering: its evaluation rows are
+instance x ordering x shift (shift fastest), with an extra dataset ``shift`` [R] (int16;
+0 for calibration rows, whose own shift is in ``ordering`` as usual), and ``order`` holds
+what was actually shown: ``order[r, p] = orderings[t][(p + s) % N]``.
+
+Writing: the file is created complete with every dataset (filled with NaN / -1 / False)
+and the row plan, through a temporary file and a rename. Results are then written chunk
+by chunk, opening and closing the file for each chunk so that a killed job leaves a
+closed, consistent file: at most the chunk in flight is lost. ``done`` marks written rows;
+the attribute ``complete`` is set last. ``config_sha256`` identifies the inputs: a complete
+file with the same hash is never rewritten; a file with another hash is replaced.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import h5py
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+SPLIT_EVAL, SPLIT_CALIBRATION = 0, 1
+ROW_TABLE_KEYS = ("split", "instance", "ordering", "order", "target_pos")
+
+
+# ----------------------------------------------------------------------------- row plan
+@dataclass
+class RowPlan:
+    """The rows of one cache, before any model runs (all arrays have R rows)."""
+
+    split: np.ndarray          # int8 [R]
+    instance: np.ndarray       # int32 [R]
+    ordering: np.ndarray       # int16 [R]
+    order: np.ndarray          # int16 [R, N]
+    target_pos: np.ndarray     # int16 [R]
+    shift: np.ndarray | None   # int16 [R] (permavg only)
+
+    def __len__(self) -> int:
+        return len(self.split)
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        out = {k: getattr(self, k) for k in ROW_TABLE_KEYS}
+        if self.shift is not None:
+            out["shift"] = self.shift
+        return out
+
+
+def _target_index(inst: Mapping[str, Any], where: str) -> int:
+    try:
+        return list(inst["candidates"]).index(inst["target"])
+    except (KeyError, ValueError):
+        raise ValueError(f"benchmark {where} (id {inst.get('id')}): target must be one of the candidates") from None
+
+
+def plan_rows(benchmark: Mapping[str, Any], *, shifts_per_ordering: bool = False) -> RowPlan:
+    """The row plan of a benchmark (docs/formats.md §3, §4); ``shifts_per_ordering`` for permavg."""
+    n = int(benchmark["n_candidates"])
+    rows: list[tuple[int, int, int, list[int], int]] = []     # split, instance, ordering, order, shift
+    for i, inst in enumerate(benchmark["eval"]):
+        if len(inst["candidates"]) != n:
+            raise ValueError(f"benchmark eval[{i}] has {len(inst['candidates'])} candidates, expected {n}")
+        for t, ordering in enumerate(inst["orderings"]):
+            if sorted(ordering) != list(range(n)):
+                raise ValueError(f"benchmark eval[{i}].orderings[{t}] is not a permutation of range({n})")
+            for s in (range(n) if shifts_per_ordering else (0,)):
+                rows.append((SPLIT_EVAL, i, t, [ordering[(p + s) % n] for p in range(n)], s))
+    for c, inst in enumerate(benchmark["calibration"]):
+        if len(inst["candidates"]) != n:
+            raise ValueError(f"benchmark calibration[{c}] has {len(inst['candidates'])} candidates, expected {n}")
+        for s in range(n):
+            rows.append((SPLIT_CALIBRATION, c, s, [(p + s) % n for p in range(n)], 0))
+    order = np.array([r[3] for r in rows], dtype=np.int16).reshape(len(rows), n)
+    targets = [_target_index(benchmark["eval" if r[0] == SPLIT_EVAL else "calibration"][r[1]],
+                             "eval" if r[0] == SPLIT_EVAL else "calibration") for r in rows]
+    target_pos = np.array([list(o).index(t) for o, t in zip(order, targets)], dtype=np.int16)
+    return RowPlan(split=np.array([r[0] for r in rows], dtype=np.int8),
+                   instance=np.array([r[1] for r in rows], dtype=np.int32),
+                   ordering=np.array([r[2] for r in rows], dtype=np.int16),
+                   order=order, target_pos=target_pos,
+                   shift=np.array([r[4] for r in rows], dtype=np.int16) if shifts_per_ordering else None)
+
+
+# ------------------------------------------------------------------------------ writer
+@dataclass(frozen=True)
+class CacheLayout:
+    """Shapes of the result datasets."""
+
+    n_candidates: int
+    n_layers: int
+    n_heads: int
+    store_heads: bool = False
+    generative: bool = False
+    n_samples: int = 1         # > 1: self-consistency, texts [R, S]
+
+
+def _result_datasets(layout: CacheLayout, n_rows: int) -> dict[str, tuple[tuple[int, ...], Any, Any]]:
+    """name -> (shape, dtype, fill value)."""
+    r, n, lyr = n_rows, layout.n_candidates, layout.n_layers
+    out: dict[str, tuple[tuple[int, ...], Any, Any]] = {
+        "scores": ((r, n), np.float32, np.nan),
+        "attn": ((r, lyr, n), np.float32, np.nan),
+        "attn_text": ((r, lyr), np.float32, np.nan),
+        "done": ((r,), np.bool_, False),
+    }
+    if layout.store_heads:
+        out["attn_heads"] = ((r, lyr, layout.n_heads, n), np.float16, np.nan)
+    if layout.generative:
+        text_shape = (r,) if layout.n_samples == 1 else (r, layout.n_samples)
+        out["text"] = (text_shape, h5py.string_dtype("utf-8"), "")
+        out["parsed"] = ((r,), np.int16, -1)
+        if layout.n_samples > 1:
+            out["sample_parsed"] = ((r, layout.n_samples), np.int16, -1)
+    return out
+
+
+def _jsonable(value: Any) -> Any:
+    return json.dumps(value, sort_keys=True) if isinstance(value, (dict, list, tuple)) else value
+
+
+class CacheWriter:
+    """Resumable writer of one inference cache; see the module docstring for the guarantees."""
+
+    def __init__(self, path: str, n_rows: int) -> None:
+        self.path = path
+        self.n_rows = n_rows
+
+    @classmethod
+    def open(cls, path: str, plan: RowPlan, layout: CacheLayout, attrs: Mapping[str, Any]) -> "CacheWriter":
+        """Create the file, or reopen an unfinished one made from the same inputs.
+
+        ``attrs`` must contain ``config_sha256``. An existing file is reused only if it is
+        readable and has the same ``config_sha256`` and row plan; otherwise it is replaced.
+        """
+        if "config_sha256" not in attrs:
+            raise ValueError("cache attributes need a config_sha256")
+        if os.path.exists(path):
+            reason = cls._reuse_problem(path, plan, attrs["config_sha256"])
+            if reason is None:
+                return cls(path, len(plan))
+            log.warning("%s: starting a new cache (%s)", path, reason)
+        cls._create(path, plan, layout, attrs)
+        return cls(path, len(plan))
+
+    @staticmethod
+    def _reuse_problem(path: str, plan: RowPlan, config_sha256: str) -> str | None:
+        try:
+            with h5py.File(path, "r") as f:
+                if f.attrs.get("config_sha256") != config_sha256:
+                    return "its inputs or settings changed (config_sha256 differs)"
+                for key, arr in plan.arrays().items():
+                    if key not in f or not np.array_equal(f[key][()], arr):
+                        return f"its row plan differs ({key})"
+        except OSError as exc:                                   # unreadable: killed mid-write
+            return f"existing file unreadable: {exc}"
+        return None
+
+    @staticmethod
+    def _create(path: str, plan: RowPlan, layout: CacheLayout, attrs: Mapping[str, Any]) -> None:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        tmp = path + ".tmp"
+        chunk_rows = max(1, min(len(plan), 256))
+        with h5py.File(tmp, "w") as f:
+            for key, arr in plan.arrays().items():
+                f.create_dataset(key, data=arr)
+            for key, (shape, dtype, fill) in _result_datasets(layout, len(plan)).items():
+                chunks = (chunk_rows,) + shape[1:] if shape[0] else None
+                f.create_dataset(key, shape=shape, dtype=dtype, fillvalue=fill, chunks=chunks)
+            for key, value in attrs.items():
+                f.attrs[key] = _jsonable(value)
+            f.attrs["complete"] = False
+        os.replace(tmp, path)
+
+    def is_complete(self) -> bool:
+        with h5py.File(self.path, "r") as f:
+            return bool(f.attrs.get("complete", False))
+
+    def pending_rows(self) -> np.ndarray:
+        """Indices of the rows not yet written."""
+        with h5py.File(self.path, "r") as f:
+            return np.flatnonzero(~f["done"][()])
+
+    def write(self, rows: Sequence[int], results: Mapping[str, np.ndarray]) -> None:
+        """Write result arrays (first axis = ``rows``) and mark the rows done, in one open/close."""
+        idx = np.asarray(rows, dtype=np.int64)
+        order = np.argsort(idx)                    # h5py point selection needs increasing indices
+        idx = idx[order]
+        with h5py.File(self.path, "a") as f:
+            for key, values in results.items():
+                if key not in f:
+                    raise KeyError(f"{self.path}: no dataset {key!r} to write")
+                f[key][idx] = np.asarray(values)[order]
+            f["done"][idx] = True
+
+    def finish(self, attrs: Mapping[str, Any]) -> None:
+        """Set the final attributes and, last, ``complete`` (only if every row is done)."""
+        with h5py.File(self.path, "a") as f:
+            undone = int((~f["done"][()]).sum())
+            if undone:
+                raise RuntimeError(f"{self.path}: {undone} rows not written; refusing to mark the cache complete")
+            for key, value in attrs.items():
+                f.attrs[key] = _jsonable(value)
+            f.attrs["complete"] = True
+
+    def set_attrs(self, attrs: Mapping[str, Any]) -> None:
+        with h5py.File(self.path, "a") as f:
+            for key, value in attrs.items():
+                f.attrs[key] = _jsonable(value)
+
+
+# ------------------------------------------------------------------------------ reader
+@dataclass
+class InferenceCache:
+    """An inference cache in memory: ``arrays`` (docs/formats.md §4 datasets) and ``attrs``.
+
+    ``cache["scores"]`` is the raw [R, ...] array; :meth:`eval_view` and
+    :meth:`calibration_view` reshape the evaluation rows to [I, T, ...] ([I, T, N, ...] for
+    permavg, axis 2 = shift) and the calibration rows to [C, N, ...] (axis 1 = shift).
+    """
+
+    path: str
+    arrays: dict[str, np.ndarray]
+    attrs: dict[str, Any]
+
+    def __getitem__(self, key: str) -> np.ndarray:
+        return self.arrays[key]
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.arrays
+
+    @property
+    def n_candidates(self) -> int:
+        return int(self.attrs["n_candidates"])
+
+    @property
+    def has_shifts(self) -> bool:
+        return "shift" in self.arrays
+
+    def _split_rows(self, split: int) -> np.ndarray:
+        return np.flatnonzero(self.arrays["split"] == split)
+
+    def eval_view(self, key: str) -> np.ndarray:
+        """``key``'s evaluation rows as [I, T, ...] (permavg: [I, T, N, ...])."""
+        rows = self._split_rows(SPLIT_EVAL)
+        inst, ordering = self.arrays["instance"][rows], self.arrays["ordering"][rows]
+        n_inst, n_ord = (int(inst.max()) + 1, int(ordering.max()) + 1) if len(rows) else (0, 0)
+        shape = (n_inst, n_ord) + ((self.n_candidates,) if self.has_shifts else ())
+        expected = np.stack(np.meshgrid(*[np.arange(s) for s in shape], indexing="ij"), -1).reshape(-1, len(shape))
+        actual = np.stack([inst, ordering] + ([self.arrays["shift"][rows]] if self.has_shifts else []), -1)
+        if actual.shape != expected.shape or not np.array_equal(actual, expected):
+            raise ValueError(f"{self.path}: evaluation rows are not instance x ordering"
+                             f"{' x shift' if self.has_shifts else ''} in row-major order")
+        data = self.arrays[key][rows]
+        return data.reshape(shape + data.shape[1:])
+
+    def calibration_view(self, key: str) -> np.ndarray:
+        """``key``'s calibration rows as [C, N, ...] (axis 1 = cyclic shift s)."""
+        rows = self._split_rows(SPLIT_CALIBRATION)
+        n = self.n_candidates
+        n_cal = len(rows) // n
+        expected = np.stack([np.repeat(np.arange(n_cal), n), np.tile(np.arange(n), n_cal)], -1)
+        actual = np.stack([self.arrays["instance"][rows], self.arrays["ordering"][rows]], -1)
+        if len(rows) % n or not np.array_equal(actual, expected):
+            raise ValueError(f"{self.path}: calibration rows are not instance x shift in row-major order")
+        data = self.arrays[key][rows]
+        return data.reshape((n_cal, n) + data.shape[1:])
+
+
+def read_cache(path: str, *, require_complete: bool = True) -> InferenceCache:
+    """Read a whole inference cache (docs/formats.md §4) into memory.
+
+    Raises if the file is not marked complete, unless ``require_complete=False`` (then
+    unwritten rows hold NaN / -1 and ``done`` is False). JSON attributes (``versions``) are
+    decoded; string datasets come back as ``str`` arrays.
+    """
+    try:
+        f = h5py.File(path, "r")
+    except OSError as exc:
+        raise OSError(f"{path}: cannot open inference cache ({exc})") from exc
+    with f:
+        attrs = {k: (v.item() if isinstance(v, np.generic) else v) for k, v in f.attrs.items()}
+        if require_complete and not attrs.get("complete", False):
+            raise ValueError(f"{path}: inference cache is not complete (job unfinished or killed; rerun `ladbench infer`)")
+        arrays = {}
+        for key, ds in f.items():
+            arrays[key] = ds.asstr()[()] if h5py.check_string_dtype(ds.dtype) else ds[()]
+    if isinstance(attrs.get("versions"), str):
+        attrs["versions"] = json.loads(attrs["versions"])
+    return InferenceCache(path=path, arrays=arrays, attrs=attrs)

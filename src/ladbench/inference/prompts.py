@@ -1,0 +1,137 @@
+"""Prompt variants, identifier formats, and parsing of generated answers (METHOD §1, §6).
+
+The digit prompts are the reference's text verbatim. Other identifier formats (paper,
+Appendix D.2) use the same sentences with the identifiers named, e.g. "indexed from A to
+D" and "Respond with the index letter only".
+"""
+from __future__ import annotations
+
+import hashlib
+import re
+from collections import Counter
+from dataclasses import dataclass
+from typing import Sequence
+
+IDENTIFIER_FORMATS = ("digits", "upper", "lower", "roman", "words")
+#: prompt variants = cache variants; sofa and permavg use the vanilla text
+PROMPT_VARIANTS = ("vanilla", "instruction", "sofa", "permavg", "cot", "sc")
+GENERATIVE_VARIANTS = ("cot", "sc")
+
+_ROMAN = ("I", "II", "III", "IV", "V", "VI", "VII", "VIII", "IX", "X", "XI", "XII", "XIII", "XIV", "XV", "XVI")
+_WORDS = ("first", "second", "third", "fourth", "fifth", "sixth", "seventh", "eighth", "ninth", "tenth",
+          "eleventh", "twelfth", "thirteenth", "fourteenth", "fifteenth", "sixteenth")
+_MAX_N = 16
+
+
+def identifiers(fmt: str, n: int) -> list[str]:
+    """The ``n`` candidate identifiers of format ``fmt``: position p (0-based) is named ``identifiers(...)[p]``."""
+    if not 1 <= n <= _MAX_N:
+        raise ValueError(f"number of candidates must be in 1..{_MAX_N}; got {n}")
+    if fmt == "digits":
+        return [str(i) for i in range(1, n + 1)]
+    if fmt == "upper":
+        return [chr(ord("A") + i) for i in range(n)]
+    if fmt == "lower":
+        return [chr(ord("a") + i) for i in range(n)]
+    if fmt == "roman":
+        return list(_ROMAN[:n])
+    if fmt == "words":
+        return list(_WORDS[:n])
+    raise ValueError(f"unknown identifier format {fmt!r}; choose one of {', '.join(IDENTIFIER_FORMATS)}")
+
+
+@dataclass(frozen=True)
+class _Naming:
+    indexed: str      # completes "Given {N} images indexed ..."
+    answer: str       # completes "Respond with the ... only"
+    final: str        # CoT: "output only the final answer index (...)"
+
+
+def _naming(fmt: str, n: int) -> _Naming:
+    ids = identifiers(fmt, n)
+    first, last = ids[0], ids[-1]
+    if fmt == "digits":
+        return _Naming(f"from {first} to {last}", "index number", f"a single integer from {first} to {last}")
+    if fmt in ("upper", "lower"):
+        return _Naming(f"from {first} to {last}", "index letter", f"a single letter from {first} to {last}")
+    if fmt == "roman":
+        return _Naming(f"with Roman numerals from {first} to {last}", "index Roman numeral",
+                       f"a single Roman numeral from {first} to {last}")
+    listed = ", ".join(ids[:-1]) + f" and {last}" if n > 1 else last
+    return _Naming(f"as {listed}", "index word", f"a single word among {', '.join(ids)}")
+
+
+INSTRUCTION_SENTENCE = ("Please note that the provided images have been randomly shuffled, so it is essential to "
+                        "consider them fairly and without bias. Analyze the visual content objectively and do not "
+                        "be influenced by the order of the images.")
+
+
+def prompt_text(variant: str, n: int, caption: str, fmt: str = "digits") -> str:
+    """The text that follows the ``n`` images, for a prompt variant and identifier format."""
+    if variant not in PROMPT_VARIANTS:
+        raise ValueError(f"unknown prompt variant {variant!r}; choose one of {', '.join(PROMPT_VARIANTS)}")
+    nm = _naming(fmt, n)
+    task = (f"Given {n} images indexed {nm.indexed}, identify the image that best matches the provided caption.")
+    if variant in ("vanilla", "sofa", "permavg"):
+        return f"{task} Respond with the {nm.answer} only and nothing else.\nCaption: {caption}\nAnswer: "
+    if variant == "instruction":
+        return (f"{task} {INSTRUCTION_SENTENCE} Respond with the {nm.answer} only and nothing else.\n"
+                f"Caption: {caption}\nAnswer: ")
+    if variant == "cot":
+        return (f"{task}\nPlease think step by step. First, write your reasoning inside <think> and </think> tags. "
+                f"Then, after the closing </think> tag, output only the final answer index ({nm.final}).\n"
+                f"Caption: {caption}\nAnswer: <think>")
+    # self-consistency
+    return (f"{task}\nPlease think step by step to analyze the content of the images. After your reasoning, "
+            f"provide the final answer in the exact format: \"The answer is <index>\".\nCaption: {caption}\nAnswer: ")
+
+
+def prompt_sha256(variant: str, n: int, fmt: str) -> str:
+    """Hash of the prompt template (caption left as a placeholder) for the cache metadata."""
+    return hashlib.sha256(prompt_text(variant, n, "{caption}", fmt).encode("utf-8")).hexdigest()
+
+
+def _identifier_pattern(fmt: str, n: int) -> re.Pattern[str]:
+    ids = sorted(identifiers(fmt, n), key=len, reverse=True)          # longest first: "III" before "I"
+    if fmt == "digits":
+        return re.compile(r"(?<!\d)(\d+)(?!\d)")
+    flags = re.IGNORECASE if fmt == "words" else 0
+    return re.compile(r"(?<![A-Za-z])(" + "|".join(map(re.escape, ids)) + r")(?![A-Za-z])", flags)
+
+
+def parse_last_identifier(text: str, n: int, fmt: str = "digits") -> int:
+    """Position (0-based) named by the LAST valid identifier in ``text``, or -1 (METHOD §6: CoT).
+
+    For digits, the last integer in 1..n (integers outside the range are skipped).
+    """
+    ids = identifiers(fmt, n)
+    lookup = {s.lower() if fmt == "words" else s: p for p, s in enumerate(ids)}
+    for match in reversed(list(_identifier_pattern(fmt, n).finditer(text))):
+        token = match.group(1).lower() if fmt == "words" else match.group(1)
+        if token in lookup:
+            return lookup[token]
+    return -1
+
+
+def parse_answer_is(text: str, n: int, fmt: str = "digits") -> int:
+    """Self-consistency parsing: the last "The answer is <k>", else the last valid identifier."""
+    ids = identifiers(fmt, n)
+    flags = re.IGNORECASE if fmt == "words" else 0
+    alternatives = "|".join(map(re.escape, sorted(ids, key=len, reverse=True)))
+    found = re.findall(r"[Tt]he answer is\s*\**\s*(" + alternatives + r")(?![A-Za-z0-9])", text, flags)
+    if found:
+        token = found[-1]
+        for p, s in enumerate(ids):
+            if s == token or (fmt == "words" and s == token.lower()):
+                return p
+    return parse_last_identifier(text, n, fmt)
+
+
+def majority_vote(parsed: Sequence[int]) -> int:
+    """Most frequent valid answer (>= 0); ties go to the answer seen first; -1 if none is valid."""
+    valid = [p for p in parsed if p >= 0]
+    if not valid:
+        return -1
+    counts = Counter(valid)
+    best = max(counts.values())
+    return next(p for p in valid if counts[p] == best)

@@ -1,0 +1,398 @@
+"""The ``infer`` stage: one forward pass per cache row, written to a resumable HDF5 cache.
+
+Per row (docs/formats.md §4): the N images in the row's order (resized to a square,
+bicubic), the prompt of the variant through the model's chat template, ONE prefill with
+the fast attention kernel capturing the last query row of every decoder layer, the
+candidate scores (METHOD §2; continuation steps reuse the prefill's KV cache), the
+attention mass per layer per image span and on the other tokens. Generative variants
+(cot, sc) generate replies instead and store texts and parsed answers (their ``scores``
+and ``attn`` stay NaN).
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import os
+import platform
+import resource
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from functools import lru_cache
+from typing import Any, Sequence
+
+import numpy as np
+
+from .cache import CacheLayout, CacheWriter, RowPlan, plan_rows
+from .prompts import (GENERATIVE_VARIANTS, IDENTIFIER_FORMATS, PROMPT_VARIANTS, identifiers, majority_vote,
+                      parse_answer_is, parse_last_identifier, prompt_sha256, prompt_text)
+from .scoring import SCORE_MODES, IdentifierTrie, identifier_encoder, trie_scores
+
+log = logging.getLogger(__name__)
+
+FAMILY_CHOICES = ("qwen2_5_vl", "internvl", "llava_ov15")
+
+
+@dataclass
+class InferenceSettings:
+    """Everything the stage needs; one field per CLI flag."""
+
+    benchmark: str
+    images: str
+    out: str
+    model_name: str
+    family: str
+    model_path: str
+    revision: str | None = None
+    trust_remote_code: bool = False
+    dtype: str = "auto"
+    device: str = "auto"
+    prompt: str = "vanilla"
+    identifiers: str = "digits"
+    score_mode: str = "reference"
+    image_size: int = 336
+    batch_size: int = 1
+    chunk_size: int = 16
+    store_head_attention: bool = False
+    limit_rows: int | None = None
+    sofa_sigma: float = 0.5
+    sofa_every: int = 2
+    cot_max_new_tokens: int = 1024
+    sc_samples: int = 10
+    sc_temperature: float = 0.7
+    sc_top_k: int = 40
+    sc_max_new_tokens: int = 512
+    seed: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    # fields that do not change any stored number (only speed / how much runs now)
+    _NOT_HASHED = ("out", "batch_size", "chunk_size", "limit_rows", "model_name", "extra")
+
+    def validate(self) -> None:
+        checks = [("family", self.family, FAMILY_CHOICES), ("prompt", self.prompt, PROMPT_VARIANTS),
+                  ("identifiers", self.identifiers, IDENTIFIER_FORMATS), ("score_mode", self.score_mode, SCORE_MODES)]
+        for name, value, allowed in checks:
+            if value not in allowed:
+                raise ValueError(f"--{name.replace('_', '-')} {value!r} is not one of {', '.join(allowed)}")
+        for name in ("image_size", "batch_size", "chunk_size", "sofa_every", "sc_samples"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 1; got {getattr(self, name)}")
+        if not 0.0 <= self.sofa_sigma <= 1.0:
+            raise ValueError(f"--sofa-sigma must be in [0, 1]; got {self.sofa_sigma}")
+
+    def hashed_fields(self) -> dict[str, Any]:
+        """Settings that change the cache content (for ``config_sha256``); variant-irrelevant ones dropped."""
+        d = {k: v for k, v in asdict(self).items() if k not in self._NOT_HASHED}
+        if self.prompt != "sofa":
+            d.pop("sofa_sigma"), d.pop("sofa_every")
+        if self.prompt != "cot":
+            d.pop("cot_max_new_tokens")
+        if self.prompt != "sc":
+            for k in ("sc_samples", "sc_temperature", "sc_top_k", "sc_max_new_tokens"):
+                d.pop(k)
+        if self.prompt not in GENERATIVE_VARIANTS:
+            d.pop("seed")
+        return d
+
+
+# --------------------------------------------------------------------------- inputs
+def file_sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def load_json(path: str, what: str) -> dict:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{what} file not found: {path}") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{what} file {path} is not valid JSON: {exc}") from None
+
+
+def image_paths(table: dict, path: str) -> dict[int, str]:
+    """image_id -> file path, from an image table (docs/formats.md §1)."""
+    for key in ("image_root", "images"):
+        if key not in table:
+            raise ValueError(f"image table {path}: missing key {key!r}")
+    return {int(im["image_id"]): os.path.join(table["image_root"], im["file_name"]) for im in table["images"]}
+
+
+def check_benchmark(bench: dict, path: str, known_images: dict[int, str]) -> None:
+    for key in ("n_candidates", "eval", "calibration"):
+        if key not in bench:
+            raise ValueError(f"benchmark {path}: missing key {key!r}")
+    for split in ("eval", "calibration"):
+        for inst in bench[split]:
+            unknown = [c for c in inst["candidates"] if int(c) not in known_images]
+            if unknown:
+                raise ValueError(f"benchmark {path}: {split} instance {inst.get('id')} uses image ids {unknown} "
+                                 "that the image table does not list")
+
+
+def config_sha256(settings: InferenceSettings, bench_path: str, images_path: str) -> str:
+    payload = {"settings": settings.hashed_fields(), "benchmark_sha256": file_sha256(bench_path),
+               "images_sha256": file_sha256(images_path), "cache_format": 1}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+def library_versions() -> dict[str, str]:
+    import h5py
+    import torch
+    import transformers
+
+    import ladbench
+    return {"python": platform.python_version(), "torch": torch.__version__,
+            "transformers": transformers.__version__, "h5py": h5py.__version__, "numpy": np.__version__,
+            "ladbench": ladbench.__version__, "cuda": str(torch.version.cuda)}
+
+
+# ------------------------------------------------------------------------- per-batch
+def segment_ids(input_ids: Sequence[int], attention_mask: Sequence[int], spans: Sequence[tuple[int, int]],
+                n_candidates: int) -> np.ndarray:
+    """Token -> segment: k for image k's span, N for other real tokens, N + 1 for padding."""
+    seg = np.full(len(input_ids), n_candidates, dtype=np.int64)
+    seg[np.asarray(attention_mask) == 0] = n_candidates + 1
+    for k, (start, end) in enumerate(spans):
+        seg[start:end] = k
+    return seg
+
+
+class RowRunner:
+    """Runs the model on batches of rows for one setting (scoring or generative)."""
+
+    def __init__(self, adapter, settings: InferenceSettings, bench: dict, plan: RowPlan,
+                 paths: dict[int, str]) -> None:
+        self.adapter, self.s, self.bench, self.plan = adapter, settings, bench, plan
+        self.n = int(bench["n_candidates"])
+        self.ids = identifiers(settings.identifiers, self.n)
+        self._image = lru_cache(maxsize=512)(self._load_image)
+        self._paths = paths
+        if settings.prompt not in GENERATIVE_VARIANTS:
+            self.trie = IdentifierTrie.build(self.ids, identifier_encoder(adapter.tokenizer), adapter.end_of_turn_id)
+            self.nodes = self.trie.nodes_needing_logits(settings.score_mode)
+
+    def _load_image(self, image_id: int):
+        from PIL import Image
+
+        from ladbench.models.base import resize_square
+        path = self._paths[image_id]
+        try:
+            with Image.open(path) as im:
+                return resize_square(im, self.s.image_size)
+        except OSError as exc:
+            raise OSError(f"cannot read image {image_id} at {path}: {exc}") from None
+
+    def _row_inputs(self, r: int) -> tuple[str, list]:
+        split = "eval" if self.plan.split[r] == 0 else "calibration"
+        inst = self.bench[split][int(self.plan.instance[r])]
+        shown = [int(inst["candidates"][j]) for j in self.plan.order[r]]
+        text = self.adapter.chat_text(prompt_text(self.s.prompt, self.n, inst["caption"], self.s.identifiers), self.n)
+        return text, [self._image(i) for i in shown]
+
+    def _encode(self, rows: Sequence[int]):
+        texts, images = zip(*(self._row_inputs(r) for r in rows))
+        return self.adapter.encode(list(texts), list(images))
+
+    def score_batch(self, rows: Sequence[int]) -> dict[str, np.ndarray]:
+        """Scores and attention of a batch of rows (one prefill + trie continuations)."""
+        import torch
+
+        from .attention import LastRowCapture, SofaMask, sofa_attention_bias, sofa_layers
+        ad, n = self.adapter, self.n
+        inputs = self._encode(rows)
+        ids, mask = inputs["input_ids"].cpu().numpy(), inputs["attention_mask"].cpu().numpy()
+        segs = []
+        for b, r in enumerate(rows):
+            spans = ad.image_spans(ids[b].tolist())
+            if len(spans) != n:
+                raise RuntimeError(f"row {r}: found {len(spans)} image spans in the prompt, expected {n}")
+            segs.append(segment_ids(ids[b], mask[b], spans, n))
+        seg = torch.as_tensor(np.stack(segs), device=ad.device)
+        modules = ad.attention_modules()
+        sofa_ctx = None
+        if self.s.prompt == "sofa":
+            bias = sofa_attention_bias(inputs["attention_mask"], inputs["input_ids"] == ad.image_token_id,
+                                       self.s.sofa_sigma, ad.model.dtype)
+            sofa_ctx = SofaMask([modules[i] for i in sofa_layers(len(modules), self.s.sofa_every)], bias)
+        need_cache = len(self.nodes) > 1
+        with LastRowCapture(modules, seg, n + 2) as cap:
+            if sofa_ctx is not None:
+                with sofa_ctx:
+                    logits, state = ad.prefill(inputs, use_cache=need_cache)
+            else:
+                logits, state = ad.prefill(inputs, use_cache=need_cache)
+        mass = cap.masses()                                              # [B, L, H, N + 2]
+        logits_at = {(): logits.cpu().numpy()}
+        for node in self.nodes[1:]:
+            logits_at[node] = ad.continue_logits(state, node).cpu().numpy()
+        head_mass = mass[..., :n].cpu().numpy()
+        out = {"scores": trie_scores(self.trie, logits_at, self.s.score_mode).astype(np.float32),
+               "attn": head_mass.mean(axis=2).astype(np.float32),
+               "attn_text": mass[..., n].mean(dim=2).cpu().numpy().astype(np.float32)}
+        if self.s.store_head_attention:
+            out["attn_heads"] = head_mass.astype(np.float16)
+        return out
+
+    def generate_batch(self, rows: Sequence[int]) -> dict[str, np.ndarray]:
+        """Replies and parsed answers (CoT: greedy, one reply; SC: sampled, majority vote)."""
+        import torch
+        s = self.s
+        if s.prompt == "cot":
+            inputs = self._encode(rows)
+            texts = self.adapter.generate(inputs, max_new_tokens=s.cot_max_new_tokens, do_sample=False)
+            parsed = [parse_last_identifier(t, self.n, s.identifiers) for t in texts]
+            return {"text": np.array(texts, dtype=object), "parsed": np.array(parsed, dtype=np.int16)}
+        all_texts, votes, samples = [], [], []
+        for r in rows:                       # one row at a time: its samples form the batch; seed per row
+            inputs = self._encode([r])
+            torch.manual_seed(s.seed + int(r))
+            texts = self.adapter.generate(inputs, max_new_tokens=s.sc_max_new_tokens, do_sample=True,
+                                          temperature=s.sc_temperature, top_k=s.sc_top_k,
+                                          num_return_sequences=s.sc_samples)
+            parsed = [parse_answer_is(t, self.n, s.identifiers) for t in texts]
+            all_texts.append(texts)
+            samples.append(parsed)
+            votes.append(majority_vote(parsed))
+        return {"text": np.array(all_texts, dtype=object), "parsed": np.array(votes, dtype=np.int16),
+                "sample_parsed": np.array(samples, dtype=np.int16)}
+
+
+# --------------------------------------------------------------------------- driver
+def _peak_memory_mb(device: str) -> tuple[float, float]:
+    import torch
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0            # Linux: KiB
+    cuda = torch.cuda.max_memory_allocated() / 2 ** 20 if device.startswith("cuda") else float("nan")
+    return rss, cuda
+
+
+def run_inference(settings: InferenceSettings) -> str:
+    """Run (or resume, or skip when complete) the ``infer`` stage; returns the cache path."""
+    from tqdm import tqdm
+
+    settings.validate()
+    bench = load_json(settings.benchmark, "benchmark")
+    table = load_json(settings.images, "image table")
+    paths = image_paths(table, settings.images)
+    check_benchmark(bench, settings.benchmark, paths)
+    n = int(bench["n_candidates"])
+    plan = plan_rows(bench, shifts_per_ordering=settings.prompt == "permavg")
+    digest = config_sha256(settings, settings.benchmark, settings.images)
+
+    if os.path.exists(settings.out):
+        try:
+            import h5py
+            with h5py.File(settings.out, "r") as f:
+                if f.attrs.get("complete", False) and f.attrs.get("config_sha256") == digest:
+                    log.info("%s is complete for these inputs; nothing to do", settings.out)
+                    return settings.out
+        except OSError:
+            pass
+
+    from ladbench.models import load_adapter
+    from ladbench.models.base import resolve_device
+    device = resolve_device(settings.device)
+    adapter = load_adapter(settings.family, settings.model_path, revision=settings.revision, dtype=settings.dtype,
+                           device=device, trust_remote_code=settings.trust_remote_code)
+    generative = settings.prompt in GENERATIVE_VARIANTS
+    layout = CacheLayout(n_candidates=n, n_layers=adapter.n_layers, n_heads=adapter.n_heads,
+                         store_heads=settings.store_head_attention, generative=generative,
+                         n_samples=settings.sc_samples if settings.prompt == "sc" else 1)
+    attrs = {"model": settings.model_name, "model_path": settings.model_path, "revision": settings.revision or "",
+             "family": settings.family, "variant": settings.prompt, "n_candidates": n,
+             "n_layers": adapter.n_layers, "n_heads": adapter.n_heads, "identifiers": settings.identifiers,
+             "score_mode": settings.score_mode, "prompt_sha256": prompt_sha256(settings.prompt, n, settings.identifiers),
+             "config_sha256": digest, "settings": settings.hashed_fields(), "versions": library_versions(),
+             "device": device, "dtype": str(adapter.model.dtype).replace("torch.", ""),
+             "benchmark": os.path.abspath(settings.benchmark)}
+    if settings.prompt == "sofa":
+        attrs.update(sofa_sigma=settings.sofa_sigma, sofa_every=settings.sofa_every)
+    writer = CacheWriter.open(settings.out, plan, layout, attrs)
+    pending = writer.pending_rows()
+    if settings.limit_rows is not None:
+        pending = pending[: settings.limit_rows]
+    runner = RowRunner(adapter, settings, bench, plan, paths)
+    step = runner.generate_batch if generative else runner.score_batch
+
+    started, done_now = time.perf_counter(), 0
+    with tqdm(total=len(pending), unit="row", desc=f"infer {settings.model_name}/{settings.prompt}",
+              file=sys.stderr, disable=None) as bar:
+        for c0 in range(0, len(pending), settings.chunk_size):
+            chunk = pending[c0:c0 + settings.chunk_size]
+            parts: list[dict[str, np.ndarray]] = []
+            for b0 in range(0, len(chunk), settings.batch_size):
+                batch = chunk[b0:b0 + settings.batch_size]
+                parts.append(step(batch))
+                bar.update(len(batch))
+            writer.write(chunk, {k: np.concatenate([p[k] for p in parts]) for k in parts[0]})
+            done_now += len(chunk)
+    elapsed = time.perf_counter() - started
+    rss, cuda = _peak_memory_mb(device)
+    final = {"rows_per_s": done_now / elapsed if elapsed > 0 and done_now else float("nan"),
+             "peak_rss_mb": rss, "peak_cuda_mb": cuda, "last_run_rows": done_now, "last_run_s": elapsed}
+    if len(writer.pending_rows()):
+        writer.set_attrs(final)
+        log.warning("%s: stopped after %d rows (--limit-rows); run again to continue", settings.out, done_now)
+    else:
+        writer.finish(final)
+    return settings.out
+
+
+def _settings_from_args(args: argparse.Namespace) -> InferenceSettings:
+    fields = InferenceSettings.__dataclass_fields__
+    return InferenceSettings(**{k: getattr(args, k) for k in fields if k != "extra" and hasattr(args, k)})
+
+
+def _cmd_infer(args: argparse.Namespace) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    print(run_inference(_settings_from_args(args)))
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the ``infer`` subcommand."""
+    p = subparsers.add_parser("infer", help="run a model over a benchmark into a resumable HDF5 cache",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    g = p.add_argument_group("inputs and output")
+    g.add_argument("--benchmark", required=True, help="benchmark JSON (docs/formats.md §3)")
+    g.add_argument("--images", required=True, help="image table JSON (docs/formats.md §1)")
+    g.add_argument("--out", required=True, help="cache HDF5 to write or resume (docs/formats.md §4)")
+    g = p.add_argument_group("model")
+    g.add_argument("--model-name", required=True, help="short model name stored in the cache (e.g. qwen2_5_vl_3b)")
+    g.add_argument("--family", required=True, choices=FAMILY_CHOICES, help="model family (selects the adapter)")
+    g.add_argument("--model-path", required=True, help="hub id or local folder of the model")
+    g.add_argument("--revision", default=None, help="hub revision (commit / tag) to pin")
+    g.add_argument("--trust-remote-code", action="store_true",
+                   help="allow model code shipped with the checkpoint (needed by llava_ov15; only for trusted models)")
+    g.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
+                   help="weights dtype; auto = bfloat16 on GPU, float32 on CPU")
+    g.add_argument("--device", default="auto", help="auto, cpu or cuda (GPU: weights placed with device_map=auto)")
+    g = p.add_argument_group("prompt and scoring")
+    g.add_argument("--prompt", default="vanilla", choices=PROMPT_VARIANTS, help="prompt / cache variant")
+    g.add_argument("--identifiers", default="digits", choices=IDENTIFIER_FORMATS, help="candidate identifier format")
+    g.add_argument("--score-mode", default="reference", choices=SCORE_MODES,
+                   help="reference: raw logits when every identifier is one token, else joint restricted "
+                        "log-probs (published numbers); joint: always joint restricted log-probs")
+    g.add_argument("--image-size", type=int, default=336, help="images are resized to this square, bicubic (336)")
+    g.add_argument("--store-head-attention", action="store_true", help="also store per-head attention (attn_heads)")
+    g = p.add_argument_group("SoFA (--prompt sofa)")
+    g.add_argument("--sofa-sigma", type=float, default=0.5, help="future image-to-image attention weight (0.5)")
+    g.add_argument("--sofa-every", type=int, default=2, help="apply SoFA in every n-th decoder layer from 0 (2)")
+    g = p.add_argument_group("generation (--prompt cot / sc)")
+    g.add_argument("--cot-max-new-tokens", type=int, default=1024, help="CoT: greedy reply length limit (1024)")
+    g.add_argument("--sc-samples", type=int, default=10, help="self-consistency: samples per row (10)")
+    g.add_argument("--sc-temperature", type=float, default=0.7, help="self-consistency: temperature (0.7)")
+    g.add_argument("--sc-top-k", type=int, default=40, help="self-consistency: top-k (40)")
+    g.add_argument("--sc-max-new-tokens", type=int, default=512, help="self-consistency: reply length limit (512)")
+    g.add_argument("--seed", type=int, default=0, help="sampling seed (row r uses seed + r)")
+    g = p.add_argument_group("execution")
+    g.add_argument("--batch-size", type=int, default=1, help="rows per forward pass (left padded)")
+    g.add_argument("--chunk-size", type=int, default=16, help="rows per write to the cache (the most a kill can lose)")
+    g.add_argument("--limit-rows", type=int, default=None,
+                   help="debugging: process at most this many pending rows, leave the cache incomplete")
+    p.set_defaults(func=_cmd_infer)

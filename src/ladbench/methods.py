@@ -1,0 +1,478 @@
+"""Every logit- and attention-level method as a pure numpy function of cached arrays.
+
+Shapes (docs/formats.md §4): ``scores`` [..., N] per physical position, ``attn``
+[..., Lyr, N] (last-query attention mass per layer per image span). Any leading batch
+shape works, e.g. [I, T, N] for an evaluation cache. Predictions are physical
+positions (argmax over the last axis).
+
+LAD (METHOD.md §5) is split into its steps so each can be switched between the
+reference implementation's behaviour (the default; its numbers are the published
+ones) and the paper's equations:
+
+1. :func:`select_layers`      top-K layers by attention strength (Eqs. 8-9), in a layer range;
+2. :func:`purified_attention` log pi~ (Eqs. 10-11), ``layer_mean="reference"|"paper"``;
+3. :func:`sharpen`            pi = softmax(tau log pi~) (Eq. 12);
+4. :func:`expected_bias`      prior_j from pi and B (Eq. 13), ``mixture="reference"|"paper"``;
+5. :func:`lad`                s' = s - prior (Eq. 14).
+
+:data:`METHODS` maps a method name to ``callable(arrays, calibration, settings) ->
+predictions [I, T]``; :func:`ablation_grid`, :func:`tau_sweep` and friends list the
+variants of Tables 4 and 7 and Figure 6 as :class:`Variant` entries.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any, Callable, Iterable, Literal, Mapping, Protocol, Sequence
+
+import numpy as np
+
+from ladbench.calibration import EPS
+
+__all__ = [
+    "METHODS",
+    "LadSettings",
+    "Variant",
+    "ablation_grid",
+    "check_compatible",
+    "evaluate_variants",
+    "expected_bias",
+    "identity_indexed",
+    "lad",
+    "layer_selection_mask",
+    "layer_strength",
+    "paper_vs_reference_grid",
+    "permutation_average",
+    "predict",
+    "predict_identity_under_orderings",
+    "pride",
+    "purified_attention",
+    "raw_attention",
+    "select_layers",
+    "sharpen",
+    "tau_sweep",
+    "top_k_sweep",
+    "vanilla",
+]
+
+# Each switchable LAD step: the reference implementation (default) or the paper's equation.
+Choice = Literal["reference", "paper"]
+
+
+# --------------------------------------------------------------------------- inputs
+
+
+class EvalArraysLike(Protocol):
+    """What the registry needs from an evaluation cache (``ladbench.stages.arrays.EvalArrays``)."""
+
+    scores: np.ndarray  # [I, T, N]
+    attn: np.ndarray  # [I, T, Lyr, N]
+    target_pos: np.ndarray  # [I, T]
+    order: np.ndarray  # [I, T, N]
+
+
+class CalibrationLike(Protocol):
+    """What the methods need from a calibration (``ladbench.calibration.Calibration``)."""
+
+    B: np.ndarray  # [N, N]
+    attn_prior: np.ndarray  # [Lyr, N]
+    pride_prior: np.ndarray  # [N]
+    pride_original_prior: np.ndarray  # [N]
+
+
+@dataclass(frozen=True)
+class LadSettings:
+    """Test-time settings of LAD and the attention readouts (defaults: the paper's)."""
+
+    top_k: int = 2
+    tau: float = 5.0
+    layer_range: tuple[int, int] | None = None  # inclusive, 0-based; None = every layer
+    use_prior: bool = True  # False: the "no prior" ablation (no division by a_prior)
+    all_layers: bool = False  # True: average every layer of layer_range instead of the top-K
+    layer_mean: Choice = "reference"
+    mixture: Choice = "reference"
+
+    def __post_init__(self) -> None:
+        if self.top_k < 1:
+            raise ValueError(f"top_k must be >= 1, got {self.top_k}")
+        if not self.tau > 0:
+            raise ValueError(f"tau must be > 0, got {self.tau}")
+        for name in ("layer_mean", "mixture"):
+            if getattr(self, name) not in ("reference", "paper"):
+                raise ValueError(f"{name} must be 'reference' or 'paper', got {getattr(self, name)!r}")
+        if self.layer_range is not None:
+            lo, hi = self.layer_range
+            if not 0 <= lo <= hi:
+                raise ValueError(f"layer_range must be (first, last) with 0 <= first <= last, got {self.layer_range}")
+            object.__setattr__(self, "layer_range", (int(lo), int(hi)))
+
+    @classmethod
+    def from_mapping(cls, settings: "Mapping[str, Any] | LadSettings | None") -> "LadSettings":
+        """Build from a settings dict; keys not used by the methods are ignored, types are checked."""
+        if settings is None:
+            return cls()
+        if isinstance(settings, LadSettings):
+            return settings
+        known = {f.name for f in fields(cls)}
+        return cls(**{key: value for key, value in settings.items() if key in known})
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-serialisable view (layer_range as a list or None)."""
+        out = asdict(self)
+        out["layer_range"] = None if self.layer_range is None else list(self.layer_range)
+        return out
+
+
+def check_compatible(scores: np.ndarray, attn: np.ndarray | None, calibration: CalibrationLike) -> None:
+    """Raise a clear error when a calibration does not fit a cache (e.g. a bad transfer)."""
+    n = scores.shape[-1]
+    if calibration.B.shape != (n, n):
+        raise ValueError(
+            f"calibration has N = {calibration.B.shape[0]} candidates but the cache has N = {n}; "
+            "a calibration can only be transferred between benchmarks with the same N"
+        )
+    if attn is not None and calibration.attn_prior.shape != attn.shape[-2:]:
+        raise ValueError(
+            f"calibration attention prior is [Lyr, N] = {list(calibration.attn_prior.shape)} but the cache's "
+            f"attention is {list(attn.shape[-2:])}; the calibration must come from the same model"
+        )
+
+
+# --------------------------------------------------------------------------- logit-level
+
+
+def vanilla(scores: np.ndarray) -> np.ndarray:
+    """Vanilla: the scores unchanged (prediction = argmax, same as greedy decoding)."""
+    return np.asarray(scores)
+
+
+def predict(corrected: np.ndarray) -> np.ndarray:
+    """Predicted physical position: argmax over the last axis (first maximum on ties)."""
+    return np.argmax(corrected, axis=-1)
+
+
+def pride(scores: np.ndarray, prior: np.ndarray) -> np.ndarray:
+    """PriDe: subtract a (log) prior over positions from every row's scores."""
+    return np.asarray(scores, dtype=np.float64) - np.asarray(prior, dtype=np.float64)
+
+
+# --------------------------------------------------------------------------- layer selection
+
+
+def layer_strength(attn: np.ndarray) -> np.ndarray:
+    """Attention strength per layer ``S^(l) = sum_k a_k^(l)`` (Eq. 8): [..., Lyr]."""
+    return np.asarray(attn).sum(axis=-1)
+
+
+def _candidate_layers(n_layers: int, layer_range: tuple[int, int] | None) -> np.ndarray:
+    """Layer indices searched by the selection: all, or ``lo..hi`` inclusive."""
+    if layer_range is None:
+        return np.arange(n_layers)
+    lo, hi = layer_range
+    if not 0 <= lo <= hi < n_layers:
+        raise ValueError(f"layer_range {layer_range} is outside the model's layers 0..{n_layers - 1}")
+    return np.arange(lo, hi + 1)
+
+
+def select_layers(attn: np.ndarray, top_k: int, layer_range: tuple[int, int] | None = None) -> np.ndarray:
+    """Indices [..., K] of the ``top_k`` strongest layers of each row (Eq. 9), strongest first.
+
+    Only layers in ``layer_range`` (inclusive, 0-based; ``None`` = all) compete. Ties are
+    broken toward the lower layer index (a stable sort), so the result is deterministic.
+    """
+    attn = np.asarray(attn)
+    candidates = _candidate_layers(attn.shape[-2], layer_range)
+    if top_k > candidates.size:
+        raise ValueError(f"top_k = {top_k} but the layer range {layer_range} holds only {candidates.size} layers")
+    strength = layer_strength(attn)[..., candidates]
+    order = np.argsort(-strength, axis=-1, kind="stable")[..., :top_k]
+    return candidates[order]
+
+
+def layer_selection_mask(
+    attn: np.ndarray, top_k: int, layer_range: tuple[int, int] | None = None, all_layers: bool = False
+) -> np.ndarray:
+    """Boolean mask [..., Lyr] of the layers each row averages over.
+
+    ``all_layers=True`` keeps every layer of ``layer_range`` (the "All layers" ablation);
+    otherwise the per-row top-K of :func:`select_layers`.
+    """
+    attn = np.asarray(attn)
+    n_layers = attn.shape[-2]
+    mask = np.zeros(attn.shape[:-1], dtype=bool)
+    if all_layers:
+        mask[..., _candidate_layers(n_layers, layer_range)] = True
+        return mask
+    np.put_along_axis(mask, select_layers(attn, top_k, layer_range), True, axis=-1)
+    return mask
+
+
+def _mean_over_mask(values: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """Mean of ``values`` [..., Lyr, N] over the layers where ``mask`` [..., Lyr] is True."""
+    weights = mask[..., None].astype(np.float64)
+    return (values * weights).sum(axis=-2) / weights.sum(axis=-2)
+
+
+# --------------------------------------------------------------------------- attention
+
+
+def raw_attention(
+    attn: np.ndarray, top_k: int = 2, layer_range: tuple[int, int] | None = None, all_layers: bool = False
+) -> np.ndarray:
+    """Raw attention evidence [..., N]: mean of ``a^(l)`` over the selected layers, no prior.
+
+    Its argmax is the "Raw attention" readout (Table 7; "Attn readout, no prior" of Table 4).
+    """
+    attn = np.asarray(attn, dtype=np.float64)
+    return _mean_over_mask(attn, layer_selection_mask(attn, top_k, layer_range, all_layers))
+
+
+def purified_attention(
+    attn: np.ndarray,
+    attn_prior: np.ndarray,
+    *,
+    top_k: int = 2,
+    layer_range: tuple[int, int] | None = None,
+    layer_mean: Choice = "reference",
+    use_prior: bool = True,
+    all_layers: bool = False,
+) -> np.ndarray:
+    """``log pi~`` [..., N] (Eqs. 10-11) over the selected layers ``L*``.
+
+    - ``layer_mean="reference"``: ``log(mean_l a_k^(l)) - mean_l log a_prior,k^(l)``;
+    - ``layer_mean="paper"``:     ``mean_l (log a_k^(l) - log a_prior,k^(l))``.
+
+    ``use_prior=False`` drops the prior term (the "no prior" ablation). Every log has
+    ``EPS = 1e-20`` inside. The layer set is chosen from ``attn`` alone (strength), so
+    the prior never affects which layers are used.
+    """
+    attn = np.asarray(attn, dtype=np.float64)
+    attn_prior = np.asarray(attn_prior, dtype=np.float64)
+    if attn_prior.shape != attn.shape[-2:]:
+        raise ValueError(f"attn_prior shape {attn_prior.shape} does not match attention [..., Lyr, N] {attn.shape}")
+    mask = layer_selection_mask(attn, top_k, layer_range, all_layers)
+    log_prior = np.log(attn_prior + EPS)
+    if layer_mean == "reference":
+        log_evidence = np.log(_mean_over_mask(attn, mask) + EPS)
+        if not use_prior:
+            return log_evidence
+        return log_evidence - _mean_over_mask(np.broadcast_to(log_prior, attn.shape), mask)
+    if layer_mean == "paper":
+        log_ratio = np.log(attn + EPS) - (log_prior if use_prior else 0.0)
+        return _mean_over_mask(log_ratio, mask)
+    raise ValueError(f"layer_mean must be 'reference' or 'paper', got {layer_mean!r}")
+
+
+def sharpen(log_pi: np.ndarray, tau: float) -> np.ndarray:
+    """Posterior over positions ``pi = softmax(tau * log pi~)`` (Eq. 12)."""
+    logits = tau * np.asarray(log_pi, dtype=np.float64)
+    logits = logits - logits.max(axis=-1, keepdims=True)
+    weights = np.exp(logits)
+    return weights / weights.sum(axis=-1, keepdims=True)
+
+
+def expected_bias(pi: np.ndarray, B: np.ndarray, mixture: Choice = "reference") -> np.ndarray:
+    """Expected log-bias per position [..., N] under the posterior ``pi`` (Eq. 13).
+
+    - ``"reference"``: ``prior_j = sum_i pi_i B[i, j]`` (mix in log space);
+    - ``"paper"``:     ``prior_j = log sum_i pi_i exp(B[i, j])`` (mix in probability space).
+
+    Both agree when ``pi`` is one-hot; by Jensen the paper's is never below the reference's.
+    """
+    pi = np.asarray(pi, dtype=np.float64)
+    B = np.asarray(B, dtype=np.float64)
+    if mixture == "reference":
+        return pi @ B
+    if mixture == "paper":
+        # log-sum-exp with the column maximum factored out so exp never overflows
+        column_max = B.max(axis=0)
+        return column_max + np.log(pi @ np.exp(B - column_max))
+    raise ValueError(f"mixture must be 'reference' or 'paper', got {mixture!r}")
+
+
+def lad(
+    scores: np.ndarray,
+    attn: np.ndarray,
+    calibration: CalibrationLike,
+    *,
+    top_k: int = 2,
+    tau: float = 5.0,
+    layer_range: tuple[int, int] | None = None,
+    use_prior: bool = True,
+    all_layers: bool = False,
+    layer_mean: Choice = "reference",
+    mixture: Choice = "reference",
+) -> np.ndarray:
+    """LAD's corrected scores ``s' = s - prior(pi(attn))`` [..., N] (Eqs. 8-14)."""
+    scores = np.asarray(scores, dtype=np.float64)
+    check_compatible(scores, attn, calibration)
+    log_pi = purified_attention(
+        attn, calibration.attn_prior, top_k=top_k, layer_range=layer_range,
+        layer_mean=layer_mean, use_prior=use_prior, all_layers=all_layers,
+    )
+    return scores - expected_bias(sharpen(log_pi, tau), calibration.B, mixture)
+
+
+# --------------------------------------------------------------------------- permutation averaging
+
+
+def identity_indexed(values: np.ndarray, order: np.ndarray) -> np.ndarray:
+    """Re-index per-position values [..., N] by image identity: ``out[..., order[..., p]] = values[..., p]``."""
+    values = np.asarray(values)
+    order = np.asarray(order)
+    if order.shape != values.shape:
+        raise ValueError(f"order shape {order.shape} does not match values {values.shape}")
+    out = np.empty(values.shape, dtype=np.result_type(values, np.float64))
+    np.put_along_axis(out, order.astype(np.intp), values, axis=-1)
+    return out
+
+
+def permutation_average(scores_by_shift: np.ndarray, order_by_shift: np.ndarray) -> np.ndarray:
+    """Scores per image identity [..., N], averaged over the permutations on axis -2.
+
+    ``scores_by_shift[..., s, p]`` is the score of position ``p`` under permutation ``s``
+    and ``order_by_shift[..., s, p]`` the identity shown there (METHOD §6).
+    """
+    return identity_indexed(scores_by_shift, order_by_shift).mean(axis=-2)
+
+
+def predict_identity_under_orderings(identity: np.ndarray, order: np.ndarray) -> np.ndarray:
+    """Physical positions [I, T] where each instance's chosen identity [I] is shown under each ordering."""
+    hits = np.asarray(order) == np.asarray(identity)[:, None, None]
+    return np.argmax(hits, axis=-1)
+
+
+# --------------------------------------------------------------------------- registry
+
+MethodFn = Callable[[EvalArraysLike, CalibrationLike, "Mapping[str, Any] | LadSettings | None"], np.ndarray]
+
+
+def _vanilla_method(arrays: EvalArraysLike, calibration: CalibrationLike, settings=None) -> np.ndarray:
+    return predict(vanilla(arrays.scores))
+
+
+def _pride_method(arrays: EvalArraysLike, calibration: CalibrationLike, settings=None) -> np.ndarray:
+    check_compatible(arrays.scores, None, calibration)
+    return predict(pride(arrays.scores, calibration.pride_prior))
+
+
+def _pride_original_method(arrays: EvalArraysLike, calibration: CalibrationLike, settings=None) -> np.ndarray:
+    # The original subtracts log prior from log-probabilities; log-softmax differs from the
+    # raw scores by one constant per row, so subtracting from the scores predicts the same.
+    check_compatible(arrays.scores, None, calibration)
+    return predict(pride(arrays.scores, calibration.pride_original_prior))
+
+
+def _lad_method(arrays: EvalArraysLike, calibration: CalibrationLike, settings=None) -> np.ndarray:
+    s = LadSettings.from_mapping(settings)
+    return predict(lad(arrays.scores, arrays.attn, calibration, **asdict(s)))
+
+
+def _raw_attention_method(arrays: EvalArraysLike, calibration: CalibrationLike, settings=None) -> np.ndarray:
+    s = LadSettings.from_mapping(settings)
+    return predict(raw_attention(arrays.attn, s.top_k, s.layer_range, s.all_layers))
+
+
+def _purified_attention_method(arrays: EvalArraysLike, calibration: CalibrationLike, settings=None) -> np.ndarray:
+    # argmax of pi = argmax of log pi~: tau and the mixture do not matter for this readout.
+    s = LadSettings.from_mapping(settings)
+    check_compatible(arrays.scores, arrays.attn, calibration)
+    log_pi = purified_attention(
+        arrays.attn, calibration.attn_prior, top_k=s.top_k, layer_range=s.layer_range,
+        layer_mean=s.layer_mean, use_prior=s.use_prior, all_layers=s.all_layers,
+    )
+    return predict(log_pi)
+
+
+def _permutation_average_method(arrays: EvalArraysLike, calibration: CalibrationLike, settings=None) -> np.ndarray:
+    # Averages over the T orderings the cache holds for each instance (T passes), then
+    # reports the chosen identity's position under every ordering: Cons. is 100% by design.
+    identity = np.argmax(permutation_average(arrays.scores, arrays.order), axis=-1)
+    return predict_identity_under_orderings(identity, arrays.order)
+
+
+def _generated_method(arrays: EvalArraysLike, calibration: CalibrationLike, settings=None) -> np.ndarray:
+    # Generative variants (CoT, self-consistency) store the parsed answer; -1 = unparsable.
+    parsed = getattr(arrays, "parsed", None)
+    if parsed is None:
+        raise ValueError("method 'generated' needs the cache's 'parsed' answers (CoT / self-consistency caches)")
+    return np.asarray(parsed).astype(np.int64)
+
+
+METHODS: dict[str, MethodFn] = {
+    "vanilla": _vanilla_method,
+    "pride": _pride_method,
+    "pride_original": _pride_original_method,
+    "lad": _lad_method,
+    "raw_attention": _raw_attention_method,
+    "purified_attention": _purified_attention_method,
+    "permutation_average": _permutation_average_method,
+    "generated": _generated_method,
+}
+
+
+# --------------------------------------------------------------------------- variant grids
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One row of an ablation table: a label, a registered method and its settings."""
+
+    label: str
+    method: str
+    settings: LadSettings
+
+    def predict(self, arrays: EvalArraysLike, calibration: CalibrationLike) -> np.ndarray:
+        return METHODS[self.method](arrays, calibration, self.settings)
+
+
+def ablation_grid(base: "Mapping[str, Any] | LadSettings | None" = None) -> list[Variant]:
+    """Table 4's rows (and Table 7's readouts) around ``base`` settings.
+
+    "All layers" averages every layer of the model (``layer_range=None``), as the paper
+    describes it; the other rows keep ``base``'s layer range.
+    """
+    b = LadSettings.from_mapping(base)
+    rows = [
+        Variant("attn_readout_no_prior_K2", "raw_attention", replace(b, top_k=2, use_prior=False)),
+        Variant("attn_readout_prior_K2", "purified_attention", replace(b, top_k=2, use_prior=True)),
+        Variant("all_layers_prior", "lad", replace(b, all_layers=True, layer_range=None, use_prior=True)),
+        Variant("dynamic_no_prior_K2", "lad", replace(b, top_k=2, use_prior=False)),
+    ]
+    rows += [Variant(f"dynamic_prior_K{k}", "lad", replace(b, top_k=k, use_prior=True)) for k in (1, 2, 4, 8)]
+    return rows
+
+
+def tau_sweep(base: "Mapping[str, Any] | LadSettings | None" = None, taus: Iterable[float] = range(1, 10)) -> list[Variant]:
+    """LAD at each sharpening temperature (Figure 6, right)."""
+    b = LadSettings.from_mapping(base)
+    return [Variant(f"lad_tau{tau:g}", "lad", replace(b, tau=float(tau))) for tau in taus]
+
+
+def top_k_sweep(base: "Mapping[str, Any] | LadSettings | None" = None, ks: Iterable[int] = (1, 2, 4, 8)) -> list[Variant]:
+    """LAD with each number of selected layers K."""
+    b = LadSettings.from_mapping(base)
+    return [Variant(f"lad_K{k}", "lad", replace(b, top_k=int(k))) for k in ks]
+
+
+def paper_vs_reference_grid(base: "Mapping[str, Any] | LadSettings | None" = None) -> list[Variant]:
+    """LAD under the four combinations of layer mean and mixture (reference vs paper).
+
+    The third switch, how ``L`` is averaged, is a calibration setting (``fit_calibration``).
+    """
+    b = LadSettings.from_mapping(base)
+    return [
+        Variant(f"lad_layer-{mean}_mixture-{mix}", "lad", replace(b, layer_mean=mean, mixture=mix))
+        for mean in ("reference", "paper")
+        for mix in ("reference", "paper")
+    ]
+
+
+def evaluate_variants(
+    arrays: EvalArraysLike, calibration: CalibrationLike, variants: Sequence[Variant]
+) -> dict[str, np.ndarray]:
+    """Predictions [I, T] per variant label."""
+    labels = [v.label for v in variants]
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"duplicate variant labels in {labels}")
+    return {v.label: v.predict(arrays, calibration) for v in variants}

@@ -1,0 +1,96 @@
+"""The fast path (SDPA + last-row capture, the ``infer`` stage's batch step) equals the
+reference path (eager attention with ``output_attentions``) on tiny models of every family:
+attention mass within 1e-5, scores within 1e-4, and a left-padded batch equals batch size 1."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from conftest_models import FAMILIES, TINY_IMAGE_SIZE, hf_offline, make_demo_benchmark, tiny_adapter, tiny_model  # noqa: F401
+from ladbench.inference.attention import sofa_attention_bias, sofa_layers
+from ladbench.inference.cache import plan_rows
+from ladbench.inference.runner import InferenceSettings, RowRunner, image_paths, load_json
+
+pytestmark = pytest.mark.slow
+
+
+def _runner(adapter, folder, n, family, **overrides) -> RowRunner:
+    bench_path, images_path = make_demo_benchmark(folder, n)
+    settings = InferenceSettings(benchmark=str(bench_path), images=str(images_path), out=str(folder / "c.h5"),
+                                 model_name="tiny", family=family, model_path=adapter.model_path,
+                                 image_size=TINY_IMAGE_SIZE, **overrides)
+    bench = load_json(str(bench_path), "benchmark")
+    return RowRunner(adapter, settings, bench, plan_rows(bench),
+                     image_paths(load_json(str(images_path), "images"), str(images_path)))
+
+
+@torch.no_grad()
+def _eager_reference(eager_adapter, inputs, n):
+    """Next-token logits [B, V] and span masses [B, L, N] from eager ``output_attentions``."""
+    out = eager_adapter.model.model(**inputs, output_attentions=True, use_cache=False, return_dict=True)
+    logits = eager_adapter.model.get_output_embeddings()(out.last_hidden_state[:, -1]).float().numpy()
+    ids = inputs["input_ids"].numpy()
+    mass = np.zeros((ids.shape[0], len(out.attentions), n))
+    for b in range(ids.shape[0]):
+        spans = eager_adapter.image_spans(ids[b].tolist())
+        for layer, att in enumerate(out.attentions):
+            last_row = att[b, :, -1, :].double().numpy()                 # [H, T]
+            for k, (start, end) in enumerate(spans):
+                mass[b, layer, k] = last_row[:, start:end].sum(axis=1).mean()
+    return logits, mass
+
+
+@pytest.mark.parametrize("n", [4, 8])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_capture_equals_eager_output_attentions(family, n, tiny_adapter, tmp_path):
+    fast, eager = tiny_adapter(family), tiny_adapter(family, "eager")
+    runner = _runner(fast, tmp_path, n, family)
+    rows = [0, 3]                                   # different caption lengths -> left padding in the batch
+    got = runner.score_batch(rows)
+    inputs = runner._encode(rows)
+    assert (inputs["attention_mask"][:, 0] == 0).any(), "the batch should be left padded"
+    ref_logits, ref_mass = _eager_reference(eager, inputs, n)
+    digit_ids = [fast.tokenizer.convert_tokens_to_ids(str(i)) for i in range(1, n + 1)]
+    np.testing.assert_allclose(got["attn"], ref_mass, atol=1e-5, rtol=0)
+    np.testing.assert_allclose(got["scores"], ref_logits[:, digit_ids], atol=1e-4, rtol=0)
+    # the mass over images + other tokens is the whole (padding gets none)
+    np.testing.assert_allclose(got["attn"].sum(-1) + got["attn_text"], 1.0, atol=1e-5)
+    assert got["attn"].shape == (2, fast.n_layers, n) and got["attn_text"].shape == (2, fast.n_layers)
+
+
+@pytest.mark.parametrize("n", [4, 8])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_left_padded_batch_equals_batch_size_one(family, n, tiny_adapter, tmp_path):
+    runner = _runner(tiny_adapter(family), tmp_path, n, family, store_head_attention=True)
+    batch = runner.score_batch([0, 3, 4])
+    singles = [runner.score_batch([r]) for r in (0, 3, 4)]
+    for key, tol in (("scores", 1e-4), ("attn", 1e-5), ("attn_text", 1e-5), ("attn_heads", 2e-3)):
+        np.testing.assert_allclose(batch[key], np.concatenate([s[key] for s in singles]), atol=tol, rtol=0,
+                                   err_msg=key)
+
+
+def test_sofa_bias_by_hand():
+    mask = torch.tensor([[0, 1, 1, 1, 1]])                  # one left pad
+    image = torch.tensor([[0, 1, 1, 0, 1]]).bool()           # image tokens at 1, 2, 4
+    bias = sofa_attention_bias(mask, image, 0.5, torch.float32)[0, 0]
+    neg, half = torch.finfo(torch.float32).min, float(np.log(0.5))
+    expected = torch.tensor([
+        [neg, neg, neg, neg, neg],            # padding query: sees nothing real
+        [neg, 0, half, neg, half],            # image token 1 sees later image tokens 2 and 4 (log sigma)
+        [neg, 0, 0, neg, half],
+        [neg, 0, 0, 0, neg],                  # text token: plain causal
+        [neg, 0, 0, 0, 0]])
+    assert torch.equal(bias, expected)
+    assert sofa_layers(7, 2) == [0, 2, 4, 6] and sofa_layers(3, 1) == [0, 1, 2]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_sofa_sigma_zero_is_vanilla_and_sigma_positive_changes_scores(family, tiny_adapter, tmp_path):
+    adapter = tiny_adapter(family)
+    vanilla = _runner(adapter, tmp_path, 4, family).score_batch([0, 3])
+    off = _runner(adapter, tmp_path, 4, family, prompt="sofa", sofa_sigma=0.0).score_batch([0, 3])
+    on = _runner(adapter, tmp_path, 4, family, prompt="sofa", sofa_sigma=1.0, sofa_every=1).score_batch([0, 3])
+    np.testing.assert_allclose(off["scores"], vanilla["scores"], atol=1e-4)
+    np.testing.assert_allclose(off["attn"], vanilla["attn"], atol=1e-5)
+    assert np.abs(on["scores"] - vanilla["scores"]).max() > 1e-3

@@ -1,0 +1,45 @@
+"""Run the Snakemake workflow of this checkout in a scratch folder, for the DAG tests."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DEMO_CONFIG = ROOT / "workflow" / "demo" / "config.yaml"
+
+
+def environment() -> dict:
+    """The tests' interpreter's bin folder first on PATH, so rules find `ladbench`."""
+    env = dict(os.environ)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    return env
+
+
+def snakemake(workdir: Path, *args: str, configfile: Path = DEMO_CONFIG, timeout: int = 1200) -> str:
+    """Run snakemake on this checkout's Snakefile inside ``workdir``; returns its output."""
+    command = [
+        str(Path(sys.executable).parent / "snakemake"), "--snakefile", str(ROOT / "Snakefile"),
+        "--directory", str(workdir), "--configfile", str(configfile), "--cores", "2", *args,
+    ]
+    result = subprocess.run(command, capture_output=True, text=True, env=environment(), timeout=timeout)
+    output = result.stdout + result.stderr
+    if result.returncode != 0:
+        raise AssertionError(f"snakemake {' '.join(args)} failed ({result.returncode}):\n{output[-6000:]}")
+    return output
+
+
+def planned_jobs(workdir: Path, configfile: Path = DEMO_CONFIG) -> dict[str, int]:
+    """Rule -> job count that a dry run plans (empty when nothing needs to run)."""
+    output = snakemake(workdir, "--dry-run", configfile=configfile)
+    match = re.search(r"Job stats:\n.*?\n-+\s+-+\n(.*?)\ntotal", output, re.S)
+    if not match:
+        return {}
+    jobs = {}
+    for line in match.group(1).splitlines():
+        name, count = line.split()
+        jobs[name] = int(count)
+    return jobs
