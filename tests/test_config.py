@@ -91,3 +91,13 @@ def test_layer_range_round_trip():
     assert parse_layer_range("21:35") == (21, 35)
     with pytest.raises(ValueError, match="first:last"):
         parse_layer_range("21-35")
+
+
+def test_transfer_pairs_are_checked():
+    config = raw(DEMO)
+    config["evaluation"]["transfer"] = [{"calibrate_on": "scenes_random_N4", "evaluate_on": "scenes_adversarial_N8"}]
+    with pytest.raises(ConfigError, match=r"evaluation.transfer\[0\]: .* differ in N"):
+        validate_config(config)
+    config["evaluation"]["transfer"] = [{"calibrate_on": "coco_random_N4", "evaluate_on": "scenes_adversarial_N4"}]
+    with pytest.raises(ConfigError, match=r"transfer\[0\].calibrate_on: dataset of 'coco_random_N4'"):
+        validate_config(config)

@@ -60,7 +60,8 @@ def test_reference_mode_is_raw_logits_and_joint_is_restricted_log_prob():
     joint = trie_scores(trie, {(): logits}, "joint")
     np.testing.assert_allclose(joint, restricted_log_softmax(logits, [1, 2, 3]))
     # same argmax, joint = reference minus a per-row constant
-    np.testing.assert_allclose(joint - logits[:, [1, 2, 3]], (joint - logits[:, [1, 2, 3]])[:, :1])
+    shift = joint - logits[:, [1, 2, 3]]
+    np.testing.assert_allclose(shift, np.repeat(shift[:, :1], 3, axis=1))
 
 
 def test_trie_rejects_ambiguous_identifiers():
@@ -97,7 +98,7 @@ def test_answer_parsing():
     assert parse_last_identifier("<think>maybe 2 or 13</think> 3", 4) == 2
     assert parse_last_identifier("no digits here", 4) == -1
     assert parse_last_identifier("the answer: 12", 12) == 11 and parse_last_identifier("12", 8) == -1
-    assert parse_last_identifier("I think III, not II", 4, "roman") == 2
+    assert parse_last_identifier("not II but III", 4, "roman") == 2
     assert parse_last_identifier("The Second one", 4, "words") == 1
     assert parse_answer_is("I see 1 and 3. The answer is 2. Also 4", 4) == 1
     assert parse_answer_is("I see 1 and 3", 4) == 2                     # falls back to the last valid integer
@@ -118,7 +119,7 @@ def test_tiny_tokenizer_identifier_tokens(family, tiny_adapter):
 
 def _extend(inputs, tokens):
     """The prompt with ``tokens`` appended to every row (for a full re-forward)."""
-    add = torch.tensor([tokens] * inputs["input_ids"].shape[0])
+    add = torch.tensor([list(tokens)] * inputs["input_ids"].shape[0], dtype=torch.long)
     out = dict(inputs)
     out["input_ids"] = torch.cat([inputs["input_ids"], add], 1)
     out["attention_mask"] = torch.cat([inputs["attention_mask"], torch.ones_like(add)], 1)

@@ -102,6 +102,15 @@ def _check_cross_references(config: dict, source: str) -> None:
                 f"{source}: models.{name}.trust_remote_code: LLaVA-OneVision-1.5 runs the model's own "
                 "code from the hub; set it to true to allow that"
             )
+    for i, transfer in enumerate(config["evaluation"]["transfer"]):
+        pair = [transfer["calibrate_on"], transfer["evaluate_on"]]
+        for key, benchmark in zip(("calibrate_on", "evaluate_on"), pair):
+            if benchmark.split("_")[0] not in config["datasets"]:
+                raise ConfigError(
+                    f"{source}: evaluation.transfer[{i}].{key}: dataset of '{benchmark}' is not a key of datasets"
+                )
+        if pair[0].rsplit("_N", 1)[1] != pair[1].rsplit("_N", 1)[1]:
+            raise ConfigError(f"{source}: evaluation.transfer[{i}]: {pair[0]} and {pair[1]} differ in N")
     if not 0 < config["calibration"]["n_cal"] <= benchmarks["n_calibration_pool"]:
         raise ConfigError(
             f"{source}: calibration.n_cal: {config['calibration']['n_cal']} must be at most "

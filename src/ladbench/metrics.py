@@ -159,11 +159,11 @@ def instance_statistics(pred_pos: np.ndarray, target_pos: np.ndarray, order: np.
     correct = pred_pos == target_pos
     position_one_hot = target_pos[..., None] == np.arange(n)  # [I, T, N]
     return {
-        "correct": correct.astype(np.float32),
-        "hits": (position_one_hot & correct[..., None]).sum(axis=1).astype(np.float32),
-        "rows": position_one_hot.sum(axis=1).astype(np.float32),
-        "consistent": _consistent_instances(pred_pos, order)[:, None].astype(np.float32),
-        "valid": (pred_pos >= 0).sum(axis=1, keepdims=True).astype(np.float32),
+        "correct": correct.astype(np.int32),
+        "hits": (position_one_hot & correct[..., None]).sum(axis=1).astype(np.int32),
+        "rows": position_one_hot.sum(axis=1).astype(np.int32),
+        "consistent": _consistent_instances(pred_pos, order)[:, None].astype(np.int32),
+        "valid": (pred_pos >= 0).sum(axis=1, keepdims=True).astype(np.int32),
     }
 
 
@@ -285,7 +285,15 @@ def _percentile_interval(replicates: np.ndarray, ci: float) -> tuple[float, floa
 
 
 def _resampled_sums(stats: Mapping[str, np.ndarray], counts: np.ndarray) -> dict[str, np.ndarray]:
-    return {key: counts @ value.astype(np.float32, copy=False) for key, value in stats.items()}
+    """Sums of each per-instance statistic [I, k] within every resample: [n_boot, k] (float64)."""
+    sums = {}
+    for key, value in stats.items():
+        if np.issubdtype(value.dtype, np.integer) or value.dtype == bool:
+            # integer counts: the float32 product (fast) is exact while sums stay below 2**24
+            sums[key] = (counts @ value.astype(np.float32, copy=False)).astype(np.float64)
+        else:
+            sums[key] = counts.astype(np.float64) @ value.astype(np.float64, copy=False)
+    return sums
 
 
 def _replicates(metric: "InstanceMetric | Callable[..., float]", arrays: Sequence[np.ndarray], n_boot: int, seed: int) -> np.ndarray:

@@ -4,6 +4,7 @@ import json
 import shlex
 
 from ladbench.config import ConfigError, layer_range_arg, load_schema, validate_config
+from ladbench.stages.evaluate import METHODS_FOR_PROMPT, NEEDS_CALIBRATION
 
 try:
     validate_config(
@@ -193,14 +194,23 @@ def infer_flags(wildcards):
 
 
 # ---- evaluate ----
+def variant_methods(variant):
+    """Methods for a cache: the configured ones on vanilla-prompt caches; the variant's own
+    readout otherwise (Instruction and SoFA: vanilla argmax; CoT/SC: parsed answers)."""
+    prompt = config["inference"]["variants"][variant]["prompt"]
+    if prompt == "vanilla":
+        return config["evaluation"]["methods"]
+    return list(METHODS_FOR_PROMPT[prompt])
+
+
 def evaluation_inputs(wildcards):
-    return {
-        "cache": cache_file(wildcards.model, wildcards.benchmark, wildcards.variant),
-        "calibrations": [
+    inputs = {"cache": cache_file(wildcards.model, wildcards.benchmark, wildcards.variant)}
+    if NEEDS_CALIBRATION.intersection(variant_methods(wildcards.variant)):
+        inputs["calibrations"] = [
             calibration_file(wildcards.model, wildcards.cal_benchmark, wildcards.variant, seed)
             for seed in CAL_SEEDS
-        ],
-    }
+        ]
+    return inputs
 
 
 def evaluation_flags(wildcards):
@@ -209,9 +219,17 @@ def evaluation_flags(wildcards):
     return flags(
         layer_range=layer_range_arg(config["models"][wildcards.model]["layer_range"]),
         top_k=lad["top_k"], tau=lad["tau"], layer_mean=lad["layer_mean"], mixture=lad["mixture"],
-        methods=evaluation["methods"], bootstrap=evaluation["bootstrap"], ci=evaluation["ci"],
+        methods=variant_methods(wildcards.variant), bootstrap=evaluation["bootstrap"], ci=evaluation["ci"],
         seed=evaluation["seed"],
     )
 
 
 EVALUATIONS = [evaluation_file(m, b, v) for m in MODELS for b in BENCHMARKS for v in VARIANTS]
+# Calibrate on one benchmark, evaluate on another (Table 3): evaluation.transfer.
+TRANSFERS = [
+    evaluation_file(m, t["evaluate_on"], v, t["calibrate_on"])
+    for m in MODELS
+    for v in VARIANTS
+    if NEEDS_CALIBRATION.intersection(variant_methods(v))
+    for t in config["evaluation"]["transfer"]
+]

@@ -11,10 +11,11 @@ rule rule evaluate:
         predictions=f"{OUT}/eval/{{model}}/{{benchmark}}/{{variant}}/cal-{{cal_benchmark}}.npz",
     params:
         options=evaluation_flags,
+        calibrations=lambda w, input: input.get("calibrations", ""),
     log:
         f"{LOGS}/evaluate/{{model}}/{{benchmark}}/{{variant}}/cal-{{cal_benchmark}}.log",
     conda:
         "../../envs/cpu.yaml"
     shell:
-        "ladbench evaluate --cache {input.cache} --calibration {input.calibrations} "
+        "ladbench evaluate --cache {input.cache} --calibration {params.calibrations} "
         "{params.options} --out {output.metrics} > {log} 2>&1"

@@ -37,7 +37,8 @@ rule report_confusion:
 
 FIGURES = expand(
     f"{OUT}/report/figures/confusion_{{model}}_{{benchmark}}_{{variant}}.{{ext}}",
-    model=MODELS, benchmark=BENCHMARKS, variant=VARIANTS, ext=config["report"]["figure_formats"],
+    model=MODELS, benchmark=BENCHMARKS, ext=config["report"]["figure_formats"],
+    variant=[v for v in VARIANTS if config["inference"]["variants"][v]["prompt"] == "vanilla"],
 )
 
 
@@ -45,3 +46,4 @@ rule report_all:
     input:
         rules.report_table.output,
         FIGURES,
+        TRANSFERS,

@@ -99,7 +99,7 @@ def trie_scores(trie: IdentifierTrie, logits_at: Mapping[Prefix, np.ndarray], mo
     missing = [n for n in nodes if n not in logits_at]
     if missing:
         raise KeyError(f"logits missing for trie nodes {missing}")
-    if nodes == [()]:                       # reference: raw logits of single-token identifiers
+    if mode == "reference" and trie.single_token:       # raw logits of single-token identifiers
         first = np.asarray(logits_at[()], dtype=np.float64)
         return first[..., [p[0] for p in trie.paths]]
     logp = {node: restricted_log_softmax(logits_at[node], trie.valid_next[node]) for node in nodes}

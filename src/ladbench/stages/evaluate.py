@@ -25,8 +25,15 @@ from ladbench.stages.arrays import EvalArrays, eval_arrays
 def register(subparsers) -> None:
     parser = subparsers.add_parser("evaluate", help="evaluate methods from a cache and calibrations")
     parser.add_argument("--cache", required=True, help="inference cache (HDF5) of the test benchmark")
-    parser.add_argument("--calibration", nargs="+", required=True, help="calibration .npz, one per draw")
-    parser.add_argument("--methods", nargs="+", default=["vanilla", "pride", "lad"], help="methods to evaluate")
+    parser.add_argument(
+        "--calibration", nargs="*", default=[],
+        help="calibration .npz, one per draw (needed by pride, pride_original, lad, purified_attention)",
+    )
+    parser.add_argument(
+        "--methods", nargs="+", default=None,
+        help="methods to evaluate (default: by the cache's prompt variant: vanilla -> vanilla pride lad; "
+        "instruction/sofa -> vanilla; permavg -> permutation_average; cot/sc -> generated)",
+    )
     parser.add_argument("--layer-range", default="all", help="LAD's layer search range: all or first:last (0-based)")
     parser.add_argument("--top-k", type=int, default=2, help="K: layers kept by attention strength")
     parser.add_argument("--tau", type=float, default=5.0, help="sharpening temperature")
@@ -46,19 +53,60 @@ def method_settings(args: argparse.Namespace) -> dict:
     }
 
 
-def predict_all(names, arrays: EvalArrays, calibration: Calibration, settings: dict) -> dict[str, np.ndarray]:
+# Methods that read a calibration; the others need none (e.g. on CoT caches).
+NEEDS_CALIBRATION = frozenset({"pride", "pride_original", "lad", "purified_attention"})
+# What a cache of each prompt variant is evaluated with, unless --methods says otherwise.
+METHODS_FOR_PROMPT = {
+    "vanilla": ("vanilla", "pride", "lad"),
+    "instruction": ("vanilla",),
+    "sofa": ("vanilla",),
+    "permavg": ("permutation_average",),
+    "cot": ("generated",),
+    "sc": ("generated",),
+}
+
+
+def check_methods(names) -> None:
     unknown = sorted(set(names) - set(methods.METHODS))
     if unknown:
         raise ValueError(f"unknown method(s) {unknown}; known: {sorted(methods.METHODS)}")
+
+
+def predict_all(names, arrays: EvalArrays, calibration: Calibration | None, settings: dict) -> dict[str, np.ndarray]:
+    if calibration is None and NEEDS_CALIBRATION.intersection(names):
+        raise ValueError(f"methods {sorted(NEEDS_CALIBRATION.intersection(names))} need --calibration")
     return {name: methods.METHODS[name](arrays, calibration, settings) for name in names}
 
 
+def shifted_permutation_average(arrays: EvalArrays) -> tuple[EvalArrays, dict[str, np.ndarray]]:
+    """A permavg cache holds, per instance x ordering, all N cyclic shifts of that ordering
+    ([I, T, N(shift), N]). Average the scores per image identity over the shifts, choose the
+    best identity, and report where it sits in the unshifted ordering (shift 0)."""
+    identity = methods.permutation_average(arrays.scores, arrays.order).argmax(axis=-1)  # [I, T]
+    unshifted = EvalArrays(
+        scores=arrays.scores[:, :, 0], attn=arrays.attn[:, :, 0], target_pos=arrays.target_pos[:, :, 0],
+        order=arrays.order[:, :, 0],
+    )
+    position = np.argmax(unshifted.order == identity[..., None], axis=-1)
+    return unshifted, {"permutation_average": position}
+
+
 def run(args: argparse.Namespace) -> None:
-    arrays = eval_arrays(read_cache(args.cache))
-    calibrations = [Calibration.from_npz(path) for path in args.calibration]
+    cache = read_cache(args.cache)
+    arrays = eval_arrays(cache)
+    names = args.methods or list(METHODS_FOR_PROMPT[cache.attrs.get("variant", "vanilla")])
+    check_methods(names)
+    calibrations = [Calibration.from_npz(path) for path in args.calibration] or [None]
     settings = method_settings(args)
     n = arrays.scores.shape[-1]
-    draws = [predict_all(args.methods, arrays, cal, settings) for cal in calibrations]
+    if cache.has_shifts:
+        if names != ["permutation_average"]:
+            raise ValueError(f"{args.cache}: a permutation-averaging cache is evaluated with permutation_average only")
+        arrays, predictions = shifted_permutation_average(arrays)
+        draws = [predictions]
+    else:
+        draws = [predict_all(names, arrays, cal, settings) for cal in calibrations]
+    args.methods = names
 
     summary = {}
     for name in args.methods:
@@ -72,6 +120,8 @@ def run(args: argparse.Namespace) -> None:
     result = {
         "cache": str(args.cache),
         "calibrations": [str(p) for p in args.calibration],
+        "model": cache.attrs.get("model"),
+        "prompt": cache.attrs.get("variant"),  # the cache's prompt variant
         "n_instances": int(arrays.scores.shape[0]),
         "n_orderings": int(arrays.scores.shape[1]),
         "n_candidates": int(n),

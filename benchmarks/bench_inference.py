@@ -1,0 +1,198 @@
+"""Speed and memory of one cached inference pass vs the reference approach (rerunnable; not a test).
+
+Compares, per row, on a random "medium" Qwen2.5-VL (hidden 512, 8 layers, 8 heads / 2 KV
+heads; built offline by ``ladbench demo-model --preset medium``) on CPU (and on a GPU when
+``--device cuda`` and one is present):
+
+* ``bare``: one SDPA forward of the prompt (no capture): the floor.
+* ``ours``: this project's row step (``RowRunner.score_batch``): SDPA + last-row capture of
+  every layer + candidate scores (for N >= 10, the prefix-trie continuation on the KV cache).
+* ``reference``: eager attention + ``generate(max_new_tokens=1, output_attentions=True)``,
+  which keeps every layer's T x T attention; for N >= 10 plus one full re-forward of the
+  prompt with the first answer token appended (what the reference does for two-token
+  answers). The reference runs this once per method (Vanilla, PriDe, LAD: 3 passes per
+  evaluation row); the project runs ``ours`` once and serves every method from the cache.
+
+Every (method, N) runs in its own process so peak memory (RSS, CUDA peak) is its own.
+Prints a Markdown table; ``--json`` also writes the raw numbers.
+
+    python benchmarks/bench_inference.py --n 4 8 9 12 --reps 3
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+REFERENCE_PASSES_PER_ROW = 3      # Vanilla, PriDe, LAD each re-run inference in the reference
+
+
+def _demo_inputs(folder: str, n: int) -> tuple[str, str]:
+    """One evaluation instance with ``n`` distinct random-noise images (+ a calibration one)."""
+    import numpy as np
+    from PIL import Image
+    rng = np.random.default_rng(0)
+    os.makedirs(os.path.join(folder, "img"), exist_ok=True)
+    table = []
+    for i in range(n):
+        Image.fromarray(rng.integers(0, 255, (400, 500, 3), dtype=np.uint8)).save(os.path.join(folder, "img", f"{i}.png"))
+        table.append({"image_id": i, "file_name": f"{i}.png", "caption": f"image {i}", "categories": []})
+    bench = {"dataset": "bench", "setting": "random", "n_candidates": n, "seed": 0, "n_orderings": 1,
+             "eval": [{"id": 0, "caption": "a small dog running on the grass next to a red ball", "target": 0,
+                       "candidates": list(range(n)), "orderings": [list(range(n))]}],
+             "calibration": [{"id": 0, "caption": "a cat", "target": 1, "candidates": list(range(n))}]}
+    bench_path, images_path = os.path.join(folder, "bench.json"), os.path.join(folder, "images.json")
+    with open(bench_path, "w") as f:
+        json.dump(bench, f)
+    with open(images_path, "w") as f:
+        json.dump({"dataset": "bench", "image_root": os.path.join(folder, "img"), "images": table}, f)
+    return bench_path, images_path
+
+
+def _rss_mb() -> float:
+    import psutil
+    return psutil.Process().memory_info().rss / 2 ** 20
+
+
+def worker(method: str, n: int, model_dir: str, reps: int, image_size: int, device: str) -> dict:
+    """Time one (method, N) in this process; returns medians and memory."""
+    import resource
+
+    import torch
+
+    from ladbench.inference.cache import plan_rows
+    from ladbench.inference.runner import InferenceSettings, RowRunner, image_paths, load_json
+    from ladbench.models import load_adapter
+
+    attention = {"bare": "sdpa", "ours": "capture", "reference": "eager"}[method]
+    adapter = load_adapter("qwen2_5_vl", model_dir, device=device, attention=attention)
+    tmp = tempfile.mkdtemp(prefix="bench_inputs_")
+    bench_path, images_path = _demo_inputs(tmp, n)
+    settings = InferenceSettings(benchmark=bench_path, images=images_path, out=os.path.join(tmp, "x.h5"),
+                                 model_name="medium", family="qwen2_5_vl", model_path=model_dir,
+                                 image_size=image_size, device=device)
+    bench = load_json(bench_path, "benchmark")
+    runner = RowRunner(adapter, settings, bench, plan_rows(bench), image_paths(load_json(images_path, "i"), "i"))
+    first_token = adapter.tokenizer.convert_tokens_to_ids("1")
+
+    @torch.no_grad()
+    def one_row() -> int:
+        if method == "ours":
+            runner.score_batch([0])
+            return 0
+        inputs = runner._encode([0])
+        if method == "bare":
+            adapter.prefill(inputs, use_cache=False)
+        else:
+            out = adapter.model.generate(**inputs, max_new_tokens=1, do_sample=False, output_attentions=True,
+                                         output_logits=True, return_dict_in_generate=True)
+            assert out.attentions[0][0].shape[-1] == inputs["input_ids"].shape[1]     # full T x T kept
+            if n >= 10:                    # reference: whole-sequence re-forward for the second answer token
+                ext = dict(inputs)
+                add = torch.full((1, 1), first_token, dtype=torch.long, device=adapter.device)
+                ext["input_ids"] = torch.cat([inputs["input_ids"], add], 1)
+                ext["attention_mask"] = torch.cat([inputs["attention_mask"], torch.ones_like(add)], 1)
+                adapter.model(**ext, output_attentions=True, use_cache=False)
+        return int(inputs["input_ids"].shape[1])
+
+    loaded_rss = _rss_mb()
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    one_row()                                                   # warm-up
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        one_row()
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    seq_len = int(runner._encode([0])["input_ids"].shape[1])
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return {"method": method, "n": n, "seq_len": seq_len, "median_s": statistics.median(times),
+            "min_s": min(times), "peak_rss_mb": peak, "activation_rss_mb": peak - loaded_rss,
+            "peak_cuda_mb": torch.cuda.max_memory_allocated() / 2 ** 20 if device.startswith("cuda") else None,
+            "threads": torch.get_num_threads()}
+
+
+def _run_worker(method: str, n: int, args: argparse.Namespace) -> dict:
+    cmd = [sys.executable, os.path.abspath(__file__), "--worker", method, "--n", str(n), "--model-dir", args.model_dir,
+           "--reps", str(args.reps), "--image-size", str(args.image_size), "--device", args.device,
+           "--threads", str(args.threads)]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def markdown_table(results: list[dict]) -> str:
+    by = {(r["method"], r["n"]): r for r in results}
+    ns = sorted({r["n"] for r in results})
+    lines = ["| N | tokens | bare SDPA s | ours s/row | capture overhead | reference s/pass | reference s/row "
+             f"(x{REFERENCE_PASSES_PER_ROW} methods) | speed-up per pass | speed-up per row | peak RSS MB ours / ref "
+             "| activation MB ours / ref |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for n in ns:
+        bare, ours, ref = by.get(("bare", n)), by.get(("ours", n)), by.get(("reference", n))
+        if not (bare and ours and ref):
+            continue
+        overhead = ours["median_s"] / bare["median_s"] - 1
+        lines.append(
+            f"| {n} | {ours['seq_len']} | {bare['median_s']:.3f} | {ours['median_s']:.3f} | {overhead:+.1%} | "
+            f"{ref['median_s']:.3f} | {ref['median_s'] * REFERENCE_PASSES_PER_ROW:.3f} | "
+            f"{ref['median_s'] / ours['median_s']:.2f}x | "
+            f"{ref['median_s'] * REFERENCE_PASSES_PER_ROW / ours['median_s']:.2f}x | "
+            f"{ours['peak_rss_mb']:.0f} / {ref['peak_rss_mb']:.0f} | "
+            f"{ours['activation_rss_mb']:.0f} / {ref['activation_rss_mb']:.0f} |")
+    if ("ours", 9) in by and ("ours", 12) in by:
+        o9, o12 = by[("ours", 9)]["median_s"], by[("ours", 12)]["median_s"]
+        line = f"\nN = 12 vs N = 9 time: ours {o12 / o9:.2f}x"
+        if ("reference", 9) in by and ("reference", 12) in by:
+            line += f", reference {by[('reference', 12)]['median_s'] / by[('reference', 9)]['median_s']:.2f}x"
+        b9, b12 = by.get(("bare", 9)), by.get(("bare", 12))
+        if b9 and b12:
+            line += f" (bare forward alone {b12['median_s'] / b9['median_s']:.2f}x: the token count grows by " \
+                    f"{by[('ours', 12)]['seq_len'] / by[('ours', 9)]['seq_len']:.2f}x)"
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--n", type=int, nargs="+", default=[4, 8, 9, 12], help="numbers of candidates (4 8 9 12)")
+    p.add_argument("--reps", type=int, default=3, help="timed repetitions per (method, N) after a warm-up (3)")
+    p.add_argument("--image-size", type=int, default=336, help="square image size before the processor (336)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda")
+    p.add_argument("--threads", type=int, default=2, help="torch CPU threads (2)")
+    p.add_argument("--model-dir", default=None, help="existing medium model folder (built if omitted)")
+    p.add_argument("--methods", nargs="+", default=["bare", "ours", "reference"])
+    p.add_argument("--json", default=None, help="also write the raw results here")
+    p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if args.worker:
+        import torch
+        torch.set_num_threads(args.threads)
+        print(json.dumps(worker(args.worker, args.n[0], args.model_dir, args.reps, args.image_size, args.device)))
+        return
+    if args.model_dir is None:
+        from ladbench.models.tiny import build_tiny_model
+        args.model_dir = build_tiny_model("qwen2_5_vl", os.path.join(tempfile.mkdtemp(), "medium_qwen2_5_vl"),
+                                          seed=0, preset="medium")
+    results = []
+    for n in args.n:
+        for method in args.methods:
+            r = _run_worker(method, n, args)
+            print(f"N={n:2d} {method:9s} {r['median_s']:.3f} s  peak RSS {r['peak_rss_mb']:.0f} MB", file=sys.stderr)
+            results.append(r)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+    print(markdown_table(results))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,157 @@
+"""Calibration (METHOD.md §4): hand-computed examples and properties."""
+
+import numpy as np
+import pytest
+
+from ladbench.calibration import (
+    Calibration,
+    attention_prior,
+    bias_matrix,
+    draw_calibration_instances,
+    fit_calibration,
+    pride_prior_original,
+    pride_prior_reference,
+    score_matrix,
+)
+
+# Two calibration instances, N = 2, each under its two cyclic shifts.
+# Instance 0: shift 0 has the target at position 0, shift 1 at position 1; instance 1 the reverse.
+CAL_SCORES = np.array([[[2.0, 0.0], [1.0, 3.0]], [[0.0, 4.0], [4.0, 2.0]]])
+CAL_TARGET = np.array([[0, 1], [1, 0]])
+
+
+def test_draw_is_sorted_distinct_seeded_and_checked():
+    draw = draw_calibration_instances(100, 5, seed=3)
+    assert draw.shape == (5,) and np.all(np.diff(draw) > 0) and draw.min() >= 0 and draw.max() < 100
+    assert np.array_equal(draw, draw_calibration_instances(100, 5, seed=3))
+    assert not np.array_equal(draw, draw_calibration_instances(100, 5, seed=4))
+    assert np.array_equal(draw_calibration_instances(7, 7, seed=0), np.arange(7))
+    with pytest.raises(ValueError, match="only 4"):
+        draw_calibration_instances(4, 5, seed=0)
+
+
+def test_score_matrix_reference_averages_raw_scores_by_target_position():
+    # Rows with the target at 0: [2, 0] and [4, 2]; at 1: [1, 3] and [0, 4].
+    L = score_matrix(CAL_SCORES, CAL_TARGET, "reference")
+    np.testing.assert_allclose(L, [[3.0, 1.0], [0.5, 3.5]])
+
+
+def test_score_matrix_paper_averages_probabilities_then_logs():
+    # softmax([2, 0]) = softmax([4, 2]) = [0.880797, 0.119203]  -> row 0 = log of that.
+    # softmax([1, 3]) = [0.119203, 0.880797], softmax([0, 4]) = [0.017986, 0.982014]
+    #   mean = [0.068595, 0.931405] -> log = [-2.679542, -0.071061].
+    L = score_matrix(CAL_SCORES, CAL_TARGET, "paper")
+    np.testing.assert_allclose(L, [[-0.126928, -2.126928], [-2.679542, -0.071061]], atol=1e-6)
+
+
+def test_score_matrix_rejects_a_position_without_rows_and_bad_names():
+    with pytest.raises(ValueError, match=r"position\(s\) \[1\]"):
+        score_matrix(CAL_SCORES, np.zeros_like(CAL_TARGET), "reference")
+    with pytest.raises(ValueError, match="'reference' or 'paper'"):
+        score_matrix(CAL_SCORES, CAL_TARGET, "median")
+
+
+def test_bias_matrix_hand_examples():
+    # L = [[3, 1], [0.5, 3.5]]: gaps 3-1 = 2 and 3.5-0.5 = 3, so k = 3; B = L - 3 I.
+    B, k = bias_matrix(np.array([[3.0, 1.0], [0.5, 3.5]]))
+    assert k == 3.0
+    np.testing.assert_allclose(B, [[0.0, 1.0], [0.5, 0.5]])
+    # N = 3: gaps row 0: 4, 3; row 1: 4, 3; row 2: 2, 2 -> k = 4.
+    B, k = bias_matrix(np.array([[5.0, 1, 2], [0, 4, 1], [1, 1, 3]]))
+    assert k == 4.0
+    np.testing.assert_allclose(B, [[1, 1, 2], [0, 0, 1], [1, 1, -1]])
+
+
+def test_bias_matrix_recovers_a_planted_gain_and_bias():
+    # L = bias + gain * I. k = gain + max_{i, j != i} (bias[i, i] - bias[i, j]) = gain exactly
+    # when no off-diagonal bias is below its row's diagonal and one equals it (row 2, column 1).
+    bias = np.array([[0.0, 1.5, 0.2], [0.3, 0.0, 2.0], [1.0, 0.0, 0.0]])
+    B, k = bias_matrix(bias + 2.5 * np.eye(3))
+    assert k == pytest.approx(2.5)
+    np.testing.assert_allclose(B, bias)
+
+
+def test_attention_prior_is_the_mean_over_every_calibration_row():
+    cal_attn = np.zeros((2, 2, 3, 2))  # [C, shift, Lyr, N]
+    cal_attn[0, 0] = 1.0
+    cal_attn[1, 1, 2] = [4.0, 8.0]
+    prior = attention_prior(cal_attn)
+    expected = np.full((3, 2), 0.25)
+    expected[2] += [1.0, 2.0]
+    np.testing.assert_allclose(prior, expected)
+
+
+def test_pride_prior_reference_is_the_column_mean_of_B():
+    np.testing.assert_allclose(pride_prior_reference(np.array([[0.0, 1.0], [0.5, 0.5]])), [0.25, 0.75])
+
+
+def test_pride_prior_original_hand_example():
+    # Instance 0: probabilities [0.8, 0.2] (shift 0) and [0.6, 0.4] (shift 1):
+    #   geometric means sqrt(0.48) = 0.692820, sqrt(0.08) = 0.282843 -> normalised [0.710102, 0.289898].
+    # Instance 1: [0.5, 0.5] under both shifts -> [0.5, 0.5]. Average: [0.605051, 0.394949].
+    scores = np.log(np.array([[[0.8, 0.2], [0.6, 0.4]], [[0.5, 0.5], [0.5, 0.5]]]))
+    scores = scores + np.array([1.0, -2.0, 0.5, 3.0]).reshape(2, 2, 1)  # per-row constants: no effect
+    prior = pride_prior_original(scores, CAL_TARGET)
+    np.testing.assert_allclose(np.exp(prior), [0.605051, 0.394949], atol=1e-6)
+    # label-free: the target positions do not enter
+    np.testing.assert_allclose(pride_prior_original(scores, 1 - CAL_TARGET), prior)
+    np.testing.assert_allclose(pride_prior_original(scores), prior)
+
+
+def test_pride_priors_recover_a_static_bias_exactly():
+    # Scores = content of the identity shown + b[position]; every identity visits every position.
+    rng = np.random.default_rng(0)
+    n, c = 4, 3
+    b = np.array([1.0, -0.5, 0.0, 2.0])
+    content = rng.normal(size=(c, n))
+    shifts = (np.arange(n)[None, :] + np.arange(n)[:, None]) % n  # shift s shows identity (p+s)%N at p
+    scores = content[:, shifts] + b
+    target = (0 - np.arange(n)) % n  # identity 0 is the target
+    target = np.tile(target, (c, 1))
+    original = pride_prior_original(scores, target)
+    np.testing.assert_allclose(original - original.mean(), b - b.mean(), atol=1e-12)
+
+
+def test_fit_calibration_uses_only_the_drawn_instances_and_round_trips(tmp_path):
+    rng = np.random.default_rng(1)
+    c, n, lyr = 12, 4, 3
+    scores = rng.normal(size=(c, n, n))
+    attn = rng.random(size=(c, n, lyr, n))
+    target = np.tile((2 - np.arange(n)) % n, (c, 1))
+    cal = fit_calibration(scores, attn, target, n_cal=5, seed=7)
+    assert np.array_equal(cal.instances, draw_calibration_instances(c, 5, 7))
+    np.testing.assert_allclose(cal.L, score_matrix(scores[cal.instances], target[cal.instances]))
+    np.testing.assert_allclose(cal.attn_prior, attn[cal.instances].mean(axis=(0, 1)))
+    np.testing.assert_allclose(cal.pride_prior, cal.B.mean(axis=0))
+    # Instances outside the draw do not matter.
+    others = np.setdiff1d(np.arange(c), cal.instances)
+    scores2, attn2 = scores.copy(), attn.copy()
+    scores2[others] += 100.0
+    attn2[others] *= 5.0
+    cal2 = fit_calibration(scores2, attn2, target, n_cal=5, seed=7)
+    np.testing.assert_allclose(cal2.B, cal.B)
+    np.testing.assert_allclose(cal2.attn_prior, cal.attn_prior)
+
+    path = tmp_path / "cal" / "dcal5_seed7.npz"
+    cal.to_npz(path)
+    assert sorted(p.name for p in path.parent.iterdir()) == ["dcal5_seed7.npz"]  # no temporary left
+    with np.load(path) as data:
+        for name in ("instances", "L", "B", "k", "attn_prior", "pride_prior", "pride_original_prior"):
+            assert name in data.files
+    back = Calibration.from_npz(path)
+    for name in ("instances", "L", "B", "attn_prior", "pride_prior", "pride_original_prior"):
+        np.testing.assert_array_equal(getattr(back, name), getattr(cal, name))
+    assert back.k == cal.k and back.settings == cal.settings
+    assert back.settings == {"n_cal": 5, "seed": 7, "average": "reference", "n_pool": 12}
+
+
+def test_from_npz_names_the_missing_array(tmp_path):
+    path = tmp_path / "bad.npz"
+    np.savez(path, L=np.eye(2))
+    with pytest.raises(ValueError, match="bad.npz.*'B'"):
+        Calibration.from_npz(path)
+
+
+def test_fit_calibration_checks_shapes():
+    with pytest.raises(ValueError, match="cal_attn shape"):
+        fit_calibration(np.zeros((3, 2, 2)), np.zeros((3, 2, 4, 3)), np.tile([0, 1], (3, 1)), 2, 0)

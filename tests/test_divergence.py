@@ -1,0 +1,110 @@
+"""Divergence statistics (METHOD.md §9) and score/attention profiles (Figures 2-3)."""
+
+import json
+
+import numpy as np
+import pytest
+from scipy.stats import spearmanr
+
+from ladbench.divergence import (
+    attention_profiles,
+    divergence_summary,
+    mean_pairwise_spearman,
+    profiles,
+    score_profiles,
+    spearman_summary,
+)
+from ladbench.methods import identity_indexed
+
+
+def test_mean_pairwise_spearman_by_hand():
+    # [1, 2, 3] vs [3, 2, 1]: rho = -1; vs [1, 3, 2]: d = (0, 1, 1), rho = 1 - 6 * 2 / (3 * 8) = 0.5
+    values = np.array([[[1, 2, 3], [3, 2, 1]], [[1, 2, 3], [1, 3, 2]]], dtype=float)
+    np.testing.assert_allclose(mean_pairwise_spearman(values), [-1.0, 0.5])
+    # three orderings: pairs (0,1) = 1, (0,2) = -1, (1,2) = -1 -> mean -1/3
+    three = np.array([[[1, 2, 3], [10, 20, 30], [3, 2, 1]]], dtype=float)
+    np.testing.assert_allclose(mean_pairwise_spearman(three), [-1 / 3])
+
+
+def test_spearman_handles_ties_with_average_ranks():
+    # ranks [1.5, 1.5, 3] vs [1, 2, 3]: centred (-0.5, -0.5, 1) . (-1, 0, 1) = 1.5; norms sqrt(1.5) sqrt(2)
+    values = np.array([[[1, 1, 2], [1, 2, 3]]], dtype=float)
+    np.testing.assert_allclose(mean_pairwise_spearman(values), [1.5 / np.sqrt(3.0)])
+
+
+def test_constant_vectors_are_skipped_and_counted():
+    values = np.array([
+        [[1, 1, 1], [1, 2, 3], [1, 2, 3]],  # only the pair (1, 2) is defined -> 1
+        [[5, 5, 5], [2, 2, 2], [1, 2, 3]],  # no defined pair -> NaN
+    ], dtype=float)
+    rho = mean_pairwise_spearman(values)
+    assert rho[0] == pytest.approx(1.0) and np.isnan(rho[1])
+    summary = spearman_summary(rho, n_boot=100)
+    assert summary["n_undefined"] == 1 and summary["mean"] == pytest.approx(1.0)
+
+
+def test_spearman_matches_scipy_on_random_data():
+    rng = np.random.default_rng(0)
+    values = rng.integers(0, 4, size=(40, 4, 6)).astype(float)  # ties included
+    rho = mean_pairwise_spearman(values)
+    for i in range(40):
+        pairs = [spearmanr(values[i, a], values[i, b])[0] for a in range(4) for b in range(a + 1, 4)]
+        pairs = [p for p in pairs if not np.isnan(p)]
+        assert rho[i] == pytest.approx(np.mean(pairs))
+
+
+def test_identity_signal_is_order_robust_and_position_signal_is_not():
+    rng = np.random.default_rng(1)
+    n_instances, n_orderings, n = 300, 5, 6
+    order = np.argsort(rng.random((n_instances, n_orderings, n)), axis=-1)
+    content = rng.normal(size=(n_instances, n))
+    follows_content = np.take_along_axis(content[:, None, :].repeat(n_orderings, 1), order, axis=-1)
+    follows_position = np.broadcast_to(np.arange(n, dtype=float), order.shape) + 0.01 * follows_content
+    result = divergence_summary(follows_position, order, attn_evidence=follows_content, n_boot=500)
+    json.dumps(result)
+    assert result["attention"]["mean"] == pytest.approx(1.0)
+    # random orderings: the position signal's identity ranking is uncorrelated across orderings
+    assert abs(result["logits"]["mean"]) < 0.05
+    assert result["logits"]["ci_low"] < result["logits"]["mean"] < result["logits"]["ci_high"]
+    assert result["attention_minus_logits"]["ci_low"] > 0.9
+    assert len(result["rho_logits"]) == n_instances
+
+
+def test_divergence_summary_from_raw_attention_layers():
+    rng = np.random.default_rng(2)
+    scores = rng.normal(size=(20, 3, 4))
+    attn = rng.random(size=(20, 3, 5, 4))
+    order = np.argsort(rng.random((20, 3, 4)), axis=-1)
+    from ladbench.methods import raw_attention
+
+    direct = divergence_summary(scores, order, attn_evidence=raw_attention(attn, 2, (1, 4)), n_boot=0)
+    via_attn = divergence_summary(scores, order, attn=attn, top_k=2, layer_range=(1, 4), n_boot=0)
+    assert direct["rho_attention"] == via_attn["rho_attention"]
+    assert via_attn["attention"]["ci_low"] is None
+    with pytest.raises(ValueError, match="needs attn_evidence"):
+        divergence_summary(scores, order)
+
+
+def test_identity_indexing_round_trip():
+    order = np.array([[2, 0, 1]])
+    assert identity_indexed(np.array([[10.0, 20.0, 30.0]]), order).tolist() == [[20.0, 30.0, 10.0]]
+
+
+def test_profiles_by_hand():
+    scores = np.array([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]])
+    target = np.array([0, 1, 0])
+    profile = score_profiles(scores, target)
+    np.testing.assert_allclose(profile.mean, [[3.0, 4.0], [3.0, 4.0]])
+    np.testing.assert_allclose(profile.std[0], [np.sqrt(8.0), np.sqrt(8.0)])  # ddof = 1 of (1, 5) and (2, 6)
+    assert np.all(np.isnan(profile.std[1])) and profile.count.tolist() == [2, 1]
+    # works on [I, T, N] too
+    profile3 = profiles(scores.reshape(3, 1, 2), target.reshape(3, 1))
+    np.testing.assert_allclose(profile3.mean, profile.mean)
+
+
+def test_attention_profiles_use_the_selected_layers():
+    attn = np.zeros((2, 3, 2))  # [rows, Lyr, N]
+    attn[:, 2] = [[0.9, 0.1], [0.2, 0.8]]  # the strongest layer
+    attn[:, 0] = 0.05
+    profile = attention_profiles(attn, np.array([0, 1]), top_k=1)
+    np.testing.assert_allclose(profile.mean, [[0.9, 0.1], [0.2, 0.8]])

@@ -1,0 +1,76 @@
+"""Tiny offline builds of the three families load back through the adapters (the same
+``from_pretrained(folder)`` path as hub models) with the real classes, template and layout."""
+from __future__ import annotations
+
+import argparse
+import filecmp
+import json
+import os
+
+import pytest
+
+from conftest_models import FAMILIES, hf_offline, make_images, tiny_adapter, tiny_model  # noqa: F401
+from ladbench.models import ADAPTERS, adapter_class, load_adapter
+from ladbench.models import tiny
+
+pytestmark = pytest.mark.slow
+
+EXPECTED_CLASS = {"qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration",
+                  "internvl": "InternVLForConditionalGeneration",
+                  "llava_ov15": "TinyOV15ForConditionalGeneration"}
+
+
+def test_registry():
+    assert set(ADAPTERS) == set(FAMILIES)
+    with pytest.raises(ValueError, match="unknown model family 'llama'"):
+        adapter_class("llama")
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_loads_real_classes_with_capture_attention(family, tiny_adapter):
+    adapter = tiny_adapter(family)
+    assert type(adapter.model).__name__ == EXPECTED_CLASS[family]
+    if family == "llava_ov15":      # came from the folder's own code, through trust_remote_code
+        assert type(adapter.model).__module__.startswith("transformers_modules.")
+    assert adapter.text_config._attn_implementation == "ladbench_capture"
+    assert adapter.n_layers == 3 and adapter.n_heads == 4
+    assert adapter.model.dtype.is_floating_point and not adapter.model.training
+
+
+@pytest.mark.parametrize("n", [4, 8])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_prompt_layout_and_image_spans(family, n, tiny_adapter):
+    adapter = tiny_adapter(family)
+    text = adapter.chat_text("Caption: x\nAnswer: ", n)
+    assert text.startswith("<|im_start|>") and text.endswith("<|im_start|>assistant\n")
+    assert text.index("Caption") > text.rindex(adapter.image_token)            # images first, then the text
+    inputs = adapter.encode([text], [make_images(n)])
+    ids = inputs["input_ids"][0].tolist()
+    spans = adapter.image_spans(ids)
+    assert len(spans) == n
+    for start, end in spans:                                                   # markers included, pads inside
+        assert ids[start] == adapter.image_start_id and ids[end - 1] == adapter.image_end_id
+        assert set(ids[start + 1:end - 1]) == {adapter.image_token_id}
+    assert sum(end - start - 2 for start, end in spans) == ids.count(adapter.image_token_id)
+
+
+def test_ov15_needs_trust_remote_code(tiny_model):
+    with pytest.raises(PermissionError, match="trust_remote_code"):
+        load_adapter("llava_ov15", tiny_model("llava_ov15"), device="cpu")
+
+
+def test_demo_model_cli_is_deterministic_and_offline(hf_offline, tmp_path):
+    parser = argparse.ArgumentParser()
+    tiny.register(parser.add_subparsers())
+    for name, seed in (("a", 0), ("b", 0), ("c", 1)):
+        args = parser.parse_args(["demo-model", "--family", "qwen2_5_vl", "--out", str(tmp_path / name),
+                                  "--seed", str(seed)])
+        args.func(args)
+    weights = "model.safetensors"
+    assert filecmp.cmp(tmp_path / "a" / weights, tmp_path / "b" / weights, shallow=False)
+    assert not filecmp.cmp(tmp_path / "a" / weights, tmp_path / "c" / weights, shallow=False)
+    meta = json.loads((tmp_path / "a" / "ladbench_tiny.json").read_text())
+    assert meta == {**meta, "family": "qwen2_5_vl", "seed": 0, "preset": "tiny"}
+    assert not os.path.exists(str(tmp_path / "a") + ".tmp")
+    for f in ("config.json", "chat_template.jinja", "tokenizer.json", "preprocessor_config.json"):
+        assert (tmp_path / "a" / f).exists(), f
