@@ -82,7 +82,7 @@ def test_replaces_previous_output_but_not_foreign_folders(tmp_path):
     foreign = tmp_path / "mine"
     foreign.mkdir()
     (foreign / "keep.txt").write_text("precious")
-    with pytest.raises(FileExistsError, match="not a previous demo-scenes output"):
+    with pytest.raises(ValueError, match="not a previous demo-scenes output"):
         synthetic.build_scenes(foreign, n_images=4)
     assert (foreign / "keep.txt").read_text() == "precious"
 

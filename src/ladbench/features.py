@@ -59,7 +59,7 @@ TINY_CLIP_CONFIG: dict[str, Any] = {
 }
 
 
-class FeatureError(RuntimeError):
+class FeatureError(ValueError):
     """Features cannot be computed; the message names the file, model or weights at fault."""
 
 
@@ -352,6 +352,13 @@ def compute_features(images_json: str | os.PathLike, out: str | os.PathLike, mod
     return out
 
 
+def _selection(rows: list[int]) -> slice | list[int]:
+    """A slice for a contiguous run of rows (fast in HDF5), else the increasing index list h5py needs."""
+    if rows[-1] - rows[0] + 1 == len(rows):
+        return slice(rows[0], rows[-1] + 1)
+    return rows
+
+
 def _write_batch(h5: h5py.File, batch: dict, paths: list[Path], captions: list[str], model, tokenizer,
                  device: torch.device, skip_bad_images: bool) -> list[str]:
     """Write one batch's embeddings, then its done flags; return the files that failed to decode."""
@@ -360,14 +367,13 @@ def _write_batch(h5: h5py.File, batch: dict, paths: list[Path], captions: list[s
         raise FeatureError(f"cannot read image {paths[row]} ({error}); fix or remove it, or pass "
                            "--skip-bad-images to leave unreadable images out")
     rows = batch["rows"]
-    # h5py writes a selection given as increasing indices; the loader keeps row order.
     text = encode_text_batch(model, tokenizer, [captions[r] for r in rows], device)
-    h5["text_emb"][rows] = text.astype(np.float16)
+    h5["text_emb"][_selection(rows)] = text.astype(np.float16)
     if batch["good_rows"]:
         image = encode_image_batch(model, batch["pixels"], device)
-        h5["image_emb"][batch["good_rows"]] = image.astype(np.float16)
+        h5["image_emb"][_selection(batch["good_rows"])] = image.astype(np.float16)
     # Failed rows keep the NaN fill value of image_emb.
-    h5["done"][rows] = True
+    h5["done"][_selection(rows)] = True
     return [str(paths[r]) for r in sorted(batch["errors"])]
 
 

@@ -87,7 +87,7 @@ DATASETS: dict[str, tuple[Resource, ...]] = {
 FLICKR8K_COCO_CAPTIONS = "annotations/captions.json"
 
 
-class DownloadError(RuntimeError):
+class DownloadError(ValueError):
     """A file could not be fetched or failed verification; the message says what to do instead."""
 
 

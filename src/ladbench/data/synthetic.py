@@ -146,7 +146,8 @@ def build_scenes(out_dir: str | os.PathLike, n_images: int, seed: int = 0, image
 
     The folder is built beside the target and renamed into place, so it either holds a
     complete dataset or does not exist. An existing ``out_dir`` is replaced only if it is
-    empty or a previous demo-scenes output (its captions.json names this generator).
+    empty or a previous demo-scenes output (its captions.json names this generator);
+    anything else is a ValueError.
     Returns ``out_dir`` as a Path.
     """
     if n_images < 1:
@@ -219,7 +220,7 @@ def _clear_previous_output(out: Path) -> None:
     except (OSError, ValueError):
         previous = None
     if previous != _FIXED_INFO["description"]:
-        raise FileExistsError(f"demo-scenes: {out} exists and is not a previous demo-scenes output; "
+        raise ValueError(f"demo-scenes: {out} exists and is not a previous demo-scenes output; "
                               "choose another --out or remove it")
     shutil.rmtree(out)
 
