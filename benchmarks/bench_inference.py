@@ -13,10 +13,10 @@ heads; built offline by ``ladbench demo-model --preset medium``) on CPU (and on 
   answers). The reference runs this once per method (Vanilla, PriDe, LAD: 3 passes per
   evaluation row); the project runs ``ours`` once and serves every method from the cache.
 
-Every (method, N) runs in its own process so peak memory (RSS, CUDA peak) is its own.
+Times: all methods of one N in one process, interleaved repetition by repetition, minimum\nreported (robust on a shared machine). Memory: every (method, N) in its own process.
 Prints a Markdown table; ``--json`` also writes the raw numbers.
 
-    python benchmarks/bench_inference.py --n 4 8 9 12 --reps 3
+    python benchmarks/bench_inference.py --n 4 8 9 12 --reps 5
 """
 from __future__ import annotations
 
@@ -59,10 +59,8 @@ def _rss_mb() -> float:
     return psutil.Process().memory_info().rss / 2 ** 20
 
 
-def worker(method: str, n: int, model_dir: str, reps: int, image_size: int, device: str) -> dict:
-    """Time one (method, N) in this process; returns medians and memory."""
-    import resource
-
+def _row_function(method: str, n: int, model_dir: str, image_size: int, device: str):
+    """Load the model for ``method`` and return (callable running one row, sequence length)."""
     import torch
 
     from ladbench.inference.cache import plan_rows
@@ -81,89 +79,115 @@ def worker(method: str, n: int, model_dir: str, reps: int, image_size: int, devi
     first_token = adapter.tokenizer.convert_tokens_to_ids("1")
 
     @torch.no_grad()
-    def one_row() -> int:
+    def one_row() -> None:
         if method == "ours":
             runner.score_batch([0])
-            return 0
+            return
         inputs = runner._encode([0])
         if method == "bare":
             adapter.prefill(inputs, use_cache=False)
-        else:
-            out = adapter.model.generate(**inputs, max_new_tokens=1, do_sample=False, output_attentions=True,
-                                         output_logits=True, return_dict_in_generate=True)
-            assert out.attentions[0][0].shape[-1] == inputs["input_ids"].shape[1]     # full T x T kept
-            if n >= 10:                    # reference: whole-sequence re-forward for the second answer token
-                ext = dict(inputs)
-                add = torch.full((1, 1), first_token, dtype=torch.long, device=adapter.device)
-                ext["input_ids"] = torch.cat([inputs["input_ids"], add], 1)
-                ext["attention_mask"] = torch.cat([inputs["attention_mask"], torch.ones_like(add)], 1)
-                adapter.model(**ext, output_attentions=True, use_cache=False)
-        return int(inputs["input_ids"].shape[1])
+            return
+        out = adapter.model.generate(**inputs, max_new_tokens=1, do_sample=False, output_attentions=True,
+                                     output_logits=True, return_dict_in_generate=True)
+        assert out.attentions[0][0].shape[-1] == inputs["input_ids"].shape[1]     # full T x T kept
+        if n >= 10:                        # reference: whole-sequence re-forward for the second answer token
+            ext = dict(inputs)
+            add = torch.full((1, 1), first_token, dtype=torch.long, device=adapter.device)
+            ext["input_ids"] = torch.cat([inputs["input_ids"], add], 1)
+            ext["attention_mask"] = torch.cat([inputs["attention_mask"], torch.ones_like(add)], 1)
+            adapter.model(**ext, output_attentions=True, use_cache=False)
 
-    loaded_rss = _rss_mb()
+    return one_row, int(runner._encode([0])["input_ids"].shape[1])
+
+
+def _sync(device: str) -> None:
+    import torch
     if device.startswith("cuda"):
         torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-    one_row()                                                   # warm-up
-    times = []
+
+
+def time_worker(n: int, methods: list[str], model_dir: str, reps: int, image_size: int, device: str) -> list[dict]:
+    """Time every method in ONE process, interleaved rep by rep, so that load from other
+    processes on a shared machine hits all methods alike; the minimum is the robust figure."""
+    rows, seq_len = {}, 0
+    for m in methods:
+        rows[m], seq_len = _row_function(m, n, model_dir, image_size, device)
+        rows[m]()                                                          # warm-up
+    times: dict[str, list[float]] = {m: [] for m in methods}
     for _ in range(reps):
-        t0 = time.perf_counter()
-        one_row()
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-    seq_len = int(runner._encode([0])["input_ids"].shape[1])
+        for m in methods:
+            _sync(device)
+            t0 = time.perf_counter()
+            rows[m]()
+            _sync(device)
+            times[m].append(time.perf_counter() - t0)
+    return [{"method": m, "n": n, "seq_len": seq_len, "min_s": min(t), "median_s": statistics.median(t)}
+            for m, t in times.items()]
+
+
+def memory_worker(method: str, n: int, model_dir: str, image_size: int, device: str) -> dict:
+    """Peak memory of one method alone in this process: RSS (and CUDA peak on GPU)."""
+    import resource
+
+    import torch
+    one_row, _ = _row_function(method, n, model_dir, image_size, device)
+    loaded_rss = _rss_mb()
+    if device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats()
+    one_row()
+    one_row()
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    return {"method": method, "n": n, "seq_len": seq_len, "median_s": statistics.median(times),
-            "min_s": min(times), "peak_rss_mb": peak, "activation_rss_mb": peak - loaded_rss,
-            "peak_cuda_mb": torch.cuda.max_memory_allocated() / 2 ** 20 if device.startswith("cuda") else None,
-            "threads": torch.get_num_threads()}
+    return {"method": method, "n": n, "peak_rss_mb": peak, "activation_rss_mb": peak - loaded_rss,
+            "peak_cuda_mb": torch.cuda.max_memory_allocated() / 2 ** 20 if device.startswith("cuda") else None}
 
 
-def _run_worker(method: str, n: int, args: argparse.Namespace) -> dict:
-    cmd = [sys.executable, os.path.abspath(__file__), "--worker", method, "--n", str(n), "--model-dir", args.model_dir,
+def _run_worker(kind: str, n: int, args: argparse.Namespace) -> list[dict]:
+    cmd = [sys.executable, os.path.abspath(__file__), "--worker", kind, "--n", str(n), "--model-dir", args.model_dir,
            "--reps", str(args.reps), "--image-size", str(args.image_size), "--device", args.device,
-           "--threads", str(args.threads)]
+           "--threads", str(args.threads), "--methods", *args.methods]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    return result if isinstance(result, list) else [result]
 
 
-def markdown_table(results: list[dict]) -> str:
-    by = {(r["method"], r["n"]): r for r in results}
-    ns = sorted({r["n"] for r in results})
-    lines = ["| N | tokens | bare SDPA s | ours s/row | capture overhead | reference s/pass | reference s/row "
-             f"(x{REFERENCE_PASSES_PER_ROW} methods) | speed-up per pass | speed-up per row | peak RSS MB ours / ref "
-             "| activation MB ours / ref |",
+def markdown_table(timing: list[dict], memory: list[dict]) -> str:
+    t = {(r["method"], r["n"]): r for r in timing}
+    mem = {(r["method"], r["n"]): r for r in memory}
+    ns = sorted({r["n"] for r in timing})
+    lines = ["| N | tokens | bare SDPA s | ours s/row | capture overhead | reference s/pass | "
+             f"reference s/row (x{REFERENCE_PASSES_PER_ROW} methods) | speed-up per pass | speed-up per row | "
+             "peak RSS MB ours / ref | activation MB ours / ref |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for n in ns:
-        bare, ours, ref = by.get(("bare", n)), by.get(("ours", n)), by.get(("reference", n))
+        bare, ours, ref = t.get(("bare", n)), t.get(("ours", n)), t.get(("reference", n))
         if not (bare and ours and ref):
             continue
-        overhead = ours["median_s"] / bare["median_s"] - 1
+        mo, mr = mem.get(("ours", n), {}), mem.get(("reference", n), {})
         lines.append(
-            f"| {n} | {ours['seq_len']} | {bare['median_s']:.3f} | {ours['median_s']:.3f} | {overhead:+.1%} | "
-            f"{ref['median_s']:.3f} | {ref['median_s'] * REFERENCE_PASSES_PER_ROW:.3f} | "
-            f"{ref['median_s'] / ours['median_s']:.2f}x | "
-            f"{ref['median_s'] * REFERENCE_PASSES_PER_ROW / ours['median_s']:.2f}x | "
-            f"{ours['peak_rss_mb']:.0f} / {ref['peak_rss_mb']:.0f} | "
-            f"{ours['activation_rss_mb']:.0f} / {ref['activation_rss_mb']:.0f} |")
-    if ("ours", 9) in by and ("ours", 12) in by:
-        o9, o12 = by[("ours", 9)]["median_s"], by[("ours", 12)]["median_s"]
-        line = f"\nN = 12 vs N = 9 time: ours {o12 / o9:.2f}x"
-        if ("reference", 9) in by and ("reference", 12) in by:
-            line += f", reference {by[('reference', 12)]['median_s'] / by[('reference', 9)]['median_s']:.2f}x"
-        b9, b12 = by.get(("bare", 9)), by.get(("bare", 12))
-        if b9 and b12:
-            line += f" (bare forward alone {b12['median_s'] / b9['median_s']:.2f}x: the token count grows by " \
-                    f"{by[('ours', 12)]['seq_len'] / by[('ours', 9)]['seq_len']:.2f}x)"
+            f"| {n} | {ours['seq_len']} | {bare['min_s']:.3f} | {ours['min_s']:.3f} | "
+            f"{ours['min_s'] / bare['min_s'] - 1:+.1%} | {ref['min_s']:.3f} | "
+            f"{ref['min_s'] * REFERENCE_PASSES_PER_ROW:.3f} | {ref['min_s'] / ours['min_s']:.2f}x | "
+            f"{ref['min_s'] * REFERENCE_PASSES_PER_ROW / ours['min_s']:.2f}x | "
+            f"{mo.get('peak_rss_mb', float('nan')):.0f} / {mr.get('peak_rss_mb', float('nan')):.0f} | "
+            f"{mo.get('activation_rss_mb', float('nan')):.0f} / {mr.get('activation_rss_mb', float('nan')):.0f} |")
+    if ("ours", 9) in t and ("ours", 12) in t:
+        def ratio(m: str) -> float:
+            return t[(m, 12)]["min_s"] / t[(m, 9)]["min_s"]
+        line = f"\nN = 12 vs N = 9 time: ours {ratio('ours'):.2f}x"
+        if ("reference", 9) in t and ("reference", 12) in t:
+            line += f", reference {ratio('reference'):.2f}x"
+        if ("bare", 9) in t and ("bare", 12) in t:
+            line += (f"; a bare forward alone {ratio('bare'):.2f}x (tokens x"
+                     f"{t[('ours', 12)]['seq_len'] / t[('ours', 9)]['seq_len']:.2f})")
         lines.append(line)
+    lines.append("\nTimes are the minimum over the interleaved repetitions (s per row, batch size 1).")
     return "\n".join(lines)
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--n", type=int, nargs="+", default=[4, 8, 9, 12], help="numbers of candidates (4 8 9 12)")
-    p.add_argument("--reps", type=int, default=3, help="timed repetitions per (method, N) after a warm-up (3)")
+    p.add_argument("--reps", type=int, default=5, help="timed repetitions per (method, N) after a warm-up (5)")
     p.add_argument("--image-size", type=int, default=336, help="square image size before the processor (336)")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads (2)")
@@ -176,22 +200,28 @@ def main() -> None:
     if args.worker:
         import torch
         torch.set_num_threads(args.threads)
-        print(json.dumps(worker(args.worker, args.n[0], args.model_dir, args.reps, args.image_size, args.device)))
+        if args.worker == "time":
+            result = time_worker(args.n[0], args.methods, args.model_dir, args.reps, args.image_size, args.device)
+        else:
+            result = memory_worker(args.worker.split(":", 1)[1], args.n[0], args.model_dir, args.image_size,
+                                   args.device)
+        print(json.dumps(result))
         return
     if args.model_dir is None:
         from ladbench.models.tiny import build_tiny_model
         args.model_dir = build_tiny_model("qwen2_5_vl", os.path.join(tempfile.mkdtemp(), "medium_qwen2_5_vl"),
                                           seed=0, preset="medium")
-    results = []
+    timing, memory = [], []
     for n in args.n:
+        timing += _run_worker("time", n, args)
         for method in args.methods:
-            r = _run_worker(method, n, args)
-            print(f"N={n:2d} {method:9s} {r['median_s']:.3f} s  peak RSS {r['peak_rss_mb']:.0f} MB", file=sys.stderr)
-            results.append(r)
+            memory += _run_worker(f"memory:{method}", n, args)
+        for r in timing[-len(args.methods):]:
+            print(f"N={n:2d} {r['method']:9s} min {r['min_s']:.3f} s  median {r['median_s']:.3f} s", file=sys.stderr)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
-    print(markdown_table(results))
+            json.dump({"timing": timing, "memory": memory, "threads": args.threads, "device": args.device}, f, indent=1)
+    print(markdown_table(timing, memory))
 
 
 if __name__ == "__main__":

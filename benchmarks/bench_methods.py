@@ -21,7 +21,6 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the simulator lives with the tests
 
@@ -118,13 +117,13 @@ def run(args: argparse.Namespace) -> Timer:
             paired = paired_bootstrap(predictions["lad"], predictions["pride"], sim.target_pos, sim.order,
                                       "acc_mean", n_boot=args.bootstrap)
         with timer.step(n, f"divergence statistics ({args.bootstrap})", 1):
-            divergence = divergence_summary(sim.scores, sim.order, attn=sim.attn, top_k=2,
-                                            layer_range=base.layer_range, n_boot=args.bootstrap)
+            divergence = divergence_summary(sim.scores, sim.order, attn=sim.attn, attn_prior=calibrations[0].attn_prior,
+                                            top_k=2, layer_range=base.layer_range, n_boot=args.bootstrap)
         print(f"N = {n}: Acc vanilla {summaries['vanilla']['acc_mean']:.1f}, PriDe {summaries['pride']['acc_mean']:.1f}, "
               f"LAD {summaries['lad']['acc_mean']:.1f} [{summaries['lad']['acc_mean_ci_low']:.1f}, "
               f"{summaries['lad']['acc_mean_ci_high']:.1f}], ideal attention "
               f"{acc_mean_std(sim.attention_pred, sim.target_pos)[0]:.1f}; LAD - PriDe = "
-              f"{paired['difference']:.1f} (p = {paired['p_value']:.4f}); Spearman attention "
+              f"{paired['difference']:.1f} (p = {paired['p_value']:.4f}); Spearman purified attention "
               f"{divergence['attention']['mean']:.2f} vs logits {divergence['logits']['mean']:.2f}")
     return timer
 

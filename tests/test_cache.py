@@ -7,7 +7,7 @@ import h5py
 import numpy as np
 import pytest
 
-from ladbench.inference.cache import CacheLayout, CacheWriter, plan_rows, read_cache
+from ladbench.inference.cache import CacheLayout, CacheWriter, is_complete_for, partial_path, plan_rows, read_cache
 
 BENCH = {
     "n_candidates": 3,
@@ -69,8 +69,12 @@ def test_write_resume_finish_and_read_views(tmp_path):
     w = CacheWriter.open(path, plan, LAYOUT, {"config_sha256": "abc", "n_candidates": 3, "versions": {"t": "1"}})
     assert w.pending_rows().tolist() == list(range(7))
     w.write([2, 0], {k: v for k, v in _results([2, 0]).items()})     # unsorted rows are fine
-    with pytest.raises(ValueError, match="not complete"):
+    assert not os.path.exists(path) and os.path.exists(partial_path(path))   # the final name only when done
+    with pytest.raises(OSError, match="cannot open"):
         read_cache(path)
+    with pytest.raises(ValueError, match="not complete"):
+        read_cache(partial_path(path))
+    assert read_cache(path, require_complete=False)["done"].sum() == 2
     # reopen with the same inputs: resume where it stopped
     w = CacheWriter.open(path, plan, LAYOUT, {"config_sha256": "abc", "n_candidates": 3})
     assert w.pending_rows().tolist() == [1, 3, 4, 5, 6]
@@ -78,6 +82,7 @@ def test_write_resume_finish_and_read_views(tmp_path):
         w.finish({})
     w.write([1, 3, 4, 5, 6], _results([1, 3, 4, 5, 6]))
     w.finish({"rows_per_s": 2.5})
+    assert not os.path.exists(partial_path(path)) and is_complete_for(path, "abc") and not is_complete_for(path, "x")
     c = read_cache(path)
     assert c.attrs["complete"] and c.attrs["rows_per_s"] == 2.5 and c.attrs["versions"] == {"t": "1"}
     np.testing.assert_array_equal(c["scores"], _results(range(7))["scores"])
@@ -93,16 +98,21 @@ def test_changed_inputs_replace_the_file_and_same_inputs_keep_it(tmp_path):
     plan = plan_rows(BENCH)
     w = CacheWriter.open(path, plan, LAYOUT, {"config_sha256": "abc"})
     w.write([0], _results([0]))
-    inode = os.stat(path).st_ino
+    inode = os.stat(partial_path(path)).st_ino
     CacheWriter.open(path, plan, LAYOUT, {"config_sha256": "abc"})
-    assert os.stat(path).st_ino == inode                                 # reused, not recreated
+    assert os.stat(partial_path(path)).st_ino == inode                  # reused, not recreated
     w2 = CacheWriter.open(path, plan, LAYOUT, {"config_sha256": "other"})
     assert w2.pending_rows().tolist() == list(range(7))                 # new inputs: start over
+    w2.write(list(range(7)), _results(range(7)))
+    w2.finish({})
+    CacheWriter.open(path, plan, LAYOUT, {"config_sha256": "third"})    # a stale finished cache goes away
+    assert not os.path.exists(path)
 
 
 def test_unreadable_file_is_replaced(tmp_path):
     path = tmp_path / "c.h5"
-    path.write_bytes(b"\x89HDF\r\n\x1a\n" + b"\0" * 100)                 # truncated: what a kill mid-create could leave
+    with open(partial_path(str(path)), "wb") as f:                       # truncated: what a kill mid-write could leave
+        f.write(b"\x89HDF\r\n\x1a\n" + b"\0" * 100)
     w = CacheWriter.open(str(path), plan_rows(BENCH), LAYOUT, {"config_sha256": "abc"})
     assert len(w.pending_rows()) == 7
 

@@ -14,7 +14,7 @@ from ladbench.divergence import (
     score_profiles,
     spearman_summary,
 )
-from ladbench.methods import identity_indexed
+from ladbench.methods import identity_indexed, purified_attention, raw_attention
 
 
 def test_mean_pairwise_spearman_by_hand():
@@ -41,6 +41,7 @@ def test_constant_vectors_are_skipped_and_counted():
     assert rho[0] == pytest.approx(1.0) and np.isnan(rho[1])
     summary = spearman_summary(rho, n_boot=100)
     assert summary["n_undefined"] == 1 and summary["mean"] == pytest.approx(1.0)
+    assert summary["std"] is None  # one defined instance: no sample std
 
 
 def test_spearman_matches_scipy_on_random_data():
@@ -61,7 +62,8 @@ def test_identity_signal_is_order_robust_and_position_signal_is_not():
     follows_content = np.take_along_axis(content[:, None, :].repeat(n_orderings, 1), order, axis=-1)
     follows_position = np.broadcast_to(np.arange(n, dtype=float), order.shape) + 0.01 * follows_content
     result = divergence_summary(follows_position, order, attn_evidence=follows_content, n_boot=500)
-    json.dumps(result)
+    json.dumps(result, allow_nan=False)
+    assert result["attention_evidence"] == "given"
     assert result["attention"]["mean"] == pytest.approx(1.0)
     # random orderings: the position signal's identity ranking is uncorrelated across orderings
     assert abs(result["logits"]["mean"]) < 0.05
@@ -75,12 +77,15 @@ def test_divergence_summary_from_raw_attention_layers():
     scores = rng.normal(size=(20, 3, 4))
     attn = rng.random(size=(20, 3, 5, 4))
     order = np.argsort(rng.random((20, 3, 4)), axis=-1)
-    from ladbench.methods import raw_attention
-
     direct = divergence_summary(scores, order, attn_evidence=raw_attention(attn, 2, (1, 4)), n_boot=0)
     via_attn = divergence_summary(scores, order, attn=attn, top_k=2, layer_range=(1, 4), n_boot=0)
     assert direct["rho_attention"] == via_attn["rho_attention"]
     assert via_attn["attention"]["ci_low"] is None
+    prior = rng.random(size=(5, 4)) + 0.1
+    purified = divergence_summary(scores, order, attn=attn, attn_prior=prior, top_k=2, layer_range=(1, 4), n_boot=0)
+    expected = divergence_summary(scores, order, n_boot=0, attn_evidence=purified_attention(
+        attn, prior, top_k=2, layer_range=(1, 4)))
+    assert purified["rho_attention"] == expected["rho_attention"]
     with pytest.raises(ValueError, match="needs attn_evidence"):
         divergence_summary(scores, order)
 

@@ -213,3 +213,19 @@ def test_cli(tiny, tmp_path, reference_file):
     args = parser.parse_args(["demo-clip", "--out", str(tmp_path / "clip"), "--seed", "0"])
     args.func(args)
     assert (tmp_path / "clip" / "ladbench-tiny-clip.pt").is_file()
+
+
+def test_unreadable_leftover_file_is_started_over(tiny, reference_file, tmp_path, capsys):
+    out = tmp_path / "features.h5"
+    out.write_bytes(b"\x89HDF\r\n\x1a\n half-written by a killed job")
+    run(tiny, out)
+    assert "unreadable" in capsys.readouterr().err
+    np.testing.assert_array_equal(read_all(out)["text_emb"], read_all(reference_file)["text_emb"])
+
+
+def test_device_choice():
+    assert ft.pick_device("cpu").type == "cpu"
+    assert ft.pick_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(ft.FeatureError, match="no CUDA"):
+            ft.pick_device("cuda")

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from conftest_models import TINY_IMAGE_SIZE, hf_offline, make_demo_benchmark, tiny_model  # noqa: F401
-from ladbench.inference.cache import read_cache
+from ladbench.inference.cache import partial_path, read_cache
 
 pytestmark = pytest.mark.slow
 
@@ -47,7 +47,7 @@ def _run_cli(args):
 
 def _done_rows(path) -> int:
     try:
-        with h5py.File(path, "r", locking=False) as f:
+        with h5py.File(partial_path(str(path)), "r", locking=False) as f:
             return int(f["done"][()].sum())
     except (OSError, KeyError):
         return 0
@@ -79,6 +79,7 @@ def test_killed_run_resumes_and_equals_uninterrupted_run(tiny_model, tmp_path):
             proc.kill()
     after_kill = _done_rows(killed)
     assert after_kill >= seen and after_kill % CHUNK == 0          # whole chunks, nothing flushed lost
+    assert not killed.exists()                                      # only the work file: nothing for Snakemake to delete
     partial = read_cache(str(killed), require_complete=False)
     assert not partial.attrs["complete"] and partial["done"].sum() == after_kill
     total = len(partial["done"])

@@ -165,6 +165,15 @@ def test_summarize_is_json_and_consistent_with_the_point_metrics():
         summarize(PRED + 5, TARGET, ORDER, 3, n_boot=0)
 
 
+def test_summarize_is_strict_json_when_a_position_is_never_the_target():
+    target = np.zeros((5, 2), dtype=int)  # position 1 never holds the ground truth: its recall is undefined
+    order = np.tile(np.arange(2), (5, 2, 1))
+    summary = summarize(target, target, order, 2, n_boot=50)
+    json.dumps(summary, allow_nan=False)
+    assert summary["recall_per_position"] == [100.0, None] and summary["rstd"] is None
+    assert summary["acc_mean"] == 100.0
+
+
 def test_summarize_ten_thousand_resamples_is_fast():
     rng = np.random.default_rng(1)
     pred, target, order = _random_predictions(rng, n_instances=1000, skill=0.7)

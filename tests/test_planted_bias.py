@@ -104,7 +104,9 @@ def test_permutation_averaging_is_consistent_and_attention_is_order_robust():
     pred = METHODS["permutation_average"](sim, calibration, {})
     assert consistency(pred, sim.order) == 100.0
     assert consistency(METHODS["vanilla"](sim, calibration, {}), sim.order) < 20
-    result = divergence_summary(sim.scores, sim.order, attn=sim.attn, top_k=2, n_boot=300)
-    # planted: attention follows the (fixed) favoured identity, logits follow the position of the target
-    assert result["attention"]["mean"] > result["logits"]["mean"] + 0.2
+    result = divergence_summary(sim.scores, sim.order, attn=sim.attn, attn_prior=calibration.attn_prior,
+                                top_k=2, n_boot=300)
+    # planted: purified attention follows the (fixed) favoured identity, the logits' top follows the
+    # target's position; the rest of both rankings is noise, so neither rho is near 1
+    assert result["attention"]["mean"] > result["logits"]["mean"] + 0.3
     assert result["attention_minus_logits"]["ci_low"] > 0

@@ -40,7 +40,6 @@ import json
 import math
 import os
 import sys
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -175,13 +174,18 @@ def hard_distractors(targets: np.ndarray, image_emb: np.ndarray, text_emb: np.nd
 
 # --- orderings --------------------------------------------------------------------------
 
-def distinct_orderings(n: int, t: int, rng: np.random.Generator) -> list[list[int]]:
-    """The identity followed by ``t - 1`` distinct non-identity random permutations of range(n)."""
+def require_orderings(n: int, t: int) -> None:
+    """Raise unless ``t`` distinct orderings of ``n`` candidates exist (t <= n!)."""
     if t < 1:
         raise BenchmarkError(f"--n-orderings must be >= 1, got {t}")
     if math.factorial(n) < t:
         raise BenchmarkError(f"N = {n} candidates have only {math.factorial(n)} orderings, fewer than the "
                              f"{t} requested (--n-orderings); use --n-orderings <= {math.factorial(n)}")
+
+
+def distinct_orderings(n: int, t: int, rng: np.random.Generator) -> list[list[int]]:
+    """The identity followed by ``t - 1`` distinct non-identity random permutations of range(n)."""
+    require_orderings(n, t)
     orderings = [list(range(n))]
     seen = {tuple(orderings[0])}
     while len(orderings) < t:
@@ -209,8 +213,7 @@ def build_benchmark(table: dict, features: dict, setting: str, n_candidates: int
         raise BenchmarkError(f"--category-rule must be one of {CATEGORY_RULES}, got {category_rule!r}")
     if n_candidates < 2:
         raise BenchmarkError(f"--n-candidates must be >= 2 (a target and at least one distractor), got {n_candidates}")
-    if math.factorial(n_candidates) < n_orderings:
-        distinct_orderings(n_candidates, n_orderings, np.random.default_rng(0))  # raises the clear error
+    require_orderings(n_candidates, n_orderings)
 
     rows = table["images"]
     ids = np.array([row["image_id"] for row in rows], dtype=np.int64)
@@ -241,23 +244,23 @@ def build_benchmark(table: dict, features: dict, setting: str, n_candidates: int
         rule_used = category_rule if has_categories else "none"
         distractors = hard_distractors(
             targets, np.asarray(features["image_emb"])[pool], np.asarray(features["text_emb"])[pool],
-            pool_cats, n_candidates - 1, caption_sim_max, category_rule, pool_ids=ids[pool])
+            pool_cats, n_candidates - 1, caption_sim_max, rule_used, pool_ids=ids[pool])
 
-    instances = []
+    # Base order: the target and its distractors shuffled (pool positions -> image ids).
+    base_orders = []
     for index, target in enumerate(targets.tolist()):
         members = [target] + distractors[index].tolist()
-        base = [members[j] for j in rng_n.permutation(n_candidates).tolist()]
-        row = pool[target]
-        instance = {"id": 0, "caption": rows[row]["caption"], "target": int(ids[row]),
-                    "candidates": [int(ids[pool[m]]) for m in base]}
-        instances.append(instance)
-    eval_instances = instances[:n_eval]
-    cal_instances = instances[n_eval:]
-    for number, instance in enumerate(eval_instances):
-        instance["id"] = number
-        instance["orderings"] = distinct_orderings(n_candidates, n_orderings, rng_n)
-    for number, instance in enumerate(cal_instances):
-        instance["id"] = number
+        base_orders.append([int(ids[pool[members[j]]]) for j in rng_n.permutation(n_candidates).tolist()])
+
+    def instance(number: int, index: int) -> dict:
+        row = pool[targets[index]]
+        return {"id": number, "caption": rows[row]["caption"], "target": int(ids[row]),
+                "candidates": base_orders[index]}
+
+    eval_instances = [instance(number, number) for number in range(n_eval)]
+    for inst in eval_instances:
+        inst["orderings"] = distinct_orderings(n_candidates, n_orderings, rng_n)
+    cal_instances = [instance(number, n_eval + number) for number in range(n_calibration)]
 
     doc: dict[str, Any] = {
         "dataset": dataset if dataset is not None else table["dataset"], "setting": setting,

@@ -18,6 +18,7 @@ SUBCOMMANDS = {
     "download": "ladbench.data.download",
     "demo-scenes": "ladbench.data.synthetic",
     "captions": "ladbench.data.coco",
+    "flickr8k-to-coco": "ladbench.data.coco",
     "demo-clip": "ladbench.features",
     "features": "ladbench.features",
     "benchmark": "ladbench.benchmark",

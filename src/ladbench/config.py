@@ -97,10 +97,10 @@ def _check_cross_references(config: dict, source: str) -> None:
                 f"{source}: datasets.{name}: give root (download folder) or images_dir + captions_json"
             )
     for name, model in config["models"].items():
-        if model["family"] == "llava_ov15" and not model["tiny"] and not model["trust_remote_code"]:
+        if model["family"] == "llava_ov15" and not model["trust_remote_code"]:
             raise ConfigError(
                 f"{source}: models.{name}.trust_remote_code: LLaVA-OneVision-1.5 runs the model's own "
-                "code from the hub; set it to true to allow that"
+                "code (from the hub, or the tiny stand-in's folder); set it to true to allow that"
             )
     for i, transfer in enumerate(config["evaluation"]["transfer"]):
         pair = [transfer["calibrate_on"], transfer["evaluate_on"]]

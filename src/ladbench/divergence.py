@@ -13,7 +13,10 @@ usable pair is left out (``NaN``) and counted in ``n_undefined``. A signal that 
 the image content gives rho near 1; one that follows the position gives rho near the
 correlation between the orderings' position patterns (near 0 for random orderings).
 Scores are used raw; attention evidence is whatever per-position array the caller
-passes (by default :func:`ladbench.methods.raw_attention` over the selected layers).
+passes, by default :func:`ladbench.methods.raw_attention` over the selected layers, or
+the purified attention when a calibration's attention prior is given. The paper does
+not say which it used; the purified one removes the positional pattern that the raw
+attention shares with the logits, so report which one a number comes from.
 """
 
 from __future__ import annotations
@@ -23,8 +26,8 @@ from typing import Any, NamedTuple
 import numpy as np
 from scipy.stats import rankdata
 
-from ladbench.methods import identity_indexed, raw_attention
-from ladbench.metrics import InstanceMetric, bootstrap_ci
+from ladbench.methods import identity_indexed, purified_attention, raw_attention
+from ladbench.metrics import InstanceMetric, bootstrap_ci, json_safe
 
 __all__ = [
     "Profile",
@@ -88,7 +91,7 @@ def spearman_summary(rho: np.ndarray, n_boot: int = 10000, ci: float = 0.95, see
     if n_boot > 0 and defined.size:
         result = bootstrap_ci(_nan_mean_metric("spearman"), rho, n_boot=n_boot, ci=ci, seed=seed)
         summary["ci_low"], summary["ci_high"] = result.ci_low, result.ci_high
-    return summary
+    return json_safe(summary)
 
 
 def divergence_summary(
@@ -97,6 +100,7 @@ def divergence_summary(
     attn_evidence: np.ndarray | None = None,
     attn: np.ndarray | None = None,
     *,
+    attn_prior: np.ndarray | None = None,
     top_k: int = 2,
     layer_range: tuple[int, int] | None = None,
     n_boot: int = 10000,
@@ -106,29 +110,35 @@ def divergence_summary(
     """Order robustness of logits versus attention (METHOD §9), with bootstrap CIs.
 
     ``scores`` [I, T, N]; ``attn_evidence`` [I, T, N] per position, or ``attn``
-    [I, T, Lyr, N] from which the raw attention over the per-row top-``top_k`` layers
-    (in ``layer_range``) is taken. Returns ``logits`` and ``attention`` summaries (see
+    [I, T, Lyr, N] from which the evidence over the per-row top-``top_k`` layers (in
+    ``layer_range``) is taken: the raw attention, or, with ``attn_prior`` [Lyr, N] (a
+    calibration's), the purified attention ``log pi~`` (reference layer mean). Returns ``logits`` and ``attention`` summaries (see
     :func:`spearman_summary`), the per-instance rho arrays (lists), and the paired
     difference attention - logits with its CI.
     """
+    evidence_kind = "given" if attn_evidence is not None else ("raw" if attn_prior is None else "purified")
     if attn_evidence is None:
         if attn is None:
             raise ValueError("divergence_summary needs attn_evidence [I, T, N] or attn [I, T, Lyr, N]")
-        attn_evidence = raw_attention(attn, top_k, layer_range)
+        if attn_prior is None:
+            attn_evidence = raw_attention(attn, top_k, layer_range)
+        else:
+            attn_evidence = purified_attention(attn, attn_prior, top_k=top_k, layer_range=layer_range)
     scores, attn_evidence = np.asarray(scores), np.asarray(attn_evidence)
     if scores.shape != attn_evidence.shape:
         raise ValueError(f"scores {scores.shape} and attention evidence {attn_evidence.shape} must match")
     rho_logits = mean_pairwise_spearman(identity_indexed(scores, order))
     rho_attention = mean_pairwise_spearman(identity_indexed(attn_evidence, order))
     difference = rho_attention - rho_logits
-    return {
+    return json_safe({
         "definition": "per instance: mean over ordering pairs of Spearman rho between identity-indexed vectors",
+        "attention_evidence": evidence_kind,
         "logits": spearman_summary(rho_logits, n_boot, ci, seed),
         "attention": spearman_summary(rho_attention, n_boot, ci, seed),
         "attention_minus_logits": spearman_summary(difference, n_boot, ci, seed),
         "rho_logits": rho_logits.tolist(),
         "rho_attention": rho_attention.tolist(),
-    }
+    })
 
 
 class Profile(NamedTuple):

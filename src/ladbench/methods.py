@@ -107,7 +107,7 @@ class LadSettings:
             object.__setattr__(self, "layer_range", (int(lo), int(hi)))
 
     @classmethod
-    def from_mapping(cls, settings: "Mapping[str, Any] | LadSettings | None") -> "LadSettings":
+    def from_mapping(cls, settings: Mapping[str, Any] | LadSettings | None) -> LadSettings:
         """Build from a settings dict; keys not used by the methods are ignored, types are checked."""
         if settings is None:
             return cls()
@@ -426,7 +426,7 @@ class Variant:
         return METHODS[self.method](arrays, calibration, self.settings)
 
 
-def ablation_grid(base: "Mapping[str, Any] | LadSettings | None" = None) -> list[Variant]:
+def ablation_grid(base: Mapping[str, Any] | LadSettings | None = None) -> list[Variant]:
     """Table 4's rows (and Table 7's readouts) around ``base`` settings.
 
     "All layers" averages every layer of the model (``layer_range=None``), as the paper
@@ -443,19 +443,19 @@ def ablation_grid(base: "Mapping[str, Any] | LadSettings | None" = None) -> list
     return rows
 
 
-def tau_sweep(base: "Mapping[str, Any] | LadSettings | None" = None, taus: Iterable[float] = range(1, 10)) -> list[Variant]:
+def tau_sweep(base: Mapping[str, Any] | LadSettings | None = None, taus: Iterable[float] = range(1, 10)) -> list[Variant]:
     """LAD at each sharpening temperature (Figure 6, right)."""
     b = LadSettings.from_mapping(base)
     return [Variant(f"lad_tau{tau:g}", "lad", replace(b, tau=float(tau))) for tau in taus]
 
 
-def top_k_sweep(base: "Mapping[str, Any] | LadSettings | None" = None, ks: Iterable[int] = (1, 2, 4, 8)) -> list[Variant]:
+def top_k_sweep(base: Mapping[str, Any] | LadSettings | None = None, ks: Iterable[int] = (1, 2, 4, 8)) -> list[Variant]:
     """LAD with each number of selected layers K."""
     b = LadSettings.from_mapping(base)
     return [Variant(f"lad_K{k}", "lad", replace(b, top_k=int(k))) for k in ks]
 
 
-def paper_vs_reference_grid(base: "Mapping[str, Any] | LadSettings | None" = None) -> list[Variant]:
+def paper_vs_reference_grid(base: Mapping[str, Any] | LadSettings | None = None) -> list[Variant]:
     """LAD under the four combinations of layer mean and mixture (reference vs paper).
 
     The third switch, how ``L`` is averaged, is a calibration setting (``fit_calibration``).

@@ -45,6 +45,7 @@ __all__ = [
     "confusion_matrix",
     "consistency",
     "instance_statistics",
+    "json_safe",
     "paired_bootstrap",
     "parse_success",
     "predicted_identity",
@@ -285,13 +286,20 @@ def _percentile_interval(replicates: np.ndarray, ci: float) -> tuple[float, floa
 
 
 def _resampled_sums(stats: Mapping[str, np.ndarray], counts: np.ndarray) -> dict[str, np.ndarray]:
-    """Sums of each per-instance statistic [I, k] within every resample: [n_boot, k] (float64)."""
-    sums = {}
+    """Sums of each per-instance statistic [I, k] within every resample: [n_boot, k] (float64).
+
+    Integer statistics are stacked into one matrix so ``counts`` is read once, in float32
+    (exact while sums stay below 2**24); other statistics use a float64 product.
+    """
+    integer_keys = [k for k, v in stats.items() if np.issubdtype(v.dtype, np.integer) or v.dtype == bool]
+    sums: dict[str, np.ndarray] = {}
+    if integer_keys:
+        stacked = np.concatenate([stats[k].astype(np.float32) for k in integer_keys], axis=1)
+        product = (counts @ stacked).astype(np.float64)
+        edges = np.cumsum([0] + [stats[k].shape[1] for k in integer_keys])
+        sums.update({k: product[:, lo:hi] for k, lo, hi in zip(integer_keys, edges[:-1], edges[1:])})
     for key, value in stats.items():
-        if np.issubdtype(value.dtype, np.integer) or value.dtype == bool:
-            # integer counts: the float32 product (fast) is exact while sums stay below 2**24
-            sums[key] = (counts @ value.astype(np.float32, copy=False)).astype(np.float64)
-        else:
+        if key not in sums:
             sums[key] = counts.astype(np.float64) @ value.astype(np.float64, copy=False)
     return sums
 
@@ -366,6 +374,18 @@ def paired_bootstrap(
 # --------------------------------------------------------------------------- summaries
 
 
+def json_safe(value: Any) -> Any:
+    """Replace NaN/inf floats (e.g. the recall of a position no ground truth visited) by None,
+    recursively, so the result is strict JSON."""
+    if isinstance(value, dict):
+        return {key: json_safe(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(item) for item in value]
+    if isinstance(value, float) and not np.isfinite(value):
+        return None
+    return value
+
+
 def summarize(
     pred_pos: np.ndarray,
     target_pos: np.ndarray,
@@ -379,7 +399,8 @@ def summarize(
     """Every metric of one method's predictions as a JSON-serialisable dict.
 
     Keys: ``acc_mean``, ``acc_std``, ``rstd``, ``cons``, ``parse_success`` (%), each with
-    ``<name>_ci_low`` / ``<name>_ci_high`` (``None`` when ``n_boot = 0``);
+    ``<name>_ci_low`` / ``<name>_ci_high`` (``None`` when ``n_boot = 0``; any undefined
+    value, such as the recall of a position no ground truth visited, is also ``None``);
     ``acc_per_ordering`` [T], ``recall_per_position`` [N], ``confusion`` [N][N], and the
     sizes and bootstrap settings used.
     """
@@ -414,7 +435,7 @@ def summarize(
         bootstrap_seed=int(seed),
         acc_std_ddof=int(acc_ddof),
     )
-    return summary
+    return json_safe(summary)
 
 
 def spread_over_draws(summaries: Sequence[Mapping[str, Any]], keys: Sequence[str] = STANDARD_METRICS) -> dict[str, Any]:
@@ -434,4 +455,4 @@ def spread_over_draws(summaries: Sequence[Mapping[str, Any]], keys: Sequence[str
             "max": float(values.max()),
             "values": values.tolist(),
         }
-    return spread
+    return json_safe(spread)

@@ -184,7 +184,7 @@ def infer_flags(wildcards):
     return flags(
         model_name=wildcards.model, family=model["family"], model_path=model_dir(wildcards.model),
         revision=None if model["tiny"] else model["revision"],
-        trust_remote_code=model["trust_remote_code"] or model["tiny"],
+        trust_remote_code=model["trust_remote_code"],
         prompt=variant["prompt"], identifiers=variant["identifiers"],
         score_mode=inference["score_mode"], image_size=inference["image_size"],
         batch_size=model.get("batch_size", inference["batch_size"]), chunk_size=inference["chunk_size"],

@@ -1,5 +1,5 @@
-# Downloads of the real datasets (resumable, verified, atomic; files already in place are
-# verified and kept). Used for datasets with `download: true`; with an existing copy the
+# Downloads of the real datasets (resumable, verified, atomic; outputs already in place
+# are kept without downloading again). Used for datasets with `download: true`; with an existing copy the
 # captions rule reads it directly.
 
 

@@ -7,12 +7,16 @@ instance x ordering x shift (shift fastest), with an extra dataset ``shift`` [R]
 0 for calibration rows, whose own shift is in ``ordering`` as usual), and ``order`` holds
 what was actually shown: ``order[r, p] = orderings[t][(p + s) % N]``.
 
-Writing: the file is created complete with every dataset (filled with NaN / -1 / False)
-and the row plan, through a temporary file and a rename. Results are then written chunk
-by chunk, opening and closing the file for each chunk so that a killed job leaves a
-closed, consistent file: at most the chunk in flight is lost. ``done`` marks written rows;
-the attribute ``complete`` is set last. ``config_sha256`` identifies the inputs: a complete
-file with the same hash is never rewritten; a file with another hash is replaced.
+Writing: the work file ``<out>.partial`` is created with every dataset (filled with NaN /
+-1 / False) and the row plan, through a temporary file and a rename. Results are then
+written chunk by chunk, opening and closing the file for each chunk so that a killed job
+leaves a closed, consistent file: at most the chunk in flight is lost. ``done`` marks
+written rows; the attribute ``complete`` is set last, and only then is the work file
+renamed to ``<out>``. So ``<out>`` exists only when finished, and a workflow manager that
+deletes the declared outputs of a killed job (Snakemake does) never deletes the partial
+work, which the next run resumes. ``config_sha256`` identifies the inputs: a partial file
+from other inputs is discarded, and a finished ``<out>`` with the same hash is never
+rewritten (the caller checks :func:`is_complete_for`).
 """
 from __future__ import annotations
 
@@ -125,28 +129,48 @@ def _jsonable(value: Any) -> Any:
     return json.dumps(value, sort_keys=True) if isinstance(value, (dict, list, tuple)) else value
 
 
+def partial_path(path: str) -> str:
+    """Where the cache ``path`` is built until it is complete."""
+    return path + ".partial"
+
+
+def is_complete_for(path: str, config_sha256: str) -> bool:
+    """True if ``path`` is a finished cache made from the inputs with this hash."""
+    try:
+        with h5py.File(path, "r") as f:
+            return bool(f.attrs.get("complete", False)) and f.attrs.get("config_sha256") == config_sha256
+    except (OSError, FileNotFoundError):
+        return False
+
+
 class CacheWriter:
     """Resumable writer of one inference cache; see the module docstring for the guarantees."""
 
     def __init__(self, path: str, n_rows: int) -> None:
-        self.path = path
+        self.final_path = path
+        self.path = partial_path(path)
         self.n_rows = n_rows
 
     @classmethod
     def open(cls, path: str, plan: RowPlan, layout: CacheLayout, attrs: Mapping[str, Any]) -> "CacheWriter":
-        """Create the file, or reopen an unfinished one made from the same inputs.
+        """Create the work file, or reopen an unfinished one made from the same inputs.
 
-        ``attrs`` must contain ``config_sha256``. An existing file is reused only if it is
+        ``attrs`` must contain ``config_sha256``. A work file is reused only if it is
         readable and has the same ``config_sha256`` and row plan; otherwise it is replaced.
+        A finished ``path`` from other inputs is removed first (it is stale).
         """
         if "config_sha256" not in attrs:
             raise ValueError("cache attributes need a config_sha256")
         if os.path.exists(path):
-            reason = cls._reuse_problem(path, plan, attrs["config_sha256"])
+            log.warning("%s: removing the finished cache of other inputs or settings", path)
+            os.remove(path)
+        work = partial_path(path)
+        if os.path.exists(work):
+            reason = cls._reuse_problem(work, plan, attrs["config_sha256"])
             if reason is None:
                 return cls(path, len(plan))
-            log.warning("%s: starting a new cache (%s)", path, reason)
-        cls._create(path, plan, layout, attrs)
+            log.warning("%s: starting a new cache (%s)", work, reason)
+        cls._create(work, plan, layout, attrs)
         return cls(path, len(plan))
 
     @staticmethod
@@ -178,10 +202,6 @@ class CacheWriter:
             f.attrs["complete"] = False
         os.replace(tmp, path)
 
-    def is_complete(self) -> bool:
-        with h5py.File(self.path, "r") as f:
-            return bool(f.attrs.get("complete", False))
-
     def pending_rows(self) -> np.ndarray:
         """Indices of the rows not yet written."""
         with h5py.File(self.path, "r") as f:
@@ -200,7 +220,8 @@ class CacheWriter:
             f["done"][idx] = True
 
     def finish(self, attrs: Mapping[str, Any]) -> None:
-        """Set the final attributes and, last, ``complete`` (only if every row is done)."""
+        """Set the final attributes and ``complete`` (only if every row is done), then move
+        the work file to the final path."""
         with h5py.File(self.path, "a") as f:
             undone = int((~f["done"][()]).sum())
             if undone:
@@ -208,6 +229,7 @@ class CacheWriter:
             for key, value in attrs.items():
                 f.attrs[key] = _jsonable(value)
             f.attrs["complete"] = True
+        os.replace(self.path, self.final_path)
 
     def set_attrs(self, attrs: Mapping[str, Any]) -> None:
         with h5py.File(self.path, "a") as f:
@@ -276,10 +298,13 @@ class InferenceCache:
 def read_cache(path: str, *, require_complete: bool = True) -> InferenceCache:
     """Read a whole inference cache (docs/formats.md §4) into memory.
 
-    Raises if the file is not marked complete, unless ``require_complete=False`` (then
-    unwritten rows hold NaN / -1 and ``done`` is False). JSON attributes (``versions``) are
+    Raises if the file is not marked complete, unless ``require_complete=False``: then an
+    unfinished run's work file (``<path>.partial``) is read when ``path`` does not exist yet;
+    unwritten rows hold NaN / -1 and ``done`` is False. JSON attributes (``versions``) are
     decoded; string datasets come back as ``str`` arrays.
     """
+    if not require_complete and not os.path.exists(path) and os.path.exists(partial_path(path)):
+        path = partial_path(path)
     try:
         f = h5py.File(path, "r")
     except OSError as exc:

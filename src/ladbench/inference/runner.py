@@ -25,7 +25,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .cache import CacheLayout, CacheWriter, RowPlan, plan_rows
+from .cache import CacheLayout, CacheWriter, RowPlan, is_complete_for, plan_rows
 from .prompts import (GENERATIVE_VARIANTS, IDENTIFIER_FORMATS, PROMPT_VARIANTS, identifiers, majority_vote,
                       parse_answer_is, parse_last_identifier, prompt_sha256, prompt_text)
 from .scoring import SCORE_MODES, IdentifierTrie, identifier_encoder, trie_scores
@@ -285,15 +285,9 @@ def run_inference(settings: InferenceSettings) -> str:
     plan = plan_rows(bench, shifts_per_ordering=settings.prompt == "permavg")
     digest = config_sha256(settings, settings.benchmark, settings.images)
 
-    if os.path.exists(settings.out):
-        try:
-            import h5py
-            with h5py.File(settings.out, "r") as f:
-                if f.attrs.get("complete", False) and f.attrs.get("config_sha256") == digest:
-                    log.info("%s is complete for these inputs; nothing to do", settings.out)
-                    return settings.out
-        except OSError:
-            pass
+    if is_complete_for(settings.out, digest):
+        log.info("%s is complete for these inputs; nothing to do", settings.out)
+        return settings.out
 
     from ladbench.models import load_adapter
     from ladbench.models.base import resolve_device
@@ -338,7 +332,7 @@ def run_inference(settings: InferenceSettings) -> str:
              "peak_rss_mb": rss, "peak_cuda_mb": cuda, "last_run_rows": done_now, "last_run_s": elapsed}
     if len(writer.pending_rows()):
         writer.set_attrs(final)
-        log.warning("%s: stopped after %d rows (--limit-rows); run again to continue", settings.out, done_now)
+        log.warning("%s: stopped after %d rows (--limit-rows); run again to continue", writer.path, done_now)
     else:
         writer.finish(final)
     return settings.out
