@@ -145,7 +145,8 @@ def render_slurm_conf(layout: Layout, node: Node, ctld_port: int, slurmd_port: i
         "SchedulerType=sched/backfill",
         "SelectType=select/cons_tres",
         "SelectTypeParameters=CR_Core_Memory",
-        *(["GresTypes=gpu"] if node.gpus else []),
+        # Track GPUs as a TRES, so each job's GPU grant shows in its jobcomp record.
+        *(["GresTypes=gpu", "AccountingStorageTRES=gres/gpu"] if node.gpus else []),
         # squeue must still list finished jobs when the executor looks: >= 3x the
         # executor's slurm-init-seconds-before-status-checks.
         "MinJobAge=300",
