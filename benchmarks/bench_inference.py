@@ -83,7 +83,7 @@ def _row_function(method: str, n: int, model_dir: str, image_size: int, device: 
         if method == "ours":
             runner.score_batch([0])
             return
-        inputs = runner._encode([0])
+        inputs = runner.encode_rows([0])
         if method == "bare":
             adapter.prefill(inputs, use_cache=False)
             return
@@ -97,7 +97,7 @@ def _row_function(method: str, n: int, model_dir: str, image_size: int, device: 
             ext["attention_mask"] = torch.cat([inputs["attention_mask"], torch.ones_like(add)], 1)
             adapter.model(**ext, output_attentions=True, use_cache=False)
 
-    return one_row, int(runner._encode([0])["input_ids"].shape[1])
+    return one_row, int(runner.encode_rows([0])["input_ids"].shape[1])
 
 
 def _sync(device: str) -> None:

@@ -48,7 +48,7 @@ def test_capture_equals_eager_output_attentions(family, n, tiny_adapter, tmp_pat
     runner = _runner(fast, tmp_path, n, family)
     rows = [0, 3]                                   # different caption lengths -> left padding in the batch
     got = runner.score_batch(rows)
-    inputs = runner._encode(rows)
+    inputs = runner.encode_rows(rows)
     assert (inputs["attention_mask"][:, 0] == 0).any(), "the batch should be left padded"
     ref_logits, ref_mass = _eager_reference(eager, inputs, n)
     digit_ids = [fast.tokenizer.convert_tokens_to_ids(str(i)) for i in range(1, n + 1)]

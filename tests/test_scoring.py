@@ -135,7 +135,7 @@ def test_kv_continuation_equals_full_reforward(family, tiny_adapter, tmp_path):
     settings = InferenceSettings(benchmark=str(bench_path), images=str(images_path), out="x", model_name="t",
                                  family=family, model_path=adapter.model_path, image_size=TINY_IMAGE_SIZE)
     runner = RowRunner(adapter, settings, bench, plan_rows(bench), image_paths(load_json(str(images_path), "i"), "i"))
-    inputs = runner._encode([0, 3])                                       # left padded batch
+    inputs = runner.encode_rows([0, 3])                                       # left padded batch
     _, state = adapter.prefill(inputs, use_cache=True)
     tok = adapter.tokenizer.convert_tokens_to_ids
     for prefix in ([tok("1")], [tok("1"), tok("2")], [tok("3")]):        # one- and two-token continuations
@@ -159,7 +159,7 @@ def test_joint_scores_at_n12_equal_full_reforward_restricted_probs(fmt, tiny_ada
     rows = [0, 2]
     got = runner.score_batch(rows)["scores"]
     # independent computation: every candidate's path by full re-forwards, restricted softmax per step
-    inputs = runner._encode(rows)
+    inputs = runner.encode_rows(rows)
     trie = runner.trie
     assert not trie.single_token
     full_logits = {node: adapter.prefill(_extend(inputs, list(node)), use_cache=False)[0].numpy()

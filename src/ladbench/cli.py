@@ -26,6 +26,7 @@ SUBCOMMANDS = {
     "infer": "ladbench.inference.runner",
     "calibrate": "ladbench.stages.calibrate",
     "evaluate": "ladbench.stages.evaluate",
+    "analyze": "ladbench.stages.analyze",
     "report": "ladbench.report.cli",
 }
 

@@ -145,11 +145,11 @@ def render_slurm_conf(layout: Layout, node: Node, ctld_port: int, slurmd_port: i
         "SchedulerType=sched/backfill",
         "SelectType=select/cons_tres",
         "SelectTypeParameters=CR_Core_Memory",
-        # Track GPUs as a TRES, so each job's GPU grant shows in its jobcomp record.
-        *(["GresTypes=gpu", "AccountingStorageTRES=gres/gpu"] if node.gpus else []),
-        # squeue must still list finished jobs when the executor looks: >= 3x the
-        # executor's slurm-init-seconds-before-status-checks.
-        "MinJobAge=300",
+        *(["GresTypes=gpu"] if node.gpus else []),
+        # Finished jobs stay listed (squeue, scontrol) for an hour: the executor's squeue
+        # status checks need >= 3x its slurm-init-seconds-before-status-checks, and the
+        # test reads every job's record after the run.
+        "MinJobAge=3600",
         "ReturnToService=2",
         f"SlurmctldPidFile={layout.base / 'slurmctld.pid'}",
         f"SlurmdPidFile={layout.base / 'slurmd.pid'}",
@@ -352,6 +352,17 @@ class Cluster:
             raise ClusterFailed(f"`{' '.join(command)}` failed: {result.stderr.strip()}")
         return result.stdout
 
+    def job_records(self) -> list[dict[str, str]]:
+        """Every job the controller still lists (all of them, for MinJobAge), as
+        `scontrol show job` records: JobId, JobName, JobState, Comment, TresPerJob, ..."""
+        return parse_records(self.client("scontrol", "show", "job", "--oneliner"))
+
+    def completed_jobs(self) -> list[dict[str, str]]:
+        """The jobcomp records: one per job that ended, written by slurmctld itself."""
+        if not self.layout.jobcomp.exists():
+            return []
+        return parse_records(self.layout.jobcomp.read_text())
+
     def logs(self, tail_lines: int = 40) -> str:
         """The tail of every daemon log, for a failure message."""
         return daemon_logs(self.layout, tail_lines)
@@ -486,12 +497,14 @@ def stop(base_or_layout: Path | Layout) -> list[str]:
 
 
 # ---- evidence -------------------------------------------------------------------------
-def parse_jobcomp(text: str) -> list[dict[str, str]]:
-    """Records of a jobcomp/filetxt file: one ``Key=Value Key=Value ...`` line per job."""
+def parse_records(text: str) -> list[dict[str, str]]:
+    """One record per line of ``Key=Value Key=Value ...`` text, the format of both a
+    jobcomp/filetxt file and `scontrol show job --oneliner` (a value is split at its first
+    '=' only, so ``Comment=rule_x_wildcards_a=b`` keeps its wildcards)."""
     records = []
     for line in text.splitlines():
-        if not line.strip():
-            continue
+        if "=" not in line:
+            continue  # blank, or "No jobs in the system"
         record = {}
         for item in line.split():
             key, sep, value = item.partition("=")

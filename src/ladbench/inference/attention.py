@@ -140,7 +140,19 @@ def sofa_attention_bias(attention_mask: torch.Tensor, image_tokens: torch.Tensor
     LATER image tokens too, with bias log(sigma) (METHOD §6).
 
     ``attention_mask`` [B, T] is the padding mask (1 = real token), ``image_tokens`` [B, T]
-    marks image tokens. Masked entries get the dtype's most negative finite value rather
+    marks image tokens (the visual placeholder tokens; the span markers stay causal).
+
+    Definition: SoFA (Tian et al., CVPR 2025, "SoFt Attention") interpolates linearly between
+    inter-image causal and bidirectional attention. This follows the reference
+    implementation (METHOD §6): the -inf of every future image-to-image entry becomes
+    log(sigma), i.e. the interpolation (1 - sigma) * causal + sigma * bidirectional of the
+    0/1 attention-visibility mask, applied before the softmax (sigma = 0: causal, sigma = 1:
+    bidirectional among image tokens). It applies to all image-token pairs, within and
+    across images. Differences one may meet: interpolating the post-softmax attention
+    matrices instead ((1 - sigma) A_causal + sigma A_bidir) is not the same function; the
+    SoFA paper tunes sigma on a validation set (reference: fixed 0.5, every 2nd layer).
+
+    Masked entries get the dtype's most negative finite value rather
     than -inf, so the all-padding query rows of left padding stay finite (their outputs are
     never attended to by real tokens).
     """

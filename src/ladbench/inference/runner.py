@@ -136,9 +136,26 @@ def check_benchmark(bench: dict, path: str, known_images: dict[int, str]) -> Non
                                  "that the image table does not list")
 
 
+def model_fingerprint(model_path: str) -> dict[str, Any]:
+    """For a local model folder: its config's hash and its weight files' sizes (a rebuilt or
+    replaced model changes the cache's identity). Hub ids are identified by id + revision."""
+    if not os.path.isdir(model_path):
+        return {}
+    out: dict[str, Any] = {}
+    for name in sorted(os.listdir(model_path)):
+        full = os.path.join(model_path, name)
+        if name == "config.json":
+            out[name] = file_sha256(full)
+        elif name.endswith((".safetensors", ".bin")):
+            out[name] = os.path.getsize(full)
+    return out
+
+
 def config_sha256(settings: InferenceSettings, bench_path: str, images_path: str) -> str:
+    """Identity of a cache's inputs: hashed settings, benchmark and image table, model files."""
     payload = {"settings": settings.hashed_fields(), "benchmark_sha256": file_sha256(bench_path),
-               "images_sha256": file_sha256(images_path), "cache_format": 1}
+               "images_sha256": file_sha256(images_path), "model": model_fingerprint(settings.model_path),
+               "cache_format": 1}
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 
@@ -196,7 +213,8 @@ class RowRunner:
         text = self.adapter.chat_text(prompt_text(self.s.prompt, self.n, inst["caption"], self.s.identifiers), self.n)
         return text, [self._image(i) for i in shown]
 
-    def _encode(self, rows: Sequence[int]):
+    def encode_rows(self, rows: Sequence[int]) -> dict:
+        """Model inputs of a batch of rows (images in each row's order, prompt, left padding)."""
         texts, images = zip(*(self._row_inputs(r) for r in rows))
         return self.adapter.encode(list(texts), list(images))
 
@@ -206,7 +224,7 @@ class RowRunner:
 
         from .attention import LastRowCapture, SofaMask, sofa_attention_bias, sofa_layers
         ad, n = self.adapter, self.n
-        inputs = self._encode(rows)
+        inputs = self.encode_rows(rows)
         ids, mask = inputs["input_ids"].cpu().numpy(), inputs["attention_mask"].cpu().numpy()
         segs = []
         for b, r in enumerate(rows):
@@ -245,13 +263,13 @@ class RowRunner:
         import torch
         s = self.s
         if s.prompt == "cot":
-            inputs = self._encode(rows)
+            inputs = self.encode_rows(rows)
             texts = self.adapter.generate(inputs, max_new_tokens=s.cot_max_new_tokens, do_sample=False)
             parsed = [parse_last_identifier(t, self.n, s.identifiers) for t in texts]
             return {"text": np.array(texts, dtype=object), "parsed": np.array(parsed, dtype=np.int16)}
         all_texts, votes, samples = [], [], []
         for r in rows:                       # one row at a time: its samples form the batch; seed per row
-            inputs = self._encode([r])
+            inputs = self.encode_rows([r])
             torch.manual_seed(s.seed + int(r))
             texts = self.adapter.generate(inputs, max_new_tokens=s.sc_max_new_tokens, do_sample=True,
                                           temperature=s.sc_temperature, top_k=s.sc_top_k,
@@ -276,7 +294,9 @@ def run_inference(settings: InferenceSettings) -> str:
     """Run (or resume, or skip when complete) the ``infer`` stage; returns the cache path."""
     from tqdm import tqdm
 
+    from ladbench.models.base import resolve_device
     settings.validate()
+    settings.device = resolve_device(settings.device)        # hashed resolved: a CPU run never resumes a GPU one
     bench = load_json(settings.benchmark, "benchmark")
     table = load_json(settings.images, "image table")
     paths = image_paths(table, settings.images)
@@ -290,8 +310,7 @@ def run_inference(settings: InferenceSettings) -> str:
         return settings.out
 
     from ladbench.models import load_adapter
-    from ladbench.models.base import resolve_device
-    device = resolve_device(settings.device)
+    device = settings.device
     adapter = load_adapter(settings.family, settings.model_path, revision=settings.revision, dtype=settings.dtype,
                            device=device, trust_remote_code=settings.trust_remote_code)
     generative = settings.prompt in GENERATIVE_VARIANTS

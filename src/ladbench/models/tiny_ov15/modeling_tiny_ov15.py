@@ -7,7 +7,6 @@ Same layout as ``lmms-lab/LLaVA-OneVision-1.5-*-Instruct``: a vision tower under
 transformers' Qwen2.5-VL ViT (the real model has its own RICE-ViT; only the layout matters
 for the tests). This file must stay importable on its own: it is copied into model folders.
 """
-import torch
 from torch import nn
 from transformers import GenerationMixin, PretrainedConfig, PreTrainedModel, Qwen3Config, Qwen3Model
 from transformers.modeling_outputs import CausalLMOutputWithPast

@@ -1,0 +1,227 @@
+"""A table as data (cells with estimate, spread and confidence interval) and its three
+renderings: Markdown (reading), CSV (one number per column, for analysis) and LaTeX
+(booktabs, for papers).
+
+A :class:`Table` is a list of :class:`Block` s that share one header, e.g. one block
+per dataset and N in Table 1. A missing value is a :class:`Cell` with ``value=None``
+and renders as "–".
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence, Union
+
+from ladbench.atomic import atomic_write_text
+
+__all__ = ["MISSING", "Block", "Cell", "Table", "to_csv", "to_latex", "to_markdown", "write_table"]
+
+MISSING = "–"
+
+
+def _is_number(value) -> bool:
+    return value is not None and isinstance(value, (int, float)) and math.isfinite(value)
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One number of a table: estimate, optional ± spread, optional [low, high] interval,
+    optional note (e.g. the parse success of a generative method)."""
+
+    value: float | None = None
+    std: float | None = None
+    low: float | None = None
+    high: float | None = None
+    note: str = ""
+    digits: int = 2
+
+    @property
+    def missing(self) -> bool:
+        return not _is_number(self.value)
+
+    def text(self, plus_minus: str = "±") -> str:
+        """``51.70±1.38 [49.9, 53.5]``; "–" when the value is missing."""
+        if self.missing:
+            return MISSING
+        out = f"{self.value:.{self.digits}f}"
+        if _is_number(self.std):
+            out += f"{plus_minus}{self.std:.{self.digits}f}"
+        if _is_number(self.low) and _is_number(self.high):
+            out += f" [{self.low:.1f}, {self.high:.1f}]"
+        if self.note:
+            out += f" ({self.note})"
+        return out
+
+
+Entry = Union[str, Cell]
+
+
+@dataclass
+class Block:
+    """Rows under a title; the header is the table's."""
+
+    title: str
+    rows: list[list[Entry]] = field(default_factory=list)
+
+
+@dataclass
+class Table:
+    """A table in a paper's layout: a name (file stem), a title, notes saying what the
+    columns mean, a header and blocks of rows."""
+
+    name: str
+    title: str
+    header: list[str]
+    blocks: list[Block]
+    notes: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        for block in self.blocks:
+            for row in block.rows:
+                if len(row) != len(self.header):
+                    raise ValueError(
+                        f"table {self.name}, block {block.title!r}: row {row} has {len(row)} entries, "
+                        f"header has {len(self.header)}"
+                    )
+
+
+def _entry_text(entry: Entry) -> str:
+    return entry.text() if isinstance(entry, Cell) else str(entry)
+
+
+# --------------------------------------------------------------------------- Markdown
+
+
+def _markdown_escape(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def to_markdown(table: Table) -> str:
+    """The table as Markdown: a title, its notes, one pipe table per block."""
+    lines = [f"# {table.title}", ""]
+    lines += [f"{note}" for note in table.notes]
+    if table.notes:
+        lines.append("")
+    if not any(block.rows for block in table.blocks):
+        lines += ["No input for this table in this study (see the notes above).", ""]
+    for block in table.blocks:
+        if not block.rows:
+            continue
+        if block.title:
+            lines += [f"## {block.title}", ""]
+        lines.append("| " + " | ".join(_markdown_escape(h) for h in table.header) + " |")
+        lines.append("|" + "---|" * len(table.header))
+        for row in block.rows:
+            lines.append("| " + " | ".join(_markdown_escape(_entry_text(e)) for e in row) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- CSV
+
+
+def _cell_columns(table: Table) -> list[bool]:
+    """Which header columns hold numbers (a Cell in any row)."""
+    return [
+        any(isinstance(row[j], Cell) for block in table.blocks for row in block.rows)
+        for j in range(len(table.header))
+    ]
+
+
+def _number(value) -> str:
+    return f"{value:.6g}" if _is_number(value) else ""
+
+
+def to_csv(table: Table) -> str:
+    """One row per table row; a number column expands to value, std, CI low, CI high
+    and note; missing numbers are empty fields. The first column is the block title."""
+    numeric = _cell_columns(table)
+    header = ["block"]
+    for name, is_cell in zip(table.header, numeric):
+        header += [name, f"{name} std", f"{name} ci_low", f"{name} ci_high", f"{name} note"] if is_cell else [name]
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(header)
+    for block in table.blocks:
+        for row in block.rows:
+            fields = [block.title]
+            for entry, is_cell in zip(row, numeric):
+                if not is_cell:
+                    fields.append(_entry_text(entry))
+                elif isinstance(entry, Cell):
+                    fields += [_number(entry.value), _number(entry.std), _number(entry.low), _number(entry.high), entry.note]
+                else:  # a label in a numeric column (e.g. "–" written as text)
+                    fields += ["", "", "", "", _entry_text(entry)]
+            writer.writerow(fields)
+    return buffer.getvalue()
+
+
+# --------------------------------------------------------------------------- LaTeX
+
+_LATEX_SPECIAL = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
+                  "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}"}
+_LATEX_UNICODE = {"±": r"$\pm$", "–": "--", "→": r"$\rightarrow$", "τ": r"$\tau$", "ρ": r"$\rho$", "≈": r"$\approx$",
+                  "|": r"$|$", "×": r"$\times$", "≤": r"$\le$", "≥": r"$\ge$"}
+
+
+def latex_escape(text: str) -> str:
+    """Escape LaTeX's special characters and map the few non-ASCII symbols the tables use."""
+    out = "".join(_LATEX_SPECIAL.get(ch, ch) for ch in text)
+    return "".join(_LATEX_UNICODE.get(ch, ch) for ch in out)
+
+
+def _latex_entry(entry: Entry) -> str:
+    if not isinstance(entry, Cell) or entry.missing:
+        return latex_escape(_entry_text(entry))
+    out = f"{entry.value:.{entry.digits}f}"
+    if _is_number(entry.std):
+        out += rf"$\pm${entry.std:.{entry.digits}f}"
+    if _is_number(entry.low) and _is_number(entry.high):
+        out += rf" {{\scriptsize[{entry.low:.1f}, {entry.high:.1f}]}}"
+    if entry.note:
+        out += rf" {{\scriptsize({latex_escape(entry.note)})}}"
+    return out
+
+
+def to_latex(table: Table) -> str:
+    """A booktabs ``table`` environment: the blocks separated by rules, each titled."""
+    width = len(table.header)
+    lines = [
+        f"% {table.title}",
+        *(f"% {note}" for note in table.notes),
+        r"\begin{table}[t]",
+        r"\centering",
+        r"\small",
+        rf"\caption{{{latex_escape(table.title)}}}",
+        rf"\label{{tab:{table.name}}}",
+        rf"\begin{{tabular}}{{{'l' * width}}}",
+        r"\toprule",
+        " & ".join(latex_escape(h) for h in table.header) + r" \\",
+    ]
+    for block in table.blocks:
+        if not block.rows:
+            continue
+        lines.append(r"\midrule")
+        if block.title:
+            lines.append(rf"\multicolumn{{{width}}}{{l}}{{\textit{{{latex_escape(block.title)}}}}} \\")
+        lines += [" & ".join(_latex_entry(e) for e in row) + r" \\" for row in block.rows]
+    lines += [r"\bottomrule", r"\end{tabular}", r"\end{table}", ""]
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- files
+
+RENDERERS = {".md": to_markdown, ".csv": to_csv, ".tex": to_latex}
+
+
+def write_table(table: Table, outputs: Sequence[str | Path]) -> None:
+    """Write the table to each output, the format chosen by its suffix (.md, .csv, .tex)."""
+    for path in outputs:
+        suffix = Path(path).suffix
+        if suffix not in RENDERERS:
+            raise ValueError(f"table output {path}: unknown format {suffix!r}; use one of {sorted(RENDERERS)}")
+        atomic_write_text(path, RENDERERS[suffix](table))
