@@ -37,6 +37,7 @@ include: "workflow/rules/benchmark.smk"
 include: "workflow/rules/infer.smk"
 include: "workflow/rules/calibrate.smk"
 include: "workflow/rules/evaluate.smk"
+include: "workflow/rules/analyze.smk"
 include: "workflow/rules/report.smk"
 
 

@@ -4,29 +4,17 @@ depends on it (Snakemake's params/input triggers)."""
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 import yaml
 
-from workflow_runner import DEMO_CONFIG, planned_jobs, snakemake
+from workflow_runner import DEMO_CONFIG, copy_run, planned_jobs, snakemake
 
 pytestmark = pytest.mark.slow
 
-
-@pytest.fixture(scope="module")
-def demo_run(tmp_path_factory) -> Path:
-    """One full demo run, shared by the tests of this module (they copy it before changing it)."""
-    workdir = tmp_path_factory.mktemp("demo")
-    snakemake(workdir)
-    return workdir
-
-
-def copy_run(demo_run: Path, tmp_path: Path) -> Path:
-    workdir = tmp_path / "run"
-    shutil.copytree(demo_run, workdir, symlinks=True)
-    return workdir
+# Every rule of workflow/rules/report.smk that makes a file (tables and figures).
+REPORT_RULES = {"report_table", "report_confusion", "report_figures", "report_model_figures"}
 
 
 def edited_config(tmp_path: Path, **sections) -> Path:
@@ -50,11 +38,15 @@ def test_every_stage_produces_its_outputs(demo_run):
         assert (out / "cache" / "tiny_qwen2_5_vl" / benchmark / "vanilla.h5").exists()
         assert (out / "calibration" / "tiny_qwen2_5_vl" / benchmark / "vanilla" / "dcal5_seed0.npz").exists()
         evaluation = json.loads((out / "eval" / "tiny_qwen2_5_vl" / benchmark / "vanilla" / f"cal-{benchmark}.json").read_text())
-        assert set(evaluation["methods"]) == {"vanilla", "pride", "lad"}
+        assert set(evaluation["methods"]) == set(yaml.safe_load(DEMO_CONFIG.read_text())["evaluation"]["methods"])
+        instruction = out / "eval" / "tiny_qwen2_5_vl" / benchmark / "instruction" / f"cal-{benchmark}.json"
+        assert set(json.loads(instruction.read_text())["methods"]) == {"vanilla"}
         for ext in ("png", "pdf"):
             figure = out / "report" / "figures" / f"confusion_tiny_qwen2_5_vl_{benchmark}_vanilla.{ext}"
             assert figure.stat().st_size > 1000
     assert (out / "data" / "scenes" / "features.h5").exists()
+    transfer = out / "eval" / "tiny_qwen2_5_vl" / "scenes_adversarial_N4" / "vanilla" / "cal-scenes_random_N4.json"
+    assert "scenes_random_N4" in json.loads(transfer.read_text())["calibrations"][0]
     table = (out / "report" / "table1.md").read_text()
     assert "Ours (LAD)" in table and "PriDe" in table and "Adversarial" in table
 
@@ -67,7 +59,7 @@ def test_changing_tau_reruns_evaluation_and_report_only(demo_run, tmp_path):
     workdir = copy_run(demo_run, tmp_path)
     config = edited_config(tmp_path, lad={"tau": 3.0})
     jobs = planned_jobs(workdir, configfile=config)
-    assert set(jobs) == {"evaluate", "report_table", "report_confusion", "all"}
+    assert set(jobs) == {"evaluate", "analyze", *REPORT_RULES, "all"}
 
     before = mtimes(workdir, "results/demo/cache/**/*.h5") | mtimes(workdir, "results/demo/calibration/**/*.npz")
     evals_before = mtimes(workdir, "results/demo/eval/**/*.json")
@@ -83,14 +75,8 @@ def test_changing_dcal_refits_calibration_without_inference(demo_run, tmp_path):
     workdir = copy_run(demo_run, tmp_path)
     config = edited_config(tmp_path, calibration={"n_cal": 3})
     jobs = planned_jobs(workdir, configfile=config)
-    assert set(jobs) == {"calibrate", "evaluate", "report_table", "report_confusion", "all"}
+    assert set(jobs) == {"calibrate", "evaluate", "analyze", *REPORT_RULES, "all"}
     assert "infer" not in jobs
 
 
-def test_figures_regenerate_from_cached_intermediates(demo_run, tmp_path):
-    workdir = copy_run(demo_run, tmp_path)
-    shutil.rmtree(workdir / "results" / "demo" / "report")
-    jobs = planned_jobs(workdir)
-    assert set(jobs) == {"report_table", "report_confusion", "all"}
-    snakemake(workdir)
-    assert (workdir / "results" / "demo" / "report" / "table1.md").exists()
+# Regenerating the report from cached intermediates: tests/test_report.py.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -43,3 +44,10 @@ def planned_jobs(workdir: Path, configfile: Path = DEMO_CONFIG) -> dict[str, int
         name, count = line.split()
         jobs[name] = int(count)
     return jobs
+
+
+def copy_run(run: Path, destination: Path) -> Path:
+    """A copy of a finished run (outputs, mtimes and Snakemake's metadata) to change freely."""
+    workdir = destination / "run"
+    shutil.copytree(run, workdir, symlinks=True)
+    return workdir

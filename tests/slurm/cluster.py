@@ -337,7 +337,6 @@ class Cluster:
     node: Node
     partition: str
     pids: dict[str, int] = field(default_factory=dict)
-    linked_system_conf: bool = False
 
     def env(self, base: dict | None = None) -> dict:
         """An environment whose SLURM clients (sbatch, squeue, sinfo) talk to this cluster."""
@@ -438,7 +437,8 @@ def start(base: Path, node: Node | None = None, partition: str = "debug", timeou
     layout.conf.write_text(render_slurm_conf(layout, node, free_port(), free_port(), partition))
     layout.gres_conf.write_text(render_gres_conf(node))
     _link_system_conf(layout.conf)
-    cluster = Cluster(layout, node, partition, linked_system_conf=True)
+    cluster = Cluster(layout, node, partition)
+    # Written before each daemon starts, so that `stop` finds every PID even after a crash.
     state = {"node": asdict(node), "partition": partition, "pids": cluster.pids,
              "linked_system_conf": str(SYSTEM_CONF)}
     _write_state(layout, state)

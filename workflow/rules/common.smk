@@ -233,3 +233,99 @@ TRANSFERS = [
     if NEEDS_CALIBRATION.intersection(variant_methods(v))
     for t in config["evaluation"]["transfer"]
 ]
+
+
+# ---- report ----
+# The analysis stage (ablations, sweeps, divergence, profiles of one vanilla-prompt cache)
+# and the report (tables and figures from evaluation/analysis files and cache attributes).
+import os
+
+from ladbench.report.tables import TABLE_BUILDERS
+
+TABLE_FORMATS = ["md", "csv", "tex", "html"]
+
+
+def vanilla_variants():
+    """Variants whose cache holds vanilla-prompt scores and attention (analysed ones)."""
+    return [v for v in VARIANTS if config["inference"]["variants"][v]["prompt"] == "vanilla"]
+
+
+def analysis_file(model, benchmark, variant, ext="json"):
+    return f"{OUT}/analysis/{model}/{benchmark}/{variant}.{ext}"
+
+
+def analysis_flags(wildcards):
+    lad = config["lad"]
+    calibration = config["calibration"]
+    evaluation = config["evaluation"]
+    sweeps = config["analysis"]  # Figure 6's and Table 4's sweeps (defaults in the schema)
+    return flags(
+        layer_range=layer_range_arg(config["models"][wildcards.model]["layer_range"]),
+        top_k=lad["top_k"], tau=lad["tau"], layer_mean=lad["layer_mean"], mixture=lad["mixture"],
+        n_cal=N_CAL, seeds=CAL_SEEDS, score_average=calibration["score_average"],
+        dcal_sizes=sweeps["dcal_sizes"], dcal_draws=sweeps["dcal_draws"], taus=sweeps["taus"],
+        bootstrap=evaluation["bootstrap"], ci=evaluation["ci"], seed=evaluation["seed"],
+    )
+
+
+ANALYSES = [analysis_file(m, b, v) for m in MODELS for b in BENCHMARKS for v in vanilla_variants()]
+CACHES = [cache_file(m, b, v) for m in MODELS for b in BENCHMARKS for v in VARIANTS]
+
+
+def study_flags():
+    """What the report needs to read the files: names, orders and each variant's prompt."""
+    variants = [f"{v}={config['inference']['variants'][v]['prompt']}" for v in VARIANTS]
+    return flags(models=MODELS, benchmarks=BENCHMARKS, variants=variants)
+
+
+def table_flags():
+    sources = [f"{name}={spec['source']}" for name, spec in config["datasets"].items()]
+    return flags(n_cal=N_CAL, dataset_sources=sources, formats=TABLE_FORMATS)
+
+
+def table_files():
+    """Every table in every format; the HTML rendering goes into `snakemake --report`."""
+    files = []
+    for name in TABLE_BUILDERS:
+        for fmt in TABLE_FORMATS:
+            path = f"{OUT}/report/{name}.{fmt}"
+            if fmt == "html":
+                path = report(path, caption=f"../report/{name}.rst", category="Tables")
+            files.append(path)
+    return files
+
+
+def figure_files(stem, caption, subcategory):
+    """A figure in every configured format; the PNG (else the first format) goes into the
+    HTML report with the caption (an .rst in workflow/report/)."""
+    formats = config["report"]["figure_formats"]
+    shown = "png" if "png" in formats else formats[0]
+    files = []
+    for ext in formats:
+        path = f"{OUT}/report/figures/{stem}.{ext}"
+        if ext == shown:
+            path = report(path, caption=f"../report/{caption}.rst", category="Figures", subcategory=subcategory)
+        files.append(path)
+    return files
+
+
+def expand_figures(stem, **wildcards):
+    return expand(f"{OUT}/report/figures/{stem}.{{ext}}", ext=config["report"]["figure_formats"], **wildcards)
+
+
+def model_evaluations(wildcards):
+    """Same-benchmark evaluations of one model's vanilla-prompt caches (Fig. 5)."""
+    return [evaluation_file(wildcards.model, b, v) for b in BENCHMARKS for v in vanilla_variants()]
+
+
+def model_analyses(wildcards):
+    return [analysis_file(wildcards.model, b, v) for b in BENCHMARKS for v in vanilla_variants()]
+
+
+def model_analysis_arrays(wildcards):
+    return [analysis_file(wildcards.model, b, v, "npz") for b in BENCHMARKS for v in vanilla_variants()]
+
+
+def output_folder(wildcards, output):
+    """The folder of a rule's first output (where `report tables` writes every table)."""
+    return os.path.dirname(output[0])

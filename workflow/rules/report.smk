@@ -1,49 +1,99 @@
-# Tables and figures, from evaluation files and caches alone (never reruns a model).
+# Tables and figures from evaluation files, analysis files and the caches' attributes
+# alone: no rule here runs a model or fits a calibration, so deleting the report folder
+# and rerunning regenerates it in seconds. Outputs flagged with report() (HTML tables,
+# PNG figures) make up `snakemake --report report.html`, captioned from workflow/report/.
 
 
 rule report_table:
     input:
-        EVALUATIONS,
+        evaluations=EVALUATIONS,
+        transfers=TRANSFERS,
+        analyses=ANALYSES,
+        caches=CACHES,
     output:
-        markdown=f"{OUT}/report/table1.md",
+        table_files(),
     params:
-        models=MODELS,
-        benchmarks=BENCHMARKS,
-        variant=VARIANTS[0],
+        study=study_flags(),
+        options=table_flags(),
+        out_dir=output_folder,
     log:
-        f"{LOGS}/report/table1.log",
+        f"{LOGS}/report/tables.log",
     conda:
         "../../envs/cpu.yaml"
     shell:
-        "ladbench report table --evaluations {input} --models {params.models} "
-        "--benchmarks {params.benchmarks} --variant {params.variant} --out {output.markdown} > {log} 2>&1"
+        "ladbench report tables {params.study} {params.options} --evaluations {input.evaluations} "
+        "{input.transfers} --analyses {input.analyses} --caches {input.caches} "
+        "--out-dir {params.out_dir} > {log} 2>&1"
 
 
 rule report_confusion:
     input:
-        evaluation_file("{model}", "{benchmark}", "{variant}").replace(".json", ".npz"),
+        f"{OUT}/eval/{{model}}/{{benchmark}}/{{variant}}/cal-{{benchmark}}.npz",
     output:
-        expand(
-            f"{OUT}/report/figures/confusion_{{{{model}}}}_{{{{benchmark}}}}_{{{{variant}}}}.{{ext}}",
-            ext=config["report"]["figure_formats"],
-        ),
+        figure_files("confusion_{model}_{benchmark}_{variant}", "confusion", "Fig. 1/8: position confusion"),
+    params:
+        title=lambda w: flags(title=f"{w.model}: {w.benchmark} ({w.variant} cache)"),
     log:
         f"{LOGS}/report/confusion_{{model}}_{{benchmark}}_{{variant}}.log",
     conda:
         "../../envs/cpu.yaml"
     shell:
-        "ladbench report confusion --predictions {input} --out {output} > {log} 2>&1"
+        "ladbench report confusion --predictions {input} {params.title} --out {output} > {log} 2>&1"
 
 
-FIGURES = expand(
-    f"{OUT}/report/figures/confusion_{{model}}_{{benchmark}}_{{variant}}.{{ext}}",
-    model=MODELS, benchmark=BENCHMARKS, ext=config["report"]["figure_formats"],
-    variant=[v for v in VARIANTS if config["inference"]["variants"][v]["prompt"] == "vanilla"],
-)
+rule report_figures:
+    input:
+        json=f"{OUT}/analysis/{{model}}/{{benchmark}}/{{variant}}.json",
+        npz=f"{OUT}/analysis/{{model}}/{{benchmark}}/{{variant}}.npz",
+    output:
+        profile=figure_files("score_profile_{model}_{benchmark}_{variant}", "score_profile", "Fig. 2: score profiles"),
+        attention=figure_files(
+            "attention_vs_scores_{model}_{benchmark}_{variant}", "attention_vs_scores", "Fig. 3: attention vs scores"
+        ),
+        sweeps=figure_files(
+            "calibration_sweeps_{model}_{benchmark}_{variant}", "calibration_sweeps", "Fig. 6: |D_cal| and tau"
+        ),
+    params:
+        title=lambda w: flags(title=f"{w.model}, {w.benchmark}"),
+    log:
+        f"{LOGS}/report/figures_{{model}}_{{benchmark}}_{{variant}}.log",
+    conda:
+        "../../envs/cpu.yaml"
+    shell:
+        "ladbench report figures --analysis {input.json} {params.title} --profile {output.profile} "
+        "--attention {output.attention} --sweeps {output.sweeps} > {log} 2>&1"
+
+
+rule report_model_figures:
+    input:
+        evaluations=model_evaluations,
+        analyses=model_analyses,
+        arrays=model_analysis_arrays,
+    output:
+        accuracy=figure_files("accuracy_vs_n_{model}", "accuracy_vs_n", "Fig. 5: accuracy vs N"),
+        divergence=figure_files("divergence_{model}", "divergence_figure", "Divergence: logits vs attention"),
+    params:
+        study=study_flags(),
+    log:
+        f"{LOGS}/report/model_figures_{{model}}.log",
+    conda:
+        "../../envs/cpu.yaml"
+    shell:
+        "ladbench report model-figures --model {wildcards.model} {params.study} --evaluations {input.evaluations} "
+        "--analyses {input.analyses} --accuracy-vs-n {output.accuracy} --divergence {output.divergence} > {log} 2>&1"
 
 
 rule report_all:
     input:
         rules.report_table.output,
-        FIGURES,
+        expand_figures("confusion_{model}_{benchmark}_{variant}", model=MODELS, benchmark=BENCHMARKS, variant=vanilla_variants()),
+        expand_figures("score_profile_{model}_{benchmark}_{variant}", model=MODELS, benchmark=BENCHMARKS, variant=vanilla_variants()),
+        expand_figures(
+            "attention_vs_scores_{model}_{benchmark}_{variant}", model=MODELS, benchmark=BENCHMARKS, variant=vanilla_variants()
+        ),
+        expand_figures(
+            "calibration_sweeps_{model}_{benchmark}_{variant}", model=MODELS, benchmark=BENCHMARKS, variant=vanilla_variants()
+        ),
+        expand_figures("accuracy_vs_n_{model}", model=MODELS),
+        expand_figures("divergence_{model}", model=MODELS),
         TRANSFERS,

@@ -1,47 +1,161 @@
-"""Stage `report`: tables and figures from evaluation outputs only (no model, no calibration)."""
+"""Stage `report`: the paper's tables and figures from evaluation files, analysis files and
+the inference caches' attributes only: it never runs a model nor fits a calibration.
+
+    ladbench report tables         Tables 1/6, 2, 3, 4, 7, 8, divergence, LAD variants, paper side by side
+    ladbench report confusion      Fig. 1/8 from an evaluation's predictions
+    ladbench report figures        Figs. 2, 3 and 6 from one analysis
+    ladbench report model-figures  Fig. 5 and the divergence figure of one model
+"""
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import numpy as np
 
-from ladbench.atomic import atomic_write_text
+__all__ = ["register"]
+
+TABLE_FORMATS = ("md", "csv", "tex", "html")
+
+
+def _study_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--models", nargs="+", required=True, help="model names, in column order")
+    parser.add_argument("--benchmarks", nargs="+", required=True, help="benchmark names, e.g. coco_random_N4, in row order")
+    parser.add_argument("--variants", nargs="+", required=True,
+                        help="cache variants as name=prompt (e.g. vanilla=vanilla cot=cot), in config order")
+    parser.add_argument("--evaluations", nargs="*", default=[],
+                        help="evaluation JSONs .../{model}/{benchmark}/{variant}/cal-{benchmark}.json")
+    parser.add_argument("--analyses", nargs="*", default=[], help="analysis JSONs .../{model}/{benchmark}/{variant}.json")
 
 
 def register(subparsers) -> None:
-    parser = subparsers.add_parser("report", help="tables and figures from evaluation outputs")
+    """Add the ``report`` subcommand and its kinds."""
+    parser = subparsers.add_parser("report", help="tables and figures from cached intermediates",
+                                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     kinds = parser.add_subparsers(dest="kind", metavar="<kind>", required=True)
 
-    table = kinds.add_parser("table", help="Table 1 layout (Markdown)")
-    table.add_argument(
-        "--evaluations", nargs="+", required=True,
-        help="evaluation files laid out as .../{model}/{benchmark}/{variant}/cal-{benchmark}.json",
-    )
-    table.add_argument("--models", nargs="+", required=True)
-    table.add_argument("--benchmarks", nargs="+", required=True)
-    table.add_argument("--variant", default="vanilla")
-    table.add_argument("--out", required=True, help="output .md")
-    table.set_defaults(func=run_table)
+    tables = kinds.add_parser("tables", help="every table as Markdown, CSV and LaTeX")
+    _study_arguments(tables)
+    tables.add_argument("--caches", nargs="*", default=[],
+                        help="inference caches .../{model}/{benchmark}/{variant}.h5 (attributes only: Table 2, model ids)")
+    tables.add_argument("--n-cal", type=int, default=None, help="the study's |D_cal| (for the side by side)")
+    tables.add_argument("--dataset-sources", nargs="*", default=[],
+                        help="dataset name=source (coco, flickr8k, synthetic), for the side by side")
+    tables.add_argument("--formats", nargs="+", choices=TABLE_FORMATS, default=list(TABLE_FORMATS),
+                        help="table formats to write (html is the one shown by snakemake --report)")
+    tables.add_argument("--out-dir", required=True, help="folder for <table>.<format>")
+    tables.set_defaults(func=run_tables)
 
-    confusion = kinds.add_parser("confusion", help="position confusion matrices, Vanilla vs LAD")
+    confusion = kinds.add_parser("confusion", help="position confusion matrices, Vanilla vs LAD (Fig. 1/8)")
     confusion.add_argument("--predictions", required=True, help="evaluation .npz")
-    confusion.add_argument("--methods", nargs="+", default=["vanilla", "lad"])
+    confusion.add_argument("--methods", nargs="+", default=["vanilla", "lad"], help="one panel per method")
+    confusion.add_argument("--title", default="", help="figure title")
     confusion.add_argument("--out", nargs="+", required=True, help="output figure files (.png, .pdf)")
     confusion.set_defaults(func=run_confusion)
 
+    figures = kinds.add_parser("figures", help="Figs. 2, 3 and 6 from one analysis (JSON + NPZ beside it)")
+    figures.add_argument("--analysis", required=True, help="analysis JSON; its .npz must sit beside it")
+    figures.add_argument("--title", default="", help="prefix of the figure titles (e.g. model and benchmark)")
+    figures.add_argument("--profile", nargs="+", required=True, help="Fig. 2 outputs (.png, .pdf)")
+    figures.add_argument("--attention", nargs="+", required=True, help="Fig. 3 outputs")
+    figures.add_argument("--sweeps", nargs="+", required=True, help="Fig. 6 outputs")
+    figures.set_defaults(func=run_figures)
 
-def run_table(args: argparse.Namespace) -> None:
-    from ladbench.report.tables import table1_markdown
+    model = kinds.add_parser("model-figures", help="Fig. 5 (accuracy vs N) and the divergence figure of one model")
+    _study_arguments(model)
+    model.add_argument("--model", required=True, help="the model to draw")
+    model.add_argument("--accuracy-vs-n", nargs="+", required=True, help="Fig. 5 outputs (.png, .pdf)")
+    model.add_argument("--divergence", nargs="+", required=True, help="divergence figure outputs")
+    model.set_defaults(func=run_model_figures)
 
-    atomic_write_text(args.out, table1_markdown(args.evaluations, args.models, args.benchmarks, args.variant))
-    print(f"wrote {args.out}")
+
+def _load(args: argparse.Namespace, caches=(), n_cal=None, dataset_sources=()):
+    from ladbench.report.study import load_study, parse_assignments
+
+    return load_study(
+        models=args.models, benchmarks=args.benchmarks, variants=parse_assignments(args.variants, "--variants"),
+        evaluations=args.evaluations, analyses=args.analyses, caches=caches, n_cal=n_cal,
+        dataset_sources=parse_assignments(dataset_sources, "--dataset-sources"),
+    )
+
+
+def run_tables(args: argparse.Namespace) -> None:
+    from ladbench.report.render import write_table
+    from ladbench.report.tables import build_tables
+
+    study = _load(args, args.caches, args.n_cal, args.dataset_sources)
+    for name, table in build_tables(study).items():
+        outputs = [Path(args.out_dir) / f"{name}.{fmt}" for fmt in args.formats]
+        write_table(table, outputs)
+        print(f"wrote {', '.join(map(str, outputs))}")
+
+
+def _npz(path: str | Path) -> dict[str, np.ndarray]:
+    if not Path(path).exists():
+        raise FileNotFoundError(f"{path}: missing (written beside the JSON by `ladbench analyze`/`evaluate`)")
+    with np.load(path) as data:
+        return dict(data)
 
 
 def run_confusion(args: argparse.Namespace) -> None:
     from ladbench.report.figures import confusion_figure, save_figure
 
-    with np.load(args.predictions) as data:
-        predictions = dict(data)
-    save_figure(confusion_figure(predictions, args.methods), args.out)
+    save_figure(confusion_figure(_npz(args.predictions), args.methods, args.title), args.out)
     print("wrote " + ", ".join(args.out))
+
+
+def run_figures(args: argparse.Namespace) -> None:
+    import json
+
+    from ladbench.report.figures import (
+        attention_vs_scores_figure,
+        calibration_sweeps_figure,
+        save_figure,
+        score_profile_figure,
+    )
+
+    with open(args.analysis) as handle:
+        analysis = json.load(handle)
+    arrays = _npz(Path(args.analysis).with_suffix(".npz"))
+    prefix = f"{args.title}: " if args.title else ""
+    save_figure(score_profile_figure(arrays, title=f"{prefix}candidate probabilities per ground-truth position"),
+                args.profile)
+    save_figure(attention_vs_scores_figure(arrays, title=f"{prefix}attention evidence vs scores per position"),
+                args.attention)
+    save_figure(calibration_sweeps_figure(analysis, title=f"{prefix}accuracy vs |D_cal| and vs τ"), args.sweeps)
+    print("wrote " + ", ".join(args.profile + args.attention + args.sweeps))
+
+
+def accuracy_by_n(study, model: str, methods=("vanilla", "pride", "lad")) -> dict:
+    """``{(dataset, setting): {method: {N: metrics}}}`` of one model's vanilla-prompt evaluations."""
+    from ladbench.report.study import benchmark_parts
+
+    out: dict = {}
+    for benchmark in study.benchmarks:
+        dataset, setting, n = benchmark_parts(benchmark)
+        panel = out.setdefault((dataset, setting), {})
+        for method in methods:
+            metrics = study.method_metrics(model, benchmark, "vanilla", method)
+            if metrics is not None:
+                panel.setdefault(method, {})[n] = metrics
+    return out
+
+
+def run_model_figures(args: argparse.Namespace) -> None:
+    from ladbench.report.figures import accuracy_vs_n_figure, divergence_figure, save_figure
+
+    study = _load(args)
+    if args.model not in study.models:
+        raise ValueError(f"--model {args.model!r} is not one of --models {study.models}")
+    save_figure(accuracy_vs_n_figure(accuracy_by_n(study, args.model), title=f"{args.model}: accuracy versus N"),
+                args.accuracy_vs_n)
+    entries = []
+    for path in args.analyses:
+        model, benchmark = Path(path).parts[-3:-1]
+        if model == args.model and benchmark in study.benchmarks:
+            entries.append((study.setting_label(benchmark), _npz(Path(path).with_suffix(".npz")),
+                            study.analyses[(model, benchmark, Path(path).stem)]["divergence"]))
+    save_figure(divergence_figure(entries, title=f"{args.model}: do logits and attention follow the image?"),
+                args.divergence)
+    print("wrote " + ", ".join(args.accuracy_vs_n + args.divergence))

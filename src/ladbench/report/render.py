@@ -1,6 +1,6 @@
-"""A table as data (cells with estimate, spread and confidence interval) and its three
-renderings: Markdown (reading), CSV (one number per column, for analysis) and LaTeX
-(booktabs, for papers).
+"""A table as data (cells with estimate, spread and confidence interval) and its
+renderings: Markdown (reading), CSV (one number per column, for analysis), LaTeX
+(booktabs, for papers) and HTML (for the ``snakemake --report`` page).
 
 A :class:`Table` is a list of :class:`Block` s that share one header, e.g. one block
 per dataset and N in Table 1. A missing value is a :class:`Cell` with ``value=None``
@@ -10,6 +10,7 @@ and renders as "–".
 from __future__ import annotations
 
 import csv
+import html
 import io
 import math
 from dataclasses import dataclass, field
@@ -18,7 +19,7 @@ from typing import Sequence, Union
 
 from ladbench.atomic import atomic_write_text
 
-__all__ = ["MISSING", "Block", "Cell", "Table", "to_csv", "to_latex", "to_markdown", "write_table"]
+__all__ = ["MISSING", "Block", "Cell", "Table", "to_csv", "to_html", "to_latex", "to_markdown", "write_table"]
 
 MISSING = "–"
 
@@ -40,6 +41,11 @@ class Cell:
     digits: int = 2
 
     @property
+    def ci_digits(self) -> int:
+        """Intervals get one decimal less than the estimate (at least one)."""
+        return max(1, self.digits - 1)
+
+    @property
     def missing(self) -> bool:
         return not _is_number(self.value)
 
@@ -51,7 +57,7 @@ class Cell:
         if _is_number(self.std):
             out += f"{plus_minus}{self.std:.{self.digits}f}"
         if _is_number(self.low) and _is_number(self.high):
-            out += f" [{self.low:.1f}, {self.high:.1f}]"
+            out += f" [{self.low:.{self.ci_digits}f}, {self.high:.{self.ci_digits}f}]"
         if self.note:
             out += f" ({self.note})"
         return out
@@ -181,7 +187,7 @@ def _latex_entry(entry: Entry) -> str:
     if _is_number(entry.std):
         out += rf"$\pm${entry.std:.{entry.digits}f}"
     if _is_number(entry.low) and _is_number(entry.high):
-        out += rf" {{\scriptsize[{entry.low:.1f}, {entry.high:.1f}]}}"
+        out += rf" {{\scriptsize[{entry.low:.{entry.ci_digits}f}, {entry.high:.{entry.ci_digits}f}]}}"
     if entry.note:
         out += rf" {{\scriptsize({latex_escape(entry.note)})}}"
     return out
@@ -213,13 +219,44 @@ def to_latex(table: Table) -> str:
     return "\n".join(lines)
 
 
+# --------------------------------------------------------------------------- HTML
+
+
+def to_html(table: Table) -> str:
+    """A standalone HTML page (for ``snakemake --report``, which embeds HTML as it is)."""
+    lines = [
+        "<!DOCTYPE html>",
+        '<html><head><meta charset="utf-8">',
+        f"<title>{html.escape(table.title)}</title>",
+        "<style>body{font-family:sans-serif;font-size:14px} table{border-collapse:collapse;margin-bottom:1.5em}"
+        " th,td{border-bottom:1px solid #ccc;padding:3px 8px;text-align:left} th{background:#f2f2f2}"
+        " p.note{color:#444;max-width:70em}</style>",
+        "</head><body>",
+        f"<h1>{html.escape(table.title)}</h1>",
+    ]
+    lines += [f'<p class="note">{html.escape(note)}</p>' for note in table.notes]
+    if not any(block.rows for block in table.blocks):
+        lines.append("<p>No input for this table in this study (see the notes above).</p>")
+    for block in table.blocks:
+        if not block.rows:
+            continue
+        if block.title:
+            lines.append(f"<h2>{html.escape(block.title)}</h2>")
+        lines.append("<table><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in table.header) + "</tr>")
+        for row in block.rows:
+            lines.append("<tr>" + "".join(f"<td>{html.escape(_entry_text(e))}</td>" for e in row) + "</tr>")
+        lines.append("</table>")
+    lines.append("</body></html>")
+    return "\n".join(lines) + "\n"
+
+
 # --------------------------------------------------------------------------- files
 
-RENDERERS = {".md": to_markdown, ".csv": to_csv, ".tex": to_latex}
+RENDERERS = {".md": to_markdown, ".csv": to_csv, ".tex": to_latex, ".html": to_html}
 
 
 def write_table(table: Table, outputs: Sequence[str | Path]) -> None:
-    """Write the table to each output, the format chosen by its suffix (.md, .csv, .tex)."""
+    """Write the table to each output, the format chosen by its suffix (.md, .csv, .tex, .html)."""
     for path in outputs:
         suffix = Path(path).suffix
         if suffix not in RENDERERS:
