@@ -13,7 +13,8 @@ heads; built offline by ``ladbench demo-model --preset medium``) on CPU (and on 
   answers). The reference runs this once per method (Vanilla, PriDe, LAD: 3 passes per
   evaluation row); the project runs ``ours`` once and serves every method from the cache.
 
-Times: all methods of one N in one process, interleaved repetition by repetition, minimum\nreported (robust on a shared machine). Memory: every (method, N) in its own process.
+Times: all methods of one N in one process, interleaved repetition by repetition, minimum
+reported (robust on a shared machine). Memory: every (method, N) in its own process.
 Prints a Markdown table; ``--json`` also writes the raw numbers.
 
     python benchmarks/bench_inference.py --n 4 8 9 12 --reps 5

@@ -112,9 +112,11 @@ def test_resumes_after_an_interrupted_run(tiny, reference_file, tmp_path, monkey
     monkeypatch.setattr(ft, "encode_image_batch", dies_on_third_batch)
     with pytest.raises(KeyboardInterrupt):
         run(tiny, out)
-    partial = read_all(out)
+    assert not out.exists()  # only the work file: a workflow manager may delete `out` itself
+    work = ft.partial_path(out)
+    partial = read_all(work)
     assert partial["done"].tolist() == [True] * 8 + [False] * 2  # two batches of 4 were written
-    with h5py.File(out, "r") as h5:
+    with h5py.File(work, "r") as h5:
         assert not bool(h5.attrs["complete"])
 
     seen_rows = []
@@ -126,6 +128,9 @@ def test_resumes_after_an_interrupted_run(tiny, reference_file, tmp_path, monkey
     monkeypatch.setattr(ft, "encode_image_batch", records_rows)
     run(tiny, out)
     assert seen_rows == [2]  # only the two rows not flagged done were computed
+    assert out.exists() and not work.exists()
+    run(tiny, out)
+    assert seen_rows == [2]  # a finished file from the same inputs is kept as it is
     resumed, reference = read_all(out), read_all(reference_file)
     for name in reference:
         np.testing.assert_array_equal(resumed[name], reference[name])
@@ -133,14 +138,15 @@ def test_resumes_after_an_interrupted_run(tiny, reference_file, tmp_path, monkey
 
 def test_file_of_other_weights_is_started_over(tiny, reference_file, tmp_path, capsys):
     out = tmp_path / "features.h5"
-    out.write_bytes(reference_file.read_bytes())
-    with h5py.File(out, "r+") as h5:
-        h5.attrs["weights_sha256"] = "0" * 64
-        h5["done"][:] = False
-        h5["image_emb"][:] = 0
-    run(tiny, out)
-    assert "starting over" in capsys.readouterr().err
-    np.testing.assert_array_equal(read_all(out)["image_emb"], read_all(reference_file)["image_emb"])
+    for stale, message in ((ft.partial_path(out), "starting over"), (out, "rebuilding")):
+        stale.write_bytes(reference_file.read_bytes())
+        with h5py.File(stale, "r+") as h5:
+            h5.attrs["weights_sha256"] = "0" * 64
+            h5["done"][:] = False
+            h5["image_emb"][:] = 0
+        run(tiny, out)
+        assert message in capsys.readouterr().err
+        np.testing.assert_array_equal(read_all(out)["image_emb"], read_all(reference_file)["image_emb"])
 
 
 def test_dataloader_workers_give_the_same_embeddings(tiny, reference_file, tmp_path):

@@ -260,6 +260,16 @@ def table_fingerprint(table: dict) -> str:
     return digest.hexdigest()
 
 
+def partial_path(out: Path) -> Path:
+    """Where the features of ``out`` are written until they are complete."""
+    return out.with_name(out.name + ".partial")
+
+
+def _is_complete(path: Path) -> bool:
+    with h5py.File(path, "r") as h5:
+        return bool(h5.attrs.get("complete", False))
+
+
 def _existing_file_matches(path: Path, expected: dict, image_ids: np.ndarray, dim: int) -> str | None:
     """None if the existing HDF5 can be resumed, else the reason it cannot."""
     try:
@@ -322,15 +332,22 @@ def compute_features(images_json: str | os.PathLike, out: str | os.PathLike, mod
              "open_clip_version": open_clip.__version__, "table_sha256": table_fingerprint(table)}
 
     out = Path(out)
-    if out.exists():
-        reason = _existing_file_matches(out, attrs, image_ids, dim)
+    if out.exists() and _existing_file_matches(out, attrs, image_ids, dim) is None and _is_complete(out):
+        return out  # finished earlier from the same inputs
+    # Work in `<out>.partial` and rename when complete: a workflow manager deletes a job's
+    # declared outputs before rerunning it, and an interrupted run must survive that.
+    work = partial_path(out)
+    if work.exists():
+        reason = _existing_file_matches(work, attrs, image_ids, dim)
         if reason is not None:
-            print(f"features: {out} cannot be resumed ({reason}); starting over", file=sys.stderr)
-            out.unlink()
-    if not out.exists():
-        _create_feature_file(out, attrs, image_ids, dim)
+            print(f"features: {work} cannot be resumed ({reason}); starting over", file=sys.stderr)
+            work.unlink()
+    elif out.exists():
+        print(f"features: {out} was made from other inputs or is unfinished; rebuilding it", file=sys.stderr)
+    if not work.exists():
+        _create_feature_file(work, attrs, image_ids, dim)
 
-    with h5py.File(out, "r+") as h5:
+    with h5py.File(work, "r+") as h5:
         pending = np.flatnonzero(~h5["done"][()]).tolist()
         bad = json.loads(h5.attrs["bad_images"])
         if pending:
@@ -347,6 +364,7 @@ def compute_features(images_json: str | os.PathLike, out: str | os.PathLike, mod
                     h5.flush()
                     bar.update(len(batch["rows"]))
         h5.attrs["complete"] = True
+    os.replace(work, out)
     if bad:
         print(f"features: skipped {len(bad)} unreadable images (NaN embeddings), e.g. {bad[:3]}", file=sys.stderr)
     return out

@@ -2,7 +2,7 @@
 # fixed by seed.
 
 
-rule rule benchmark:
+rule benchmark:
     input:
         unpack(benchmark_inputs),
     output:

@@ -2,7 +2,7 @@
 # annotation files (or the demo's files in the same format).
 
 
-rule rule captions:
+rule captions:
     input:
         captions_inputs,
     output:

@@ -3,7 +3,7 @@
 # (transfer); one file per calibration draw (seed) is read.
 
 
-rule rule evaluate:
+rule evaluate:
     input:
         unpack(evaluation_inputs),
     output:

@@ -3,7 +3,7 @@
 # attention mass per layer per image. Resumable by chunks.
 
 
-rule rule infer:
+rule infer:
     input:
         benchmark=f"{OUT}/benchmarks/{{benchmark}}.json",
         images=lambda w: image_table(benchmark_dataset(w.benchmark)),
