@@ -70,7 +70,7 @@ class Timer:
         self.rows.append((n, name, items, time.perf_counter() - start))
 
     def print_table(self) -> None:
-        print(f"\n| N | step | items | seconds |\n|---|---|---|---|")
+        print("\n| N | step | items | seconds |\n|---|---|---|---|")
         for n, name, items, seconds in self.rows:
             print(f"| {n} | {name} | {items} | {seconds:.3f} |")
         for n in sorted({row[0] for row in self.rows}):

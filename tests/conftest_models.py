@@ -1,5 +1,5 @@
-"""Shared fixtures and helpers for the model / inference tests (import them in a test module:
-``from conftest_models import tiny_model, tiny_adapter, make_demo_benchmark``).
+"""Shared fixtures and helpers for the model / inference tests. The fixtures reach every
+test through tests/conftest.py; helpers are imported (``from conftest_models import make_demo_benchmark``).
 
 Tiny models of each family are built once per test session into a temporary folder, with
 a private ``HF_HOME`` and ``HF_HUB_OFFLINE=1`` (the OV-1.5 stand-in's remote code is cached

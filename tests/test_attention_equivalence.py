@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest_models import FAMILIES, TINY_IMAGE_SIZE, hf_offline, make_demo_benchmark, tiny_adapter, tiny_model  # noqa: F401
+from conftest_models import FAMILIES, TINY_IMAGE_SIZE, make_demo_benchmark
 from ladbench.inference.attention import sofa_attention_bias, sofa_layers
 from ladbench.inference.cache import plan_rows
 from ladbench.inference.runner import InferenceSettings, RowRunner, image_paths, load_json

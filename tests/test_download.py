@@ -10,7 +10,7 @@ import socket
 import threading
 import zipfile
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
+
 
 import pytest
 

@@ -14,7 +14,7 @@ import h5py
 import numpy as np
 import pytest
 
-from conftest_models import TINY_IMAGE_SIZE, hf_offline, make_demo_benchmark, tiny_model  # noqa: F401
+from conftest_models import TINY_IMAGE_SIZE, make_demo_benchmark
 from ladbench.inference.cache import partial_path, read_cache
 
 pytestmark = pytest.mark.slow

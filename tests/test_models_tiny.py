@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from conftest_models import FAMILIES, hf_offline, make_images, tiny_adapter, tiny_model  # noqa: F401
+from conftest_models import FAMILIES, make_images
 from ladbench.models import ADAPTERS, adapter_class, load_adapter
 from ladbench.models import tiny
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest_models import FAMILIES, TINY_IMAGE_SIZE, hf_offline, make_demo_benchmark, tiny_adapter, tiny_model  # noqa: F401
+from conftest_models import FAMILIES, TINY_IMAGE_SIZE, make_demo_benchmark
 from ladbench.inference.cache import plan_rows
 from ladbench.inference.prompts import (identifiers, majority_vote, parse_answer_is, parse_last_identifier,
                                         prompt_sha256, prompt_text)

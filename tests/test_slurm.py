@@ -12,7 +12,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 from collections import Counter
 from pathlib import Path
@@ -22,7 +21,7 @@ import pytest
 from slurm import cluster as slurm_cluster
 from slurm.cluster import ClusterUnavailable, Layout, Node, parse_records
 from slurm.profiles import ci_overlay, ci_profile, fit_to_node, load_profile, merged, write_profile
-from workflow_runner import DEMO_CONFIG, ROOT, environment, planned_jobs, snakemake
+from workflow_runner import environment, planned_jobs, snakemake, snakemake_command
 
 GPU_RULES = {"infer", "features"}
 PARTITION = "debug"
@@ -39,9 +38,8 @@ def profile() -> dict:
 
 def workflow_rules() -> set[str]:
     result = subprocess.run(
-        [str(Path(sys.executable).parent / "snakemake"), "--snakefile", str(ROOT / "Snakefile"),
-         "--configfile", str(DEMO_CONFIG), "--list-rules"],
-        capture_output=True, text=True, env=environment(), cwd=tempfile.gettempdir(), timeout=120,
+        snakemake_command(Path(tempfile.gettempdir()), "--list-rules"),
+        capture_output=True, text=True, env=environment(), timeout=120,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     return {line.split()[0] for line in result.stdout.splitlines() if line.strip()}
@@ -270,11 +268,8 @@ def diagnostics(cluster, slurm_logdir: Path, snakemake_output: str) -> str:
 def run_through_slurm(workdir: Path, profile_dir: Path, cluster, slurm_logdir: Path, limit: int) -> str:
     """Run the demo DAG with the profile in ``profile_dir``; snakemake gets SIGINT after
     ``limit`` seconds (so it cancels its SLURM jobs), SIGKILL 30 s later."""
-    command = [
-        "timeout", "-s", "INT", "-k", "30", str(limit),
-        str(Path(sys.executable).parent / "snakemake"), "--snakefile", str(ROOT / "Snakefile"),
-        "--directory", str(workdir), "--configfile", str(DEMO_CONFIG), "--workflow-profile", str(profile_dir),
-    ]
+    command = ["timeout", "-s", "INT", "-k", "30", str(limit),
+               *snakemake_command(workdir, "--workflow-profile", str(profile_dir))]
     result = subprocess.run(command, capture_output=True, text=True, env=cluster.env(environment()),
                             stdin=subprocess.DEVNULL, timeout=limit + 60)
     output = result.stdout + result.stderr

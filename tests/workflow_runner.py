@@ -20,12 +20,17 @@ def environment() -> dict:
     return env
 
 
-def snakemake(workdir: Path, *args: str, configfile: Path = DEMO_CONFIG, timeout: int = 1200) -> str:
-    """Run snakemake on this checkout's Snakefile inside ``workdir``; returns its output."""
-    command = [
+def snakemake_command(workdir: Path, *args: str, configfile: Path = DEMO_CONFIG) -> list[str]:
+    """The command line running this checkout's Snakefile inside ``workdir``."""
+    return [
         str(Path(sys.executable).parent / "snakemake"), "--snakefile", str(ROOT / "Snakefile"),
-        "--directory", str(workdir), "--configfile", str(configfile), "--cores", "2", *args,
+        "--directory", str(workdir), "--configfile", str(configfile), *args,
     ]
+
+
+def snakemake(workdir: Path, *args: str, configfile: Path = DEMO_CONFIG, timeout: int = 1200) -> str:
+    """Run snakemake on 2 local cores inside ``workdir``; returns its output."""
+    command = snakemake_command(workdir, "--cores", "2", *args, configfile=configfile)
     result = subprocess.run(command, capture_output=True, text=True, env=environment(), timeout=timeout)
     output = result.stdout + result.stderr
     if result.returncode != 0:

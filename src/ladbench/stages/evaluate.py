@@ -9,7 +9,6 @@ has to share N and the model's layer count. Writes a JSON summary and, beside it
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import numpy as np
