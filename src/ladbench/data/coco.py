@@ -43,16 +43,21 @@ def _examples(items: Iterable[Any]) -> str:
     return shown + (f", ... ({len(items)} in all)" if len(items) > _MAX_LISTED else "")
 
 
+def _read_json(path: Path, missing: str) -> object:
+    """A JSON document, or an :class:`AnnotationError` naming the file and what is wrong."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return json.load(handle)
+    except FileNotFoundError:
+        raise AnnotationError(f"{path}: {missing}") from None
+    except json.JSONDecodeError as err:
+        raise AnnotationError(f"{path}: not valid JSON ({err})") from None
+
+
 def load_annotation_json(path: str | os.PathLike, need: tuple[str, ...] = ("images", "annotations")) -> dict:
     """Read a COCO-format JSON file and check that it has the top-level lists ``need``."""
     path = Path(path)
-    try:
-        with open(path, encoding="utf-8") as handle:
-            doc = json.load(handle)
-    except FileNotFoundError:
-        raise AnnotationError(f"{path}: annotation file not found") from None
-    except json.JSONDecodeError as err:
-        raise AnnotationError(f"{path}: not valid JSON ({err})") from None
+    doc = _read_json(path, missing="annotation file not found")
     if not isinstance(doc, dict):
         raise AnnotationError(f"{path}: expected a JSON object with keys {list(need)}")
     for key in need:
@@ -180,13 +185,7 @@ def write_image_table(table: dict, out: str | os.PathLike) -> None:
 def load_image_table(path: str | os.PathLike) -> dict:
     """Read an image table and check its shape (keys, sorted unique ids)."""
     path = Path(path)
-    try:
-        with open(path, encoding="utf-8") as handle:
-            table = json.load(handle)
-    except FileNotFoundError:
-        raise AnnotationError(f"{path}: image table not found (run `ladbench captions`)") from None
-    except json.JSONDecodeError as err:
-        raise AnnotationError(f"{path}: not valid JSON ({err})") from None
+    table = _read_json(path, missing="image table not found (run `ladbench captions`)")
     for key in ("dataset", "image_root", "images"):
         if key not in table:
             raise AnnotationError(f"{path}: missing key '{key}' (docs/formats.md §1)")

@@ -81,6 +81,8 @@ class ModelAdapter:
 
     #: registry key, e.g. "qwen2_5_vl"
     family: ClassVar[str] = ""
+    #: the transformers class a native family loads with (remote-code families override _load_model)
+    model_class: ClassVar[str] = ""
     #: marker tokens that open / close one image's token span (inclusive, METHOD §3)
     image_start_token: ClassVar[str] = ""
     image_end_token: ClassVar[str] = ""
@@ -149,7 +151,11 @@ class ModelAdapter:
 
     @classmethod
     def _load_model(cls, model_path: str, *, text_impl: str, trust_remote_code: bool, **kw: Any) -> torch.nn.Module:
-        raise NotImplementedError
+        """Load through the family's native transformers class (``model_class``)."""
+        import transformers
+
+        model_class = getattr(transformers, cls.model_class)
+        return model_class.from_pretrained(model_path, attn_implementation=cls.attn_implementation(text_impl), **kw)
 
     @staticmethod
     def attn_implementation(text_impl: str) -> dict[str, str]:

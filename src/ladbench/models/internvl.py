@@ -6,10 +6,6 @@ tile, one or more tiles per image); text decoder (Qwen2, 1-D RoPE) layers at
 """
 from __future__ import annotations
 
-from typing import Any
-
-import torch
-
 from .base import ModelAdapter, OneDimRopeMixin
 
 
@@ -17,10 +13,5 @@ class InternVLAdapter(OneDimRopeMixin, ModelAdapter):
     family = "internvl"
     image_start_token = "<img>"
     image_end_token = "</img>"
+    model_class = "InternVLForConditionalGeneration"  # native in transformers 4.53
     image_token = "<IMG_CONTEXT>"
-
-    @classmethod
-    def _load_model(cls, model_path: str, *, text_impl: str, trust_remote_code: bool, **kw: Any) -> torch.nn.Module:
-        from transformers import InternVLForConditionalGeneration
-        return InternVLForConditionalGeneration.from_pretrained(
-            model_path, attn_implementation=cls.attn_implementation(text_impl), **kw)

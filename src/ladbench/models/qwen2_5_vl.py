@@ -17,13 +17,8 @@ class Qwen25VLAdapter(ModelAdapter):
     family = "qwen2_5_vl"
     image_start_token = "<|vision_start|>"
     image_end_token = "<|vision_end|>"
+    model_class = "Qwen2_5_VLForConditionalGeneration"  # native in transformers 4.53
     image_token = "<|image_pad|>"
-
-    @classmethod
-    def _load_model(cls, model_path: str, *, text_impl: str, trust_remote_code: bool, **kw: Any) -> torch.nn.Module:
-        from transformers import Qwen2_5_VLForConditionalGeneration
-        return Qwen2_5_VLForConditionalGeneration.from_pretrained(
-            model_path, attn_implementation=cls.attn_implementation(text_impl), **kw)
 
     def _position_offset(self, inputs: dict[str, torch.Tensor], out: Any) -> torch.Tensor:
         # Taken from this prefill's output, not from model.model.rope_deltas, which any

@@ -30,7 +30,7 @@ from tqdm import tqdm
 from ladbench import divergence, methods, metrics
 from ladbench.atomic import atomic_path, atomic_write_json
 from ladbench.calibration import Calibration, fit_calibration, log_softmax
-from ladbench.config import parse_layer_range
+from ladbench.stages.options import add_bootstrap_arguments, add_lad_arguments, lad_settings
 from ladbench.inference.cache import read_cache
 from ladbench.stages.arrays import CalibrationArrays, EvalArrays, calibration_arrays, eval_arrays
 
@@ -336,12 +336,7 @@ def register(subparsers) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--cache", required=True, help="inference cache (HDF5) of a vanilla-prompt variant")
-    lad = parser.add_argument_group("LAD base settings (as in `ladbench evaluate`)")
-    lad.add_argument("--layer-range", default="all", help="layer search range: all or first:last (0-based)")
-    lad.add_argument("--top-k", type=int, default=2, help="K: layers kept by attention strength")
-    lad.add_argument("--tau", type=float, default=5.0, help="sharpening temperature")
-    lad.add_argument("--layer-mean", choices=["reference", "paper"], default="reference", help="Eqs. 10-11 variant")
-    lad.add_argument("--mixture", choices=["reference", "paper"], default="reference", help="Eq. 13 variant")
+    add_lad_arguments(parser.add_argument_group("LAD base settings (as in `ladbench evaluate`)"))
     cal = parser.add_argument_group("calibration (fitted in-process from the cache's pool)")
     cal.add_argument("--n-cal", type=int, default=5, help="|D_cal| of the tables")
     cal.add_argument("--seeds", type=int, nargs="+", default=[0], help="calibration draws of the tables")
@@ -352,10 +347,7 @@ def register(subparsers) -> None:
                         help="|D_cal| sizes (clipped to the pool size)")
     sweeps.add_argument("--dcal-draws", type=int, default=5, help="calibration draws (seeds 0..n-1) per |D_cal| size")
     sweeps.add_argument("--taus", type=float, nargs="+", default=list(DEFAULT_TAUS), help="tau values of the sweep")
-    stats = parser.add_argument_group("confidence intervals")
-    stats.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples over instances (0: none)")
-    stats.add_argument("--ci", type=float, default=0.95, help="confidence level")
-    stats.add_argument("--seed", type=int, default=0, help="bootstrap seed")
+    add_bootstrap_arguments(parser.add_argument_group("confidence intervals"), default_resamples=1000)
     parser.add_argument("--out", required=True, help="output .json (per-row arrays go to the same name .npz)")
     parser.set_defaults(func=run)
 
@@ -363,10 +355,7 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> None:
     if args.dcal_draws < 1:
         raise ValueError(f"--dcal-draws must be >= 1, got {args.dcal_draws}")
-    base = methods.LadSettings(
-        top_k=args.top_k, tau=args.tau, layer_range=parse_layer_range(args.layer_range),
-        layer_mean=args.layer_mean, mixture=args.mixture,
-    )
+    base = lad_settings(args)
     document, arrays = analyze(
         args.cache, base, n_cal=args.n_cal, seeds=args.seeds, score_average=args.score_average,
         dcal_sizes=args.dcal_sizes, dcal_draws=args.dcal_draws, taus=args.taus,

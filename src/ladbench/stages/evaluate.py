@@ -16,7 +16,7 @@ import numpy as np
 from ladbench import methods, metrics
 from ladbench.atomic import atomic_path, atomic_write_json
 from ladbench.calibration import Calibration
-from ladbench.config import parse_layer_range
+from ladbench.stages.options import add_bootstrap_arguments, add_lad_arguments, lad_settings
 from ladbench.inference.cache import read_cache
 from ladbench.stages.arrays import EvalArrays, eval_arrays
 
@@ -33,23 +33,10 @@ def register(subparsers) -> None:
         help="methods to evaluate (default: by the cache's prompt variant: vanilla -> vanilla pride lad; "
         "instruction/sofa -> vanilla; permavg -> permutation_average; cot/sc -> generated)",
     )
-    parser.add_argument("--layer-range", default="all", help="LAD's layer search range: all or first:last (0-based)")
-    parser.add_argument("--top-k", type=int, default=2, help="K: layers kept by attention strength")
-    parser.add_argument("--tau", type=float, default=5.0, help="sharpening temperature")
-    parser.add_argument("--layer-mean", choices=["reference", "paper"], default="reference")
-    parser.add_argument("--mixture", choices=["reference", "paper"], default="reference")
-    parser.add_argument("--bootstrap", type=int, default=10000, help="bootstrap resamples (0: no intervals)")
-    parser.add_argument("--ci", type=float, default=0.95, help="confidence level")
-    parser.add_argument("--seed", type=int, default=0, help="bootstrap seed")
+    add_lad_arguments(parser)
+    add_bootstrap_arguments(parser, default_resamples=10000)
     parser.add_argument("--out", required=True, help="output .json (predictions go to the same name .npz)")
     parser.set_defaults(func=run)
-
-
-def method_settings(args: argparse.Namespace) -> dict:
-    return {
-        "top_k": args.top_k, "tau": args.tau, "layer_range": parse_layer_range(args.layer_range),
-        "layer_mean": args.layer_mean, "mixture": args.mixture,
-    }
 
 
 # Methods that read a calibration; the others need none (e.g. on CoT caches).
@@ -71,7 +58,7 @@ def check_methods(names) -> None:
         raise ValueError(f"unknown method(s) {unknown}; known: {sorted(methods.METHODS)}")
 
 
-def predict_all(names, arrays: EvalArrays, calibration: Calibration | None, settings: dict) -> dict[str, np.ndarray]:
+def predict_all(names, arrays: EvalArrays, calibration: Calibration | None, settings: methods.LadSettings) -> dict[str, np.ndarray]:
     if calibration is None and NEEDS_CALIBRATION.intersection(names):
         raise ValueError(f"methods {sorted(NEEDS_CALIBRATION.intersection(names))} need --calibration")
     return {name: methods.METHODS[name](arrays, calibration, settings) for name in names}
@@ -96,7 +83,7 @@ def run(args: argparse.Namespace) -> None:
     names = args.methods or list(METHODS_FOR_PROMPT[cache.attrs.get("variant", "vanilla")])
     check_methods(names)
     calibrations = [Calibration.from_npz(path) for path in args.calibration] or [None]
-    settings = method_settings(args)
+    settings = lad_settings(args)
     n = arrays.scores.shape[-1]
     if cache.has_shifts:
         if names != ["permutation_average"]:
@@ -124,7 +111,7 @@ def run(args: argparse.Namespace) -> None:
         "n_instances": int(arrays.scores.shape[0]),
         "n_orderings": int(arrays.scores.shape[1]),
         "n_candidates": int(n),
-        "settings": {**settings, "bootstrap": args.bootstrap, "ci": args.ci, "seed": args.seed},
+        "settings": {**settings.as_dict(), "bootstrap": args.bootstrap, "ci": args.ci, "seed": args.seed},
         "methods": summary,
     }
     atomic_write_json(args.out, result, indent=1)
