@@ -45,10 +45,17 @@ def _where(args: argparse.Namespace) -> None:
     config = load_config(args.configfile)
     report = Path(config["output_dir"]) / "report"
     print(f"Config {args.configfile} is valid.")
-    print(f"Tables:  {report}/*.md")
-    print(f"Figures: {report}/figures/")
+    print(f"Tables (Markdown; also .csv, .tex, .html beside them): {report}/")
     for table in sorted(report.glob("*.md")):
         print(f"  {table}")
+    figures = sorted(report.glob("figures/*.png"))
+    print(f"Figures (PNG and PDF): {report}/figures/ ({len(figures)} figures)")
+    for figure in figures:
+        print(f"  {figure}")
+    if all(model["tiny"] for model in config["models"].values()):
+        print("These come from tiny random models: they show the pipeline's mechanics, not results.")
+    print("One HTML report with every table and figure: snakemake --report report.html "
+          f"--configfile {args.configfile}")
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
