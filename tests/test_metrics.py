@@ -200,3 +200,15 @@ def test_a_custom_instance_metric_bootstraps():
     mean_metric = InstanceMetric("mean", lambda v: {"v": v[:, None]}, lambda sums, n: sums["v"][..., 0] / n)
     result = bootstrap_ci(mean_metric, values, n_boot=400, seed=0)
     assert result.estimate == 4.5 and result.ci_low < 4.5 < result.ci_high
+
+
+def test_spread_over_draws_keeps_undefined_metrics_undefined():
+    # Position 1 never holds the ground truth, so RStd is undefined (None) in every draw's
+    # summary; the spread over two draws must say so instead of failing on float(None).
+    target = np.zeros((5, 2), dtype=int)
+    order = np.tile(np.arange(2), (5, 2, 1))
+    draws = [summarize(target, target, order, 2, n_boot=0), summarize(target, target, order, 2, n_boot=0)]
+    spread = spread_over_draws(draws)
+    json.dumps(spread, allow_nan=False)
+    assert spread["rstd"] == {"mean": None, "std": None, "min": None, "max": None, "values": [None, None]}
+    assert spread["acc_mean"]["mean"] == 100.0 and spread["acc_mean"]["std"] == 0.0

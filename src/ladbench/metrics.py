@@ -447,7 +447,8 @@ def spread_over_draws(summaries: Sequence[Mapping[str, Any]], keys: Sequence[str
         raise ValueError("spread_over_draws needs at least one summary")
     spread: dict[str, Any] = {"n_draws": len(summaries)}
     for key in keys:
-        values = np.array([float(s[key]) for s in summaries])
+        # An undefined metric (None in a summary, e.g. RStd with a never-visited position) stays undefined.
+        values = np.array([np.nan if s[key] is None else float(s[key]) for s in summaries])
         spread[key] = {
             "mean": float(values.mean()),
             "std": float(values.std(ddof=1)) if values.size > 1 else 0.0,

@@ -328,6 +328,8 @@ def run_inference(settings: InferenceSettings) -> str:
         attrs.update(sofa_sigma=settings.sofa_sigma, sofa_every=settings.sofa_every)
     writer = CacheWriter.open(settings.out, plan, layout, attrs)
     pending = writer.pending_rows()
+    if 0 < len(pending) < len(plan):
+        log.info("%s: resuming, %d of %d rows already done", writer.path, len(plan) - len(pending), len(plan))
     if settings.limit_rows is not None:
         pending = pending[: settings.limit_rows]
     runner = RowRunner(adapter, settings, bench, plan, paths)
