@@ -305,17 +305,38 @@ def read_cache(path: str, *, require_complete: bool = True) -> InferenceCache:
     """
     if not require_complete and not os.path.exists(path) and os.path.exists(partial_path(path)):
         path = partial_path(path)
-    try:
-        f = h5py.File(path, "r")
-    except OSError as exc:
-        raise OSError(f"{path}: cannot open inference cache ({exc})") from exc
-    with f:
-        attrs = {k: (v.item() if isinstance(v, np.generic) else v) for k, v in f.attrs.items()}
+    with _open_cache(path) as f:
+        attrs = _attributes(f)
         if require_complete and not attrs.get("complete", False):
             raise ValueError(f"{path}: inference cache is not complete (job unfinished or killed; rerun `ladbench infer`)")
         arrays = {}
         for key, ds in f.items():
             arrays[key] = ds.asstr()[()] if h5py.check_string_dtype(ds.dtype) else ds[()]
+    return InferenceCache(path=path, arrays=arrays, attrs=attrs)
+
+
+def read_cache_attributes(path: str) -> dict[str, Any]:
+    """A cache's attributes plus ``n_rows`` and ``n_eval_rows``, without loading its arrays."""
+    with _open_cache(path) as f:
+        attrs = _attributes(f)
+        if "split" not in f:
+            raise ValueError(f"{path}: no 'split' dataset (docs/formats.md §4)")
+        split = f["split"][()]
+    attrs["n_rows"] = int(split.size)
+    attrs["n_eval_rows"] = int((split == SPLIT_EVAL).sum())
+    return attrs
+
+
+def _open_cache(path: str) -> h5py.File:
+    try:
+        return h5py.File(path, "r")
+    except OSError as exc:  # FileNotFoundError stays one (the CLI prints it as one line)
+        raise type(exc)(f"{path}: cannot open inference cache ({exc})") from exc
+
+
+def _attributes(f: h5py.File) -> dict[str, Any]:
+    """Attributes as Python values, with the JSON ``versions`` decoded."""
+    attrs = {k: (v.item() if isinstance(v, np.generic) else v) for k, v in f.attrs.items()}
     if isinstance(attrs.get("versions"), str):
         attrs["versions"] = json.loads(attrs["versions"])
-    return InferenceCache(path=path, arrays=arrays, attrs=attrs)
+    return attrs

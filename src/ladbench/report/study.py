@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-import h5py
-import numpy as np
+
+from ladbench.inference.cache import read_cache_attributes
 
 __all__ = ["Study", "benchmark_parts", "load_study", "parse_assignments", "read_cache_attributes"]
 
@@ -52,22 +52,6 @@ def _load_json(path: Path, what: str) -> dict:
             return json.load(handle)
     except json.JSONDecodeError as error:
         raise ValueError(f"{what} {path}: not valid JSON ({error})") from None
-
-
-def read_cache_attributes(path: str | Path) -> dict[str, Any]:
-    """A cache's attributes plus ``n_rows`` / ``n_eval_rows`` (row counts), without its arrays."""
-    try:
-        handle = h5py.File(path, "r")
-    except OSError as error:
-        raise FileNotFoundError(f"inference cache {path}: cannot open ({error})") from None
-    with handle:
-        attrs = {k: (v.item() if isinstance(v, np.generic) else v) for k, v in handle.attrs.items()}
-        if "split" not in handle:
-            raise ValueError(f"inference cache {path}: no 'split' dataset (docs/formats.md §4)")
-        split = handle["split"][()]
-        attrs["n_rows"] = int(split.size)
-        attrs["n_eval_rows"] = int((split == 0).sum())
-    return attrs
 
 
 @dataclass
