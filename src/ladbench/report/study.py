@@ -18,10 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-
 from ladbench.inference.cache import read_cache_attributes
 
-__all__ = ["Study", "benchmark_parts", "load_study", "parse_assignments", "read_cache_attributes"]
+__all__ = ["Study", "benchmark_parts", "load_study", "parse_assignments"]
 
 SETTING_NAMES = {"random": "Random", "adversarial": "Adversarial"}
 
