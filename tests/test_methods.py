@@ -77,8 +77,9 @@ def test_layer_selection_by_strength_with_ties_and_range():
     assert layer_selection_mask(attn, 1, (1, 2), all_layers=True).tolist() == [False, True, True, False]
     with pytest.raises(ValueError, match="holds only 2"):
         select_layers(attn, 3, layer_range=(2, 3))
+    assert select_layers(attn, 2, layer_range=(2, 9)).tolist() == [3, 2]  # clipped to the last layer
     with pytest.raises(ValueError, match="outside the model's layers 0..3"):
-        select_layers(attn, 1, layer_range=(2, 4))
+        select_layers(attn, 1, layer_range=(4, 6))
     # batched rows select independently
     batch = np.stack([attn, attn[::-1]])
     assert select_layers(batch, 1)[:, 0].tolist() == [1, 0]

@@ -165,13 +165,17 @@ def layer_strength(attn: np.ndarray) -> np.ndarray:
 
 
 def _candidate_layers(n_layers: int, layer_range: tuple[int, int] | None) -> np.ndarray:
-    """Layer indices searched by the selection: all, or ``lo..hi`` inclusive."""
+    """Layer indices searched by the selection: all, or ``lo..hi`` inclusive.
+
+    A range that runs past the last layer is clipped to it (the reference's default 21-35
+    on a 28-layer model searches 21-27); one that starts past it is an error.
+    """
     if layer_range is None:
         return np.arange(n_layers)
     lo, hi = layer_range
-    if not 0 <= lo <= hi < n_layers:
+    if not 0 <= lo < n_layers or hi < lo:
         raise ValueError(f"layer_range {layer_range} is outside the model's layers 0..{n_layers - 1}")
-    return np.arange(lo, hi + 1)
+    return np.arange(lo, min(hi, n_layers - 1) + 1)
 
 
 def select_layers(attn: np.ndarray, top_k: int, layer_range: tuple[int, int] | None = None) -> np.ndarray:
