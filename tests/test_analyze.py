@@ -169,7 +169,7 @@ def test_variant_that_cannot_run_is_reported_not_raised(planted_cache):
 
 def test_cli_writes_strict_json_and_arrays(planted_cache, tmp_path):
     out = tmp_path / "analysis" / "toy" / "toy_random_N4" / "vanilla.json"
-    main(["analyze", "--cache", str(planted_cache), "--n-cal", "5", "--seeds", "0", "--dcal-sizes", "1", "5",
+    main(["analyze", "--cache", str(planted_cache), "--layer-range", "all", "--n-cal", "5", "--seeds", "0", "--dcal-sizes", "1", "5",
           "--dcal-draws", "2", "--taus", "2", "5", "--bootstrap", "50", "--out", str(out)])
     document = json.loads(out.read_text(), parse_constant=lambda name: pytest.fail(f"non-strict JSON: {name}"))
     assert document["settings"]["dcal_sizes"] == [1, 5] and document["n_calibration_pool"] == N_POOL
