@@ -8,9 +8,11 @@ import pytest
 import torch
 
 from conftest_models import FAMILIES, TINY_IMAGE_SIZE, make_demo_benchmark
+from ladbench.benchmark import load_benchmark
+from ladbench.data.coco import load_image_table
 from ladbench.inference.attention import sofa_attention_bias, sofa_layers
 from ladbench.inference.cache import plan_rows
-from ladbench.inference.runner import InferenceSettings, RowRunner, image_paths, load_json
+from ladbench.inference.runner import InferenceSettings, RowRunner, image_paths
 
 pytestmark = pytest.mark.slow
 
@@ -20,9 +22,9 @@ def _runner(adapter, folder, n, family, **overrides) -> RowRunner:
     settings = InferenceSettings(benchmark=str(bench_path), images=str(images_path), out=str(folder / "c.h5"),
                                  model_name="tiny", family=family, model_path=adapter.model_path,
                                  image_size=TINY_IMAGE_SIZE, **overrides)
-    bench = load_json(str(bench_path), "benchmark")
+    bench = load_benchmark(bench_path)
     return RowRunner(adapter, settings, bench, plan_rows(bench),
-                     image_paths(load_json(str(images_path), "images"), str(images_path)))
+                     image_paths(load_image_table(images_path)))
 
 
 @torch.no_grad()

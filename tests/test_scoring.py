@@ -7,10 +7,12 @@ import pytest
 import torch
 
 from conftest_models import FAMILIES, TINY_IMAGE_SIZE, make_demo_benchmark
+from ladbench.benchmark import load_benchmark
+from ladbench.data.coco import load_image_table
 from ladbench.inference.cache import plan_rows
 from ladbench.inference.prompts import (identifiers, majority_vote, parse_answer_is, parse_last_identifier,
                                         prompt_sha256, prompt_text)
-from ladbench.inference.runner import InferenceSettings, RowRunner, image_paths, load_json
+from ladbench.inference.runner import InferenceSettings, RowRunner, image_paths
 from ladbench.inference.scoring import IdentifierTrie, identifier_encoder, restricted_log_softmax, trie_scores
 
 END = 99
@@ -131,10 +133,10 @@ def _extend(inputs, tokens):
 def test_kv_continuation_equals_full_reforward(family, tiny_adapter, tmp_path):
     adapter = tiny_adapter(family)
     bench_path, images_path = make_demo_benchmark(tmp_path, 4)
-    bench = load_json(str(bench_path), "b")
+    bench = load_benchmark(bench_path)
     settings = InferenceSettings(benchmark=str(bench_path), images=str(images_path), out="x", model_name="t",
                                  family=family, model_path=adapter.model_path, image_size=TINY_IMAGE_SIZE)
-    runner = RowRunner(adapter, settings, bench, plan_rows(bench), image_paths(load_json(str(images_path), "i"), "i"))
+    runner = RowRunner(adapter, settings, bench, plan_rows(bench), image_paths(load_image_table(images_path)))
     inputs = runner.encode_rows([0, 3])                                       # left padded batch
     _, state = adapter.prefill(inputs, use_cache=True)
     tok = adapter.tokenizer.convert_tokens_to_ids
@@ -151,11 +153,11 @@ def test_joint_scores_at_n12_equal_full_reforward_restricted_probs(fmt, tiny_ada
     family = "qwen2_5_vl"
     adapter = tiny_adapter(family)
     bench_path, images_path = make_demo_benchmark(tmp_path, 12, n_eval=2, n_orderings=2, n_cal=1)
-    bench = load_json(str(bench_path), "b")
+    bench = load_benchmark(bench_path)
     settings = InferenceSettings(benchmark=str(bench_path), images=str(images_path), out="x", model_name="t",
                                  family=family, model_path=adapter.model_path, image_size=TINY_IMAGE_SIZE,
                                  identifiers=fmt, score_mode="reference")
-    runner = RowRunner(adapter, settings, bench, plan_rows(bench), image_paths(load_json(str(images_path), "i"), "i"))
+    runner = RowRunner(adapter, settings, bench, plan_rows(bench), image_paths(load_image_table(images_path)))
     rows = [0, 2]
     got = runner.score_batch(rows)["scores"]
     # independent computation: every candidate's path by full re-forwards, restricted softmax per step

@@ -1,4 +1,5 @@
-"""Atomic file writes: a reader never sees a half-written output.
+"""Atomic file writes (a reader never sees a half-written output), and the JSON reader
+whose errors name the file.
 
 Every output is written to ``<name>.<pid>.tmp`` beside its target and then renamed over
 it with :func:`os.replace` (atomic on POSIX within one file system, which "beside the
@@ -77,3 +78,18 @@ def atomic_write_json(path: str | os.PathLike, obj: Any, **json_kw: Any) -> None
     A trailing newline is added so the files are friendly to ``cat`` and ``diff``.
     """
     atomic_write_text(path, json.dumps(obj, **json_kw) + "\n")
+
+
+def read_json(path: str | os.PathLike, missing: str, error: type[Exception] = ValueError) -> Any:
+    """A JSON document; a missing or malformed file raises ``error`` naming the file.
+
+    ``missing`` says what was expected there, e.g. "benchmark file not found (run
+    `ladbench benchmark`)".
+    """
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return json.load(handle)
+    except FileNotFoundError:
+        raise error(f"{path}: {missing}") from None
+    except json.JSONDecodeError as err:
+        raise error(f"{path}: not valid JSON ({err})") from None

@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from ladbench.atomic import atomic_write_text
+from ladbench.atomic import atomic_write_text, read_json
 from ladbench.data.coco import load_image_table
 
 SETTINGS = ("random", "adversarial")
@@ -296,11 +296,7 @@ def format_benchmark(doc: dict) -> str:
 
 def load_benchmark(path: str | os.PathLike) -> dict:
     """Read a benchmark file written by :func:`format_benchmark` (any JSON reader works too)."""
-    try:
-        with open(path, encoding="utf-8") as handle:
-            return json.load(handle)
-    except FileNotFoundError:
-        raise BenchmarkError(f"{path}: benchmark file not found (run `ladbench benchmark`)") from None
+    return read_json(path, "benchmark file not found (run `ladbench benchmark`)", BenchmarkError)
 
 
 def _run(args: argparse.Namespace) -> None:

@@ -28,7 +28,7 @@ import sys
 from pathlib import Path
 from typing import Any, Iterable
 
-from ladbench.atomic import atomic_write_json, atomic_write_text
+from ladbench.atomic import atomic_write_json, atomic_write_text, read_json
 
 _MAX_LISTED = 5  # how many offending ids/files an error message lists
 
@@ -43,21 +43,10 @@ def _examples(items: Iterable[Any]) -> str:
     return shown + (f", ... ({len(items)} in all)" if len(items) > _MAX_LISTED else "")
 
 
-def _read_json(path: Path, missing: str) -> object:
-    """A JSON document, or an :class:`AnnotationError` naming the file and what is wrong."""
-    try:
-        with open(path, encoding="utf-8") as handle:
-            return json.load(handle)
-    except FileNotFoundError:
-        raise AnnotationError(f"{path}: {missing}") from None
-    except json.JSONDecodeError as err:
-        raise AnnotationError(f"{path}: not valid JSON ({err})") from None
-
-
 def load_annotation_json(path: str | os.PathLike, need: tuple[str, ...] = ("images", "annotations")) -> dict:
     """Read a COCO-format JSON file and check that it has the top-level lists ``need``."""
     path = Path(path)
-    doc = _read_json(path, missing="annotation file not found")
+    doc = read_json(path, "annotation file not found", AnnotationError)
     if not isinstance(doc, dict):
         raise AnnotationError(f"{path}: expected a JSON object with keys {list(need)}")
     for key in need:
@@ -185,7 +174,7 @@ def write_image_table(table: dict, out: str | os.PathLike) -> None:
 def load_image_table(path: str | os.PathLike) -> dict:
     """Read an image table and check its shape (keys, sorted unique ids)."""
     path = Path(path)
-    table = _read_json(path, missing="image table not found (run `ladbench captions`)")
+    table = read_json(path, "image table not found (run `ladbench captions`)", AnnotationError)
     for key in ("dataset", "image_root", "images"):
         if key not in table:
             raise AnnotationError(f"{path}: missing key '{key}' (docs/formats.md §1)")

@@ -25,6 +25,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from ladbench.benchmark import load_benchmark
+from ladbench.data.coco import load_image_table
+
 from .cache import CacheLayout, CacheWriter, RowPlan, is_complete_for, plan_rows
 from .prompts import (GENERATIVE_VARIANTS, IDENTIFIER_FORMATS, PROMPT_VARIANTS, identifiers, majority_vote,
                       parse_answer_is, parse_last_identifier, prompt_sha256, prompt_text)
@@ -106,21 +109,8 @@ def file_sha256(path: str) -> str:
     return h.hexdigest()
 
 
-def load_json(path: str, what: str) -> dict:
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except FileNotFoundError:
-        raise FileNotFoundError(f"{what} file not found: {path}") from None
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{what} file {path} is not valid JSON: {exc}") from None
-
-
-def image_paths(table: dict, path: str) -> dict[int, str]:
-    """image_id -> file path, from an image table (docs/formats.md §1)."""
-    for key in ("image_root", "images"):
-        if key not in table:
-            raise ValueError(f"image table {path}: missing key {key!r}")
+def image_paths(table: dict) -> dict[int, str]:
+    """image_id -> file path, from an image table read by ``load_image_table`` (formats.md §1)."""
     return {int(im["image_id"]): os.path.join(table["image_root"], im["file_name"]) for im in table["images"]}
 
 
@@ -297,9 +287,8 @@ def run_inference(settings: InferenceSettings) -> str:
     from ladbench.models.base import resolve_device
     settings.validate()
     settings.device = resolve_device(settings.device)        # hashed resolved: a CPU run never resumes a GPU one
-    bench = load_json(settings.benchmark, "benchmark")
-    table = load_json(settings.images, "image table")
-    paths = image_paths(table, settings.images)
+    bench = load_benchmark(settings.benchmark)
+    paths = image_paths(load_image_table(settings.images))
     check_benchmark(bench, settings.benchmark, paths)
     n = int(bench["n_candidates"])
     plan = plan_rows(bench, shifts_per_ordering=settings.prompt == "permavg")

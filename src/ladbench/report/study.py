@@ -13,11 +13,11 @@ stays cheap however large the caches are.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
+from ladbench.atomic import read_json
 from ladbench.inference.cache import read_cache_attributes
 
 __all__ = ["Study", "benchmark_parts", "load_study", "parse_assignments"]
@@ -43,14 +43,6 @@ def parse_assignments(items: Iterable[str], flag: str) -> dict[str, str]:
             raise ValueError(f"{flag}: expected name=value, got {item!r}")
         out[name] = value
     return out
-
-
-def _load_json(path: Path, what: str) -> dict:
-    try:
-        with open(path) as handle:
-            return json.load(handle)
-    except json.JSONDecodeError as error:
-        raise ValueError(f"{what} {path}: not valid JSON ({error})") from None
 
 
 @dataclass
@@ -129,7 +121,7 @@ def _index_evaluations(paths: Sequence[str | Path]) -> dict[tuple[str, str, str,
         if not path.stem.startswith("cal-") or len(path.parts) < 4:
             raise ValueError(f"evaluation file {path}: expected .../{{model}}/{{benchmark}}/{{variant}}/cal-{{benchmark}}.json")
         model, benchmark, variant = path.parts[-4:-1]
-        out[(model, benchmark, variant, path.stem[len("cal-"):])] = _load_json(path, "evaluation file")
+        out[(model, benchmark, variant, path.stem[len("cal-"):])] = read_json(path, "evaluation file not found")
     return out
 
 
@@ -161,7 +153,7 @@ def load_study(
         benchmarks=list(benchmarks),
         variants=dict(variants),
         evaluations=_index_evaluations(evaluations),
-        analyses=_index_by_stem(analyses, lambda p: _load_json(p, "analysis file"), "analysis file"),
+        analyses=_index_by_stem(analyses, lambda p: read_json(p, "analysis file not found"), "analysis file"),
         caches=_index_by_stem(caches, read_cache_attributes, "inference cache"),
         n_cal=n_cal,
         dataset_sources=dict(dataset_sources or {}),
