@@ -92,10 +92,9 @@ def run(args: argparse.Namespace) -> None:
         draws = [predictions]
     else:
         draws = [predict_all(names, arrays, cal, settings) for cal in calibrations]
-    args.methods = names
 
     summary = {}
-    for name in args.methods:
+    for name in names:
         summary[name] = metrics.summarize(
             draws[0][name], arrays.target_pos, arrays.order, n, n_boot=args.bootstrap, ci=args.ci, seed=args.seed
         )
@@ -120,7 +119,8 @@ def run(args: argparse.Namespace) -> None:
         with open(tmp, "wb") as handle:
             np.savez(handle, target_pos=arrays.target_pos, order=arrays.order,
                      **{f"pred_{name}": pred for name, pred in draws[0].items()})
-    for name in args.methods:
-        m = summary[name]
-        print(f"{name:>20s}: Acc {m['acc_mean']:.2f} ± {m['acc_std']:.2f}  RStd {m['rstd']:.2f}  Cons {m['cons']:.2f}")
+    for name in names:
+        m = {key: "–" if value is None else f"{value:.2f}" for key, value in summary[name].items()
+             if key in ("acc_mean", "acc_std", "rstd", "cons")}  # None: undefined on this set
+        print(f"{name:>20s}: Acc {m['acc_mean']} ± {m['acc_std']}  RStd {m['rstd']}  Cons {m['cons']}")
     print(f"wrote {args.out} and {npz}")

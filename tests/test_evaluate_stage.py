@@ -1,0 +1,42 @@
+"""Stage `evaluate` end to end on a small cache written with the project's cache writer."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from ladbench.cli import main
+from ladbench.inference.cache import CacheLayout, CacheWriter, plan_rows
+
+N, LAYERS = 4, 2
+
+
+def write_cache(path, bench: dict) -> None:
+    plan = plan_rows(bench)
+    rows = len(plan)
+    writer = CacheWriter.open(str(path), plan, CacheLayout(N, LAYERS, n_heads=2),
+                              {"config_sha256": "t", "model": "toy", "variant": "vanilla", "n_candidates": N,
+                               "n_layers": LAYERS})
+    scores = np.tile(np.arange(N, dtype=np.float32)[::-1], (rows, 1))  # always picks position 0
+    writer.write(np.arange(rows), {"scores": scores, "attn": np.full((rows, LAYERS, N), 0.2, np.float32),
+                                   "attn_text": np.full((rows, LAYERS), 0.2, np.float32)})
+    writer.finish({"rows_per_s": 1.0})
+
+
+def test_undefined_metrics_are_written_as_null_and_printed_as_a_dash(tmp_path, capsys):
+    # The target always sits at position 0 under the single ordering: the recall of positions
+    # 1-3 is undefined, so RStd is too. The stage must still finish and say so.
+    bench = {"n_candidates": N, "n_orderings": 1, "calibration": [],
+             "eval": [{"id": i, "caption": "c", "target": 10 * i, "candidates": [10 * i + k for k in range(N)],
+                       "orderings": [list(range(N))]} for i in range(3)]}
+    cache = tmp_path / "vanilla.h5"
+    write_cache(cache, bench)
+    out = tmp_path / "eval.json"
+    main(["evaluate", "--cache", str(cache), "--methods", "vanilla", "--bootstrap", "20", "--out", str(out)])
+    result = json.loads(out.read_text())["methods"]["vanilla"]
+    assert result["acc_mean"] == pytest.approx(100.0) and result["rstd"] is None
+    assert "RStd –" in capsys.readouterr().out
+    with np.load(out.with_suffix(".npz")) as predictions:
+        assert predictions["pred_vanilla"].tolist() == [[0], [0], [0]]
