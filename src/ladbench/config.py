@@ -104,18 +104,28 @@ def _check_cross_references(config: dict, source: str) -> None:
             )
     for i, transfer in enumerate(config["evaluation"]["transfer"]):
         pair = [transfer["calibrate_on"], transfer["evaluate_on"]]
-        for key, benchmark in zip(("calibrate_on", "evaluate_on"), pair):
-            if benchmark.split("_")[0] not in config["datasets"]:
+        (cal_dataset, _, cal_n), (test_dataset, _, test_n) = map(benchmark_parts, pair)
+        for key, benchmark, dataset in zip(("calibrate_on", "evaluate_on"), pair, (cal_dataset, test_dataset)):
+            if dataset not in config["datasets"]:
                 raise ConfigError(
                     f"{source}: evaluation.transfer[{i}].{key}: dataset of '{benchmark}' is not a key of datasets"
                 )
-        if pair[0].rsplit("_N", 1)[1] != pair[1].rsplit("_N", 1)[1]:
+        if cal_n != test_n:
             raise ConfigError(f"{source}: evaluation.transfer[{i}]: {pair[0]} and {pair[1]} differ in N")
     if not 0 < config["calibration"]["n_cal"] <= benchmarks["n_calibration_pool"]:
         raise ConfigError(
             f"{source}: calibration.n_cal: {config['calibration']['n_cal']} must be at most "
             f"benchmarks.n_calibration_pool ({benchmarks['n_calibration_pool']})"
         )
+
+
+def benchmark_parts(benchmark: str) -> tuple[str, str, int]:
+    """``coco_random_N4`` -> ("coco", "random", 4): the names the workflow gives benchmarks."""
+    try:
+        dataset, setting, n = benchmark.split("_")
+        return dataset, setting, int(n.lstrip("N"))
+    except ValueError:
+        raise ValueError(f"benchmark name {benchmark!r}: expected <dataset>_<random|adversarial>_N<n>") from None
 
 
 def load_config(path: Path | str, schema_path: Path | str = SCHEMA_PATH) -> dict:

@@ -3,7 +3,7 @@
 import json
 import shlex
 
-from ladbench.config import ConfigError, layer_range_arg, load_schema, validate_config
+from ladbench.config import ConfigError, benchmark_parts, layer_range_arg, load_schema, validate_config
 from ladbench.stages.evaluate import METHODS_FOR_PROMPT, NEEDS_CALIBRATION
 
 try:
@@ -141,7 +141,7 @@ def evaluation_file(model, benchmark, variant, cal_benchmark=None):
 
 
 def benchmark_dataset(benchmark):
-    return benchmark.split("_")[0]
+    return benchmark_parts(benchmark)[0]
 
 
 # ---- captions ----

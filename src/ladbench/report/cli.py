@@ -129,7 +129,7 @@ def run_figures(args: argparse.Namespace) -> None:
 
 def accuracy_by_n(study, model: str, methods=("vanilla", "pride", "lad")) -> dict:
     """``{(dataset, setting): {method: {N: metrics}}}`` of one model's vanilla-prompt evaluations."""
-    from ladbench.report.study import benchmark_parts
+    from ladbench.config import benchmark_parts
 
     out: dict = {}
     for benchmark in study.benchmarks:

@@ -23,7 +23,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from ladbench.metrics import confusion_matrix  # noqa: E402
-from ladbench.report.study import SETTING_NAMES, benchmark_parts  # noqa: E402
+from ladbench.config import benchmark_parts  # noqa: E402
+from ladbench.report.study import SETTING_NAMES  # noqa: E402
 from ladbench.report.tables import DISPLAY_NAMES  # noqa: E402
 
 __all__ = [

@@ -18,20 +18,12 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from ladbench.atomic import read_json
+from ladbench.config import benchmark_parts
 from ladbench.inference.cache import read_cache_attributes
 
-__all__ = ["Study", "benchmark_parts", "load_study", "parse_assignments"]
+__all__ = ["Study", "load_study", "parse_assignments"]
 
 SETTING_NAMES = {"random": "Random", "adversarial": "Adversarial"}
-
-
-def benchmark_parts(benchmark: str) -> tuple[str, str, int]:
-    """``coco_random_N4`` -> ("coco", "random", 4)."""
-    try:
-        dataset, setting, n = benchmark.split("_")
-        return dataset, setting, int(n.lstrip("N"))
-    except ValueError:
-        raise ValueError(f"benchmark name {benchmark!r}: expected <dataset>_<random|adversarial>_N<n>") from None
 
 
 def parse_assignments(items: Iterable[str], flag: str) -> dict[str, str]:

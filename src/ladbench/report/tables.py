@@ -12,7 +12,8 @@ from typing import Any, Callable
 
 from ladbench.report.published import PAPER_MODELS, PUBLISHED, Published, protocol_mismatches
 from ladbench.report.render import Block, Cell, Table
-from ladbench.report.study import SETTING_NAMES, Study, benchmark_parts
+from ladbench.config import benchmark_parts
+from ladbench.report.study import SETTING_NAMES, Study
 
 __all__ = [
     "DISPLAY_NAMES",
