@@ -1,6 +1,5 @@
 # Shared by all included files: the validated config, output paths, and helpers that map
 # config entries to the inputs and command-line flags of each stage.
-import json
 import shlex
 
 from ladbench.config import ConfigError, benchmark_parts, layer_range_arg, load_schema, validate_config
@@ -123,10 +122,6 @@ def model_inputs(wildcards):
 
 
 # ---- paths of the later stages -------------------------------------------------------
-def benchmark_file(benchmark):
-    return f"{OUT}/benchmarks/{benchmark}.json"
-
-
 def cache_file(model, benchmark, variant):
     return f"{OUT}/cache/{model}/{benchmark}/{variant}.h5"
 
@@ -238,8 +233,6 @@ TRANSFERS = [
 # ---- report ----
 # The analysis stage (ablations, sweeps, divergence, profiles of one vanilla-prompt cache)
 # and the report (tables and figures from evaluation/analysis files and cache attributes).
-import os
-
 from ladbench.report.tables import TABLE_BUILDERS
 
 TABLE_FORMATS = ["md", "csv", "tex", "html"]
