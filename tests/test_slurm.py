@@ -218,6 +218,20 @@ def test_stop_ends_only_the_recorded_daemons_and_only_our_link(tmp_path):
             process.wait()
 
 
+def test_a_process_is_known_by_its_program_from_the_moment_popen_returns():
+    # The command line is still empty for a moment after exec begins (seen on a loaded CI
+    # machine); the identity check must not read that window as "not running".
+    for _ in range(50):
+        process = subprocess.Popen(["sleep", "60"])
+        try:
+            assert slurm_cluster.process_is(process.pid, "sleep")
+            assert not slurm_cluster.process_is(process.pid, "slurmd")
+        finally:
+            process.kill()
+            process.wait()
+        assert not slurm_cluster.process_is(process.pid, "sleep")
+
+
 def test_memory_sizes_convert_to_mib():
     assert mebibytes("1000M") == 1000 and mebibytes("2G") == 2048 and mebibytes("1T") == 1024 ** 2
 

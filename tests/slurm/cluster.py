@@ -235,12 +235,23 @@ def free_port() -> int:
 
 # ---- processes ------------------------------------------------------------------------
 def process_is(pid: int, daemon: str) -> bool:
-    """Whether ``pid`` runs ``daemon`` now (guards against a PID reused after a crash)."""
+    """Whether ``pid`` runs ``daemon`` now (guards against a PID reused after a crash).
+
+    The executable link is read first: it is set as soon as exec starts, while the command
+    line stays empty (and ``comm`` keeps the parent's name) until the kernel has laid out
+    the new program's arguments, a window a loaded machine makes visible right after
+    ``Popen`` returns."""
+    try:
+        exe = os.readlink(f"/proc/{pid}/exe").removesuffix(" (deleted)")
+        if os.path.basename(exe) == daemon:
+            return True
+    except OSError:
+        pass  # gone, a zombie, or not ours to read
     try:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
         return False
-    return bool(cmdline) and os.path.basename(cmdline[0].decode(errors="replace")) == daemon
+    return os.path.basename(cmdline[0].decode(errors="replace")) == daemon
 
 
 def _reap(pid: int) -> None:
