@@ -64,8 +64,10 @@ def _row_function(method: str, n: int, model_dir: str, image_size: int, device: 
     """Load the model for ``method`` and return (callable running one row, sequence length)."""
     import torch
 
+    from ladbench.benchmark import load_benchmark
+    from ladbench.data.coco import load_image_table
     from ladbench.inference.cache import plan_rows
-    from ladbench.inference.runner import InferenceSettings, RowRunner, image_paths, load_json
+    from ladbench.inference.runner import InferenceSettings, RowRunner, image_paths
     from ladbench.models import load_adapter
 
     attention = {"bare": "sdpa", "ours": "capture", "reference": "eager"}[method]
@@ -75,8 +77,8 @@ def _row_function(method: str, n: int, model_dir: str, image_size: int, device: 
     settings = InferenceSettings(benchmark=bench_path, images=images_path, out=os.path.join(tmp, "x.h5"),
                                  model_name="medium", family="qwen2_5_vl", model_path=model_dir,
                                  image_size=image_size, device=device)
-    bench = load_json(bench_path, "benchmark")
-    runner = RowRunner(adapter, settings, bench, plan_rows(bench), image_paths(load_json(images_path, "i"), "i"))
+    bench = load_benchmark(bench_path)
+    runner = RowRunner(adapter, settings, bench, plan_rows(bench), image_paths(load_image_table(images_path)))
     first_token = adapter.tokenizer.convert_tokens_to_ids("1")
 
     @torch.no_grad()

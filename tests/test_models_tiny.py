@@ -74,3 +74,29 @@ def test_demo_model_cli_is_deterministic_and_offline(hf_offline, tmp_path):
     assert not os.path.exists(str(tmp_path / "a") + ".tmp")
     for f in ("config.json", "chat_template.jinja", "tokenizer.json", "preprocessor_config.json"):
         assert (tmp_path / "a" / f).exists(), f
+
+
+def test_qwen_vision_tower_one_image_at_a_time_equals_the_joint_encoding(tiny_adapter):
+    """The adapter encodes each image separately (linear in N); the features must equal
+    the native joint encoding over all the row's patches (one block-diagonal mask)."""
+    import numpy as np
+    import torch
+    from PIL import Image
+
+    adapter = tiny_adapter("qwen2_5_vl", "sdpa")
+    base = adapter.model.model
+    assert "get_image_features" in vars(base)                         # the adapter's per-image override
+    assert "get_image_features" not in vars(tiny_adapter("qwen2_5_vl", "eager").model.model)   # reference path
+    rng = np.random.default_rng(0)
+    sizes = [(200, 150), (90, 260), (170, 130), (260, 200)]          # several windows, unequal grids
+    images = [Image.fromarray(rng.integers(0, 255, (h, w, 3), dtype=np.uint8)) for w, h in sizes]
+    # larger than the tiny preset's images, so that each spans several 8 x 8-patch windows
+    inputs = adapter.processor.image_processor(images, max_pixels=300 * 300, return_tensors="pt")
+    grid = inputs["image_grid_thw"]
+    assert len(set(map(tuple, grid.tolist()))) == len(images) and bool((grid[:, 1:].amax(-1) > 8).all())
+    with torch.no_grad():
+        separate = base.get_image_features(inputs["pixel_values"], grid)
+        joint = type(base).get_image_features(base, inputs["pixel_values"], grid)
+    assert [t.shape for t in separate] == [t.shape for t in joint]
+    for a, b in zip(separate, joint):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
