@@ -194,7 +194,9 @@ def main() -> None:
     p.add_argument("--image-size", type=int, default=336, help="square image size before the processor (336)")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads (2)")
-    p.add_argument("--model-dir", default=None, help="existing medium model folder (built if omitted)")
+    p.add_argument("--model-dir", default=None, help="existing model folder (built from --preset if omitted)")
+    p.add_argument("--preset", default="medium", help="size of the random model built when --model-dir is "
+                   "omitted (medium; tiny only checks that the script runs)")
     p.add_argument("--methods", nargs="+", default=["bare", "ours", "reference"])
     p.add_argument("--json", default=None, help="also write the raw results here")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
@@ -212,8 +214,8 @@ def main() -> None:
         return
     if args.model_dir is None:
         from ladbench.models.tiny import build_tiny_model
-        args.model_dir = build_tiny_model("qwen2_5_vl", os.path.join(tempfile.mkdtemp(), "medium_qwen2_5_vl"),
-                                          seed=0, preset="medium")
+        args.model_dir = build_tiny_model("qwen2_5_vl", os.path.join(tempfile.mkdtemp(), f"{args.preset}_qwen2_5_vl"),
+                                          seed=0, preset=args.preset)
     timing, memory = [], []
     for n in args.n:
         timing += _run_worker("time", n, args)

@@ -88,7 +88,8 @@ def all_variants(base: LadSettings) -> list[Variant]:
 def run(args: argparse.Namespace) -> Timer:
     timer = Timer()
     base = LadSettings(layer_range=tuple(args.layer_range))
-    informative = (args.layer_range[0] + 4, args.layer_range[0] + 7)
+    first, last = args.layer_range[0], min(args.layer_range[1], args.layers - 1)
+    informative = tuple(sorted({min(first + 4, last), min(first + 7, last)}))   # inside the LAD layer range
     for n in args.n:
         with timer.step(n, "simulate cache", args.instances * args.orderings + args.pool * n):
             sim = simulate_cache(

@@ -91,6 +91,9 @@ def test_killed_run_resumes_and_equals_uninterrupted_run(tiny_model, tmp_path):
         np.testing.assert_allclose(resumed[key], ref[key], atol=1e-6, rtol=0, err_msg=key)
     assert resumed.attrs["config_sha256"] == ref.attrs["config_sha256"]
     assert resumed.attrs["last_run_rows"] == total - after_kill   # only the missing rows were computed
+    # the rate covers the rows of both runs, not only the resumed part
+    assert np.all(resumed["seconds"] > 0) and resumed.attrs["timed_rows"] == total
+    assert resumed.attrs["rows_per_s"] == pytest.approx(total / resumed["seconds"].astype(np.float64).sum(), rel=1e-5)
 
 
 def test_finished_cache_is_not_rewritten_unless_inputs_change(tiny_model, tmp_path):

@@ -113,6 +113,9 @@ def _result_datasets(layout: CacheLayout, n_rows: int) -> dict[str, tuple[tuple[
         "attn": ((r, lyr, n), np.float32, np.nan),
         "attn_text": ((r, lyr), np.float32, np.nan),
         "done": ((r,), np.bool_, False),
+        # wall-clock seconds of the row (its batch's time shared equally): the job's rate and
+        # Table 2's latency come from all rows, however many resumed runs wrote them
+        "seconds": ((r,), np.float32, np.nan),
     }
     if layout.store_heads:
         out["attn_heads"] = ((r, lyr, layout.n_heads, n), np.float16, np.nan)
@@ -166,7 +169,7 @@ class CacheWriter:
             os.remove(path)
         work = partial_path(path)
         if os.path.exists(work):
-            reason = cls._reuse_problem(work, plan, attrs["config_sha256"])
+            reason = cls._reuse_problem(work, plan, layout, attrs["config_sha256"])
             if reason is None:
                 return cls(path, len(plan))
             log.warning("%s: starting a new cache (%s)", work, reason)
@@ -174,7 +177,7 @@ class CacheWriter:
         return cls(path, len(plan))
 
     @staticmethod
-    def _reuse_problem(path: str, plan: RowPlan, config_sha256: str) -> str | None:
+    def _reuse_problem(path: str, plan: RowPlan, layout: CacheLayout, config_sha256: str) -> str | None:
         try:
             with h5py.File(path, "r") as f:
                 if f.attrs.get("config_sha256") != config_sha256:
@@ -182,6 +185,9 @@ class CacheWriter:
                 for key, arr in plan.arrays().items():
                     if key not in f or not np.array_equal(f[key][()], arr):
                         return f"its row plan differs ({key})"
+                for key, (shape, _, _) in _result_datasets(layout, len(plan)).items():
+                    if key not in f or f[key].shape != shape:
+                        return f"its dataset layout differs ({key}; written by another version?)"
         except OSError as exc:                                   # unreadable: killed mid-write
             return f"existing file unreadable: {exc}"
         return None
@@ -230,6 +236,15 @@ class CacheWriter:
                 f.attrs[key] = _jsonable(value)
             f.attrs["complete"] = True
         os.replace(self.path, self.final_path)
+
+    def read(self, key: str) -> np.ndarray:
+        """One dataset of the work file, whole."""
+        with h5py.File(self.path, "r") as f:
+            return f[key][()]
+
+    def attr(self, key: str, default: Any = None) -> Any:
+        with h5py.File(self.path, "r") as f:
+            return f.attrs.get(key, default)
 
     def set_attrs(self, attrs: Mapping[str, Any]) -> None:
         with h5py.File(self.path, "a") as f:

@@ -273,11 +273,21 @@ class RowRunner:
 
 
 # --------------------------------------------------------------------------- driver
-def _peak_memory_mb(device: str) -> tuple[float, float]:
+def _throughput(row_seconds: np.ndarray) -> dict[str, float]:
+    """Rows per second over every row written so far, by this run or an interrupted earlier one."""
+    timed = row_seconds[np.isfinite(row_seconds)]
+    total = float(timed.sum())
+    return {"rows_per_s": len(timed) / total if total > 0 else float("nan"), "timed_rows": len(timed),
+            "timed_s": total}
+
+
+def _peak_memory(writer: CacheWriter, device: str) -> dict[str, float]:
+    """Peak CPU RSS and CUDA memory (MB) of this run, or of an earlier run of the same cache if higher."""
     import torch
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0            # Linux: KiB
     cuda = torch.cuda.max_memory_allocated() / 2 ** 20 if device.startswith("cuda") else float("nan")
-    return rss, cuda
+    return {"peak_rss_mb": float(np.nanmax([rss, writer.attr("peak_rss_mb", np.nan)])),
+            "peak_cuda_mb": float(np.fmax(cuda, writer.attr("peak_cuda_mb", np.nan)))}
 
 
 def run_inference(settings: InferenceSettings) -> str:
@@ -332,14 +342,15 @@ def run_inference(settings: InferenceSettings) -> str:
             parts: list[dict[str, np.ndarray]] = []
             for b0 in range(0, len(chunk), settings.batch_size):
                 batch = chunk[b0:b0 + settings.batch_size]
-                parts.append(step(batch))
+                t0 = time.perf_counter()
+                part = step(batch)
+                part["seconds"] = np.full(len(batch), (time.perf_counter() - t0) / len(batch), np.float32)
+                parts.append(part)
                 bar.update(len(batch))
             writer.write(chunk, {k: np.concatenate([p[k] for p in parts]) for k in parts[0]})
             done_now += len(chunk)
-    elapsed = time.perf_counter() - started
-    rss, cuda = _peak_memory_mb(device)
-    final = {"rows_per_s": done_now / elapsed if elapsed > 0 and done_now else float("nan"),
-             "peak_rss_mb": rss, "peak_cuda_mb": cuda, "last_run_rows": done_now, "last_run_s": elapsed}
+    final = {**_throughput(writer.read("seconds")), **_peak_memory(writer, device),
+             "last_run_rows": done_now, "last_run_s": time.perf_counter() - started}
     if len(writer.pending_rows()):
         writer.set_attrs(final)
         log.warning("%s: stopped after %d rows (--limit-rows); run again to continue", writer.path, done_now)
