@@ -71,6 +71,15 @@ def _positions(n: int) -> list[str]:
     return [str(i + 1) for i in range(n)]
 
 
+def _label_position_panel(ax, position: int, n_rows: int, n: int, ylabel: str) -> None:
+    """Axes of one per-ground-truth-position panel (Figs. 2 and 3): shares in [0, 1] per candidate position."""
+    ax.set_title(f"ground truth at {position + 1} ({n_rows} rows)")
+    ax.set_xticks(np.arange(n), _positions(n))
+    ax.set_ylim(0, 1)
+    ax.set_xlabel("candidate position")
+    ax.set_ylabel(ylabel)
+
+
 def _grid(n_panels: int, max_columns: int = 4, width: float = 3.0, height: float = 2.7):
     columns = min(n_panels, max_columns)
     rows = int(np.ceil(n_panels / columns))
@@ -140,11 +149,7 @@ def score_profile_figure(arrays: Mapping[str, np.ndarray], max_lines: int = 30, 
             for row in sample:
                 ax.plot(x, row, color=METHOD_COLORS["probability"], alpha=0.18, lw=0.8)
             ax.plot(x, members.mean(axis=0), color=OKABE_ITO["black"], lw=2.2, marker="o", label="mean")
-        ax.set_title(f"ground truth at {position + 1} ({len(members)} rows)")
-        ax.set_xticks(x, _positions(n))
-        ax.set_ylim(0, 1)
-        ax.set_xlabel("candidate position")
-        ax.set_ylabel("P(candidate) from the scores")
+        _label_position_panel(ax, position, len(members), n, "P(candidate) from the scores")
     axes[0].legend(loc="upper right", frameon=False)
     fig.suptitle(title or "Candidate probabilities per ground-truth position (thin: individual rows)")
     fig.tight_layout()
@@ -173,11 +178,7 @@ def attention_vs_scores_figure(arrays: Mapping[str, np.ndarray], title: str = ""
             std = values.std(axis=0, ddof=1) if len(values) > 1 else None
             ax.bar(x + offset, values.mean(axis=0), width, yerr=std, capsize=2, color=METHOD_COLORS[signal],
                    label=labels[signal], error_kw={"lw": 0.8})
-        ax.set_title(f"ground truth at {position + 1} ({int(mask.sum())} rows)")
-        ax.set_xticks(x, _positions(n))
-        ax.set_ylim(0, 1)
-        ax.set_xlabel("candidate position")
-        ax.set_ylabel("share per position")
+        _label_position_panel(ax, position, int(mask.sum()), n, "share per position")
     axes[0].legend(loc="upper right", frameon=False)
     fig.suptitle(title or "Attention evidence versus scores per position (highlight: ground truth)")
     fig.tight_layout()

@@ -314,13 +314,7 @@ def table7(study: Study) -> Table:
     """Table 7 (divergence): Vanilla, raw attention, purified attention, Ours, per setting."""
     columns = ("vanilla", "raw_attention", "purified_attention", "lad")
     header = ["Setting"] + [DISPLAY_NAMES[c] if c != "lad" else "Ours" for c in columns]
-    blocks = []
-    for model in study.models:
-        rows = [
-            [study.setting_label(b)] + [acc_cell(_readout_metrics(study, model, b, c)) for c in columns]
-            for b in study.benchmarks
-        ]
-        blocks.append(Block(model, rows))
+    blocks = _accuracy_blocks(study, lambda model, b: [_readout_metrics(study, model, b, c) for c in columns])
     return Table(
         "table7",
         "Logits versus attention readouts (layout of Table 7)",
@@ -331,6 +325,14 @@ def table7(study: Study) -> Table:
     )
 
 
+def _accuracy_blocks(study: Study, metrics_of: Callable[[str, str], list]) -> list[Block]:
+    """One block per model, one row per benchmark setting: the accuracy cells of
+    ``metrics_of(model, benchmark)`` (one metrics dict or None per column)."""
+    return [Block(model, [[study.setting_label(b)] + [acc_cell(m) for m in metrics_of(model, b)]
+                          for b in study.benchmarks])
+            for model in study.models]
+
+
 # --------------------------------------------------------------------------- Table 8
 
 
@@ -339,13 +341,8 @@ def table8(study: Study) -> Table:
     columns = (("Vanilla", "vanilla", "vanilla"), ("SoFA", "sofa", "vanilla"),
                ("Permutation averaging (N passes)", "permavg", "permutation_average"), ("Ours", "vanilla", "lad"))
     header = ["Setting"] + [c[0] for c in columns]
-    blocks = []
-    for model in study.models:
-        rows = [
-            [study.setting_label(b)] + [acc_cell(study.method_metrics(model, b, prompt, method)) for _, prompt, method in columns]
-            for b in study.benchmarks
-        ]
-        blocks.append(Block(model, rows))
+    blocks = _accuracy_blocks(study, lambda model, b: [study.method_metrics(model, b, prompt, method)
+                                                       for _, prompt, method in columns])
     return Table(
         "table8",
         "Other debiasing baselines (layout of Table 8)",
