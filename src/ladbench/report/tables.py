@@ -215,7 +215,8 @@ def table2(study: Study) -> Table:
         blocks,
         [
             "Latency: seconds for one pass over the test set (one ordering of every evaluation instance), i.e. "
-            "instances / measured rows per second of the inference job (its last run, on the device named). "
+            "instances / measured rows per second of the inference job (timed over every row of the cache, "
+            "across resumed runs, on the device named). "
             "Peak MB: peak GPU memory allocated by the job, or, on a CPU, the process's peak resident memory (RSS).",
             "Unlike the paper, where each method re-runs the model, every logit- and attention-level method "
             "(Vanilla, PriDe, Ours, the readouts and all ablations) reads ONE cached pass: their cost is that pass's. "
