@@ -74,6 +74,13 @@ def test_cell_text_shows_estimate_spread_interval_and_missing_marker():
     assert Cell().text() == Cell(float("nan")).text() == "–"
 
 
+def test_latex_cells_use_the_same_layout_with_latex_marks_and_escaping():
+    table = Table("t", "T", ["m"], [Block("b", [[Cell(51.7, 1.38, 49.91, 53.49)], [Cell(3.0, note="97% & x_y")]])], [])
+    latex = to_latex(table)
+    assert r"51.70$\pm$1.38 {\scriptsize[49.9, 53.5]}" in latex
+    assert r"3.00 {\scriptsize(97\% \& x\_y)}" in latex
+
+
 def test_markdown_csv_and_latex_carry_the_same_numbers():
     table = small_table()
     markdown = to_markdown(table)

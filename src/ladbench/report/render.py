@@ -15,7 +15,7 @@ import io
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence, Union
+from typing import Callable, Sequence, Union
 
 from ladbench.atomic import atomic_write_text
 
@@ -49,17 +49,19 @@ class Cell:
     def missing(self) -> bool:
         return not _is_number(self.value)
 
-    def text(self, plus_minus: str = "±") -> str:
-        """``51.70±1.38 [49.9, 53.5]``; "–" when the value is missing."""
+    def text(self, plus_minus: str = "±", interval: str = "[{}, {}]", note: str = "({})",
+             escape: Callable[[str], str] = str) -> str:
+        """``51.70±1.38 [49.9, 53.5]``; "–" when the value is missing. The separators and
+        wrappers are parameters so that LaTeX (``_latex_entry``) reuses the same layout."""
         if self.missing:
             return MISSING
         out = f"{self.value:.{self.digits}f}"
         if _is_number(self.std):
             out += f"{plus_minus}{self.std:.{self.digits}f}"
         if _is_number(self.low) and _is_number(self.high):
-            out += f" [{self.low:.{self.ci_digits}f}, {self.high:.{self.ci_digits}f}]"
+            out += " " + interval.format(f"{self.low:.{self.ci_digits}f}", f"{self.high:.{self.ci_digits}f}")
         if self.note:
-            out += f" ({self.note})"
+            out += " " + note.format(escape(self.note))
         return out
 
 
@@ -183,14 +185,8 @@ def latex_escape(text: str) -> str:
 def _latex_entry(entry: Entry) -> str:
     if not isinstance(entry, Cell) or entry.missing:
         return latex_escape(_entry_text(entry))
-    out = f"{entry.value:.{entry.digits}f}"
-    if _is_number(entry.std):
-        out += rf"$\pm${entry.std:.{entry.digits}f}"
-    if _is_number(entry.low) and _is_number(entry.high):
-        out += rf" {{\scriptsize[{entry.low:.{entry.ci_digits}f}, {entry.high:.{entry.ci_digits}f}]}}"
-    if entry.note:
-        out += rf" {{\scriptsize({latex_escape(entry.note)})}}"
-    return out
+    return entry.text(plus_minus=r"$\pm$", interval=r"{{\scriptsize[{}, {}]}}", note=r"{{\scriptsize({})}}",
+                      escape=latex_escape)
 
 
 def to_latex(table: Table) -> str:
