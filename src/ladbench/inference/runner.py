@@ -282,7 +282,8 @@ def _throughput(row_seconds: np.ndarray) -> dict[str, float]:
 
 
 def _peak_memory(writer: CacheWriter, device: str) -> dict[str, float]:
-    """Peak CPU RSS and CUDA memory (MB) of this run, or of an earlier run of the same cache if higher."""
+    """Peak CPU RSS and CUDA memory (MB) of this run, or of an earlier run of the same cache
+    if higher (one that ended and recorded its peak; a killed run records none)."""
     import torch
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0            # Linux: KiB
     cuda = torch.cuda.max_memory_allocated() / 2 ** 20 if device.startswith("cuda") else float("nan")
