@@ -18,6 +18,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from PIL import Image  # noqa: E402
 
+from ladbench.atomic import file_digest  # noqa: E402
 from ladbench import features as ft  # noqa: E402
 from ladbench.data import coco, synthetic  # noqa: E402
 
@@ -48,7 +49,7 @@ def reference_file(tiny):
 
 def test_demo_clip_round_trips_through_the_real_loading_path(tiny):
     m = tiny["manifest"]
-    assert m["weights_sha256"] == ft.sha256_file(m["pretrained"])
+    assert m["weights_sha256"] == file_digest(m["pretrained"])
     model, preprocess, tokenizer, weights = ft.load_clip(m["model"], m["pretrained"], m["model_config"])
     saved = torch.load(m["pretrained"], weights_only=True)
     loaded = model.state_dict()

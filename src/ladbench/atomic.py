@@ -1,5 +1,5 @@
-"""Atomic file writes (a reader never sees a half-written output), and the JSON reader
-whose errors name the file.
+"""Atomic file writes (a reader never sees a half-written output), the JSON reader
+whose errors name the file, and a chunked file digest.
 
 Every output is written to ``<name>.<pid>.tmp`` beside its target and then renamed over
 it with :func:`os.replace` (atomic on POSIX within one file system, which "beside the
@@ -15,6 +15,7 @@ object or an explicit format, e.g. ``np.savez(open(tmp, "wb"), ...)`` or
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -22,7 +23,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-__all__ = ["atomic_path", "atomic_write_text", "atomic_write_json"]
+__all__ = ["atomic_path", "atomic_write_text", "atomic_write_json", "read_json", "file_digest"]
 
 
 def _tmp_path_for(path: Path) -> Path:
@@ -93,3 +94,13 @@ def read_json(path: str | os.PathLike, missing: str, error: type[Exception] = Va
         raise error(f"{path}: {missing}") from None
     except json.JSONDecodeError as err:
         raise error(f"{path}: not valid JSON ({err})") from None
+
+
+def file_digest(path: str | os.PathLike, algorithm: str = "sha256", chunk_bytes: int = 1 << 22) -> str:
+    """Hex digest of a file (any ``hashlib`` algorithm), read in chunks so that multi-GB
+    archives and weights never sit in memory whole."""
+    digest = hashlib.new(algorithm)
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(chunk_bytes), b""):
+            digest.update(block)
+    return digest.hexdigest()

@@ -75,16 +75,16 @@ def draw_pool(eligible: np.ndarray, pool_size: int, rng: np.random.Generator) ->
     return rng.choice(eligible, size=size, replace=False)
 
 
-def draw_targets(pool_len: int, n_eval: int, n_calibration: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """Distinct pool positions for the evaluation targets and the calibration targets (disjoint)."""
+def draw_targets(pool_len: int, n_eval: int, n_calibration: int, rng: np.random.Generator) -> np.ndarray:
+    """Distinct pool positions of the targets: the first ``n_eval`` for evaluation, the rest
+    for calibration (so the two sets are disjoint)."""
     if n_eval < 1 or n_calibration < 0:
         raise BenchmarkError(f"--n-eval must be >= 1 and --n-calibration >= 0, got {n_eval}, {n_calibration}")
     if n_eval + n_calibration > pool_len:
         raise BenchmarkError(f"the pool has {pool_len} images but {n_eval} evaluation + {n_calibration} "
                              "calibration instances need that many distinct target images; lower "
                              "--n-eval/--n-calibration or use a larger dataset")
-    chosen = rng.choice(pool_len, size=n_eval + n_calibration, replace=False)
-    return chosen[:n_eval], chosen[n_eval:]
+    return rng.choice(pool_len, size=n_eval + n_calibration, replace=False)
 
 
 # --- distractors ------------------------------------------------------------------------
@@ -231,8 +231,7 @@ def build_benchmark(table: dict, features: dict, setting: str, n_candidates: int
               file=sys.stderr)
     if len(pool) < n_candidates:
         raise BenchmarkError(f"the pool has {len(pool)} images, fewer than N = {n_candidates} candidates")
-    eval_targets, cal_targets = draw_targets(len(pool), n_eval, n_calibration, rng)
-    targets = np.concatenate([eval_targets, cal_targets])
+    targets = draw_targets(len(pool), n_eval, n_calibration, rng)
 
     # Everything below depends on N and the setting; a separate stream keeps steps 1-3 shared.
     rng_n = np.random.default_rng([seed, n_candidates, SETTINGS.index(setting)])

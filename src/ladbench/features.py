@@ -43,7 +43,7 @@ import torch
 from PIL import Image
 from tqdm import tqdm
 
-from ladbench.atomic import atomic_path, atomic_write_json
+from ladbench.atomic import atomic_path, atomic_write_json, file_digest
 from ladbench.data.coco import load_image_table
 
 DEFAULT_MODEL = "ViT-L-14-quickgelu"
@@ -129,15 +129,6 @@ def resolve_weights(model_name: str, pretrained: str, cache_dir: str | None = No
     return Path(path)
 
 
-def sha256_file(path: str | os.PathLike, chunk_bytes: int = 1 << 22) -> str:
-    """Hex sha256 of a file, read in chunks."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(chunk_bytes), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def pick_device(device: str) -> torch.device:
     """``auto`` -> CUDA when present, else CPU; ``cuda`` without a GPU is an error."""
     if device == "auto":
@@ -191,7 +182,7 @@ def build_tiny_clip(out_dir: str | os.PathLike, seed: int = 0, name: str = TINY_
         torch.save(model.state_dict(), tmp)
     load_clip(name, str(weights_path), config_path)  # the same code path as a real model
     manifest = {"model": name, "model_config": str(config_path), "pretrained": str(weights_path),
-                "weights_sha256": sha256_file(weights_path), "seed": seed}
+                "weights_sha256": file_digest(weights_path), "seed": seed}
     atomic_write_json(out / "clip.json", manifest, indent=2)
     return manifest
 
@@ -328,7 +319,7 @@ def compute_features(images_json: str | os.PathLike, out: str | os.PathLike, mod
     torch_device = pick_device(device)
     model, preprocess, tokenizer, weights = load_clip(model_name, pretrained, model_config, torch_device, cache_dir)
     dim = int(encode_text_batch(model, tokenizer, captions[:1], torch_device).shape[1])
-    attrs = {"model": model_name, "pretrained": str(pretrained), "weights_sha256": sha256_file(weights),
+    attrs = {"model": model_name, "pretrained": str(pretrained), "weights_sha256": file_digest(weights),
              "open_clip_version": open_clip.__version__, "table_sha256": table_fingerprint(table)}
 
     out = Path(out)

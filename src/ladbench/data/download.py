@@ -31,7 +31,6 @@ Outputs (``dataset_outputs``):
 from __future__ import annotations
 
 import argparse
-import hashlib
 import http.client
 import os
 import re
@@ -48,7 +47,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from ladbench.atomic import atomic_write_json
+from ladbench.atomic import atomic_write_json, file_digest
 from ladbench.data.coco import flickr8k_to_coco
 
 _CHUNK = 1 << 20
@@ -202,15 +201,6 @@ def fetch(url: str, dest: str | os.PathLike, md5: str | None = None, size: int |
     return dest
 
 
-def md5_file(path: str | os.PathLike) -> str:
-    """Hex MD5 of a file, read in chunks."""
-    digest = hashlib.md5()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(_CHUNK), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def verify_file(path: str | os.PathLike, expected_size: int | None = None, md5: str | None = None,
                 is_zip: bool = False, label: str | None = None) -> None:
     """Raise :class:`DownloadError` unless the file has the size, MD5 and (zip) member CRCs expected."""
@@ -220,7 +210,7 @@ def verify_file(path: str | os.PathLike, expected_size: int | None = None, md5: 
     if expected_size is not None and actual != expected_size:
         raise DownloadError(f"{name}: got {actual} bytes, expected {expected_size}; the file was deleted")
     if md5 is not None:
-        got = md5_file(path)
+        got = file_digest(path, "md5")
         if got != md5:
             raise DownloadError(f"{name}: MD5 {got} != expected {md5} (corrupted or a different file); "
                                 "the file was deleted")

@@ -25,6 +25,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from ladbench.atomic import file_digest
 from ladbench.benchmark import load_benchmark
 from ladbench.data.coco import load_image_table
 
@@ -101,14 +102,6 @@ class InferenceSettings:
 
 
 # --------------------------------------------------------------------------- inputs
-def file_sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def image_paths(table: dict) -> dict[int, str]:
     """image_id -> file path, from an image table read by ``load_image_table`` (formats.md §1)."""
     return {int(im["image_id"]): os.path.join(table["image_root"], im["file_name"]) for im in table["images"]}
@@ -135,7 +128,7 @@ def model_fingerprint(model_path: str) -> dict[str, Any]:
     for name in sorted(os.listdir(model_path)):
         full = os.path.join(model_path, name)
         if name == "config.json":
-            out[name] = file_sha256(full)
+            out[name] = file_digest(full)
         elif name.endswith((".safetensors", ".bin")):
             out[name] = os.path.getsize(full)
     return out
@@ -143,8 +136,8 @@ def model_fingerprint(model_path: str) -> dict[str, Any]:
 
 def config_sha256(settings: InferenceSettings, bench_path: str, images_path: str) -> str:
     """Identity of a cache's inputs: hashed settings, benchmark and image table, model files."""
-    payload = {"settings": settings.hashed_fields(), "benchmark_sha256": file_sha256(bench_path),
-               "images_sha256": file_sha256(images_path), "model": model_fingerprint(settings.model_path),
+    payload = {"settings": settings.hashed_fields(), "benchmark_sha256": file_digest(bench_path),
+               "images_sha256": file_digest(images_path), "model": model_fingerprint(settings.model_path),
                "cache_format": 1}
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
