@@ -29,6 +29,8 @@ from typing import Any, Mapping, Sequence
 import h5py
 import numpy as np
 
+from ladbench.atomic import atomic_path
+
 log = logging.getLogger(__name__)
 
 SPLIT_EVAL, SPLIT_CALIBRATION = 0, 1
@@ -132,6 +134,11 @@ def _jsonable(value: Any) -> Any:
     return json.dumps(value, sort_keys=True) if isinstance(value, (dict, list, tuple)) else value
 
 
+def _write_attrs(h5: h5py.File, attrs: Mapping[str, Any]) -> None:
+    for key, value in attrs.items():
+        h5.attrs[key] = _jsonable(value)
+
+
 def partial_path(path: str) -> str:
     """Where the cache ``path`` is built until it is complete."""
     return path + ".partial"
@@ -142,17 +149,16 @@ def is_complete_for(path: str, config_sha256: str) -> bool:
     try:
         with h5py.File(path, "r") as f:
             return bool(f.attrs.get("complete", False)) and f.attrs.get("config_sha256") == config_sha256
-    except (OSError, FileNotFoundError):
+    except OSError:
         return False
 
 
 class CacheWriter:
     """Resumable writer of one inference cache; see the module docstring for the guarantees."""
 
-    def __init__(self, path: str, n_rows: int) -> None:
+    def __init__(self, path: str) -> None:
         self.final_path = path
         self.path = partial_path(path)
-        self.n_rows = n_rows
 
     @classmethod
     def open(cls, path: str, plan: RowPlan, layout: CacheLayout, attrs: Mapping[str, Any]) -> "CacheWriter":
@@ -171,10 +177,10 @@ class CacheWriter:
         if os.path.exists(work):
             reason = cls._reuse_problem(work, plan, layout, attrs["config_sha256"])
             if reason is None:
-                return cls(path, len(plan))
+                return cls(path)
             log.warning("%s: starting a new cache (%s)", work, reason)
         cls._create(work, plan, layout, attrs)
-        return cls(path, len(plan))
+        return cls(path)
 
     @staticmethod
     def _reuse_problem(path: str, plan: RowPlan, layout: CacheLayout, config_sha256: str) -> str | None:
@@ -194,19 +200,14 @@ class CacheWriter:
 
     @staticmethod
     def _create(path: str, plan: RowPlan, layout: CacheLayout, attrs: Mapping[str, Any]) -> None:
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        tmp = path + ".tmp"
         chunk_rows = max(1, min(len(plan), 256))
-        with h5py.File(tmp, "w") as f:
+        with atomic_path(path) as tmp, h5py.File(tmp, "w") as f:
             for key, arr in plan.arrays().items():
                 f.create_dataset(key, data=arr)
             for key, (shape, dtype, fill) in _result_datasets(layout, len(plan)).items():
                 chunks = (chunk_rows,) + shape[1:] if shape[0] else None
                 f.create_dataset(key, shape=shape, dtype=dtype, fillvalue=fill, chunks=chunks)
-            for key, value in attrs.items():
-                f.attrs[key] = _jsonable(value)
-            f.attrs["complete"] = False
-        os.replace(tmp, path)
+            _write_attrs(f, {**attrs, "complete": False})
 
     def pending_rows(self) -> np.ndarray:
         """Indices of the rows not yet written."""
@@ -232,9 +233,7 @@ class CacheWriter:
             undone = int((~f["done"][()]).sum())
             if undone:
                 raise RuntimeError(f"{self.path}: {undone} rows not written; refusing to mark the cache complete")
-            for key, value in attrs.items():
-                f.attrs[key] = _jsonable(value)
-            f.attrs["complete"] = True
+            _write_attrs(f, {**attrs, "complete": True})
         os.replace(self.path, self.final_path)
 
     def read(self, key: str) -> np.ndarray:
@@ -248,8 +247,7 @@ class CacheWriter:
 
     def set_attrs(self, attrs: Mapping[str, Any]) -> None:
         with h5py.File(self.path, "a") as f:
-            for key, value in attrs.items():
-                f.attrs[key] = _jsonable(value)
+            _write_attrs(f, attrs)
 
 
 # ------------------------------------------------------------------------------ reader

@@ -71,10 +71,6 @@ class IdentifierTrie:
             return [()]
         return sorted(self.valid_next, key=lambda p: (len(p), p))
 
-    def needed_token_ids(self) -> list[int]:
-        """Every token id whose logit is read at some node."""
-        return sorted({t for toks in self.valid_next.values() for t in toks})
-
 
 def check_mode(mode: str) -> None:
     if mode not in SCORE_MODES:

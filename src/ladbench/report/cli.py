@@ -106,8 +106,7 @@ def run_confusion(args: argparse.Namespace) -> None:
 
 
 def run_figures(args: argparse.Namespace) -> None:
-    import json
-
+    from ladbench.atomic import read_json
     from ladbench.report.figures import (
         attention_vs_scores_figure,
         calibration_sweeps_figure,
@@ -115,8 +114,7 @@ def run_figures(args: argparse.Namespace) -> None:
         score_profile_figure,
     )
 
-    with open(args.analysis) as handle:
-        analysis = json.load(handle)
+    analysis = read_json(args.analysis, "analysis file not found (run `ladbench analyze`)")
     arrays = _npz(Path(args.analysis).with_suffix(".npz"))
     prefix = f"{args.title}: " if args.title else ""
     save_figure(score_profile_figure(arrays, title=f"{prefix}candidate probabilities per ground-truth position"),

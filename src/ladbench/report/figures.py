@@ -22,8 +22,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from ladbench.atomic import atomic_path  # noqa: E402
 from ladbench.metrics import confusion_matrix  # noqa: E402
-from ladbench.config import benchmark_parts  # noqa: E402
 from ladbench.report.study import SETTING_NAMES  # noqa: E402
 from ladbench.report.tables import DISPLAY_NAMES  # noqa: E402
 
@@ -32,7 +32,6 @@ __all__ = [
     "OKABE_ITO",
     "accuracy_vs_n_figure",
     "attention_vs_scores_figure",
-    "benchmark_title",
     "calibration_sweeps_figure",
     "confusion_figure",
     "divergence_figure",
@@ -342,13 +341,7 @@ def divergence_figure(entries: Sequence[tuple[str, Mapping[str, np.ndarray], dic
 def save_figure(fig, outputs: Sequence[str | Path]) -> None:
     """Write ``fig`` to every path (format from the suffix), then close it."""
     for path in outputs:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(path).with_name(Path(path).name + ".tmp" + Path(path).suffix)
-        fig.savefig(tmp, dpi=150, bbox_inches="tight")
-        tmp.replace(path)  # atomic: a reader never sees half a figure
+        with atomic_path(path) as tmp:         # a reader never sees half a figure
+            fig.savefig(tmp, format=Path(path).suffix[1:], dpi=150, bbox_inches="tight")
     plt.close(fig)
 
-
-def benchmark_title(model: str, benchmark: str) -> str:
-    dataset, setting, n = benchmark_parts(benchmark)
-    return f"{model}: {dataset}, {SETTING_NAMES.get(setting, setting)}, N = {n}"

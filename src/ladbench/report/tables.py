@@ -268,10 +268,6 @@ def table3(study: Study) -> Table:
 # --------------------------------------------------------------------------- Tables 4 and 7
 
 
-def _vanilla_benchmarks_with_analysis(study: Study, model: str) -> list[str]:
-    return [b for b in study.benchmarks if study.analysis(model, b) is not None]
-
-
 def table4(study: Study) -> Table:
     """Table 4 (ablation): Strategy x Prior x K, for every model and benchmark analysed."""
     header = ["Strategy", "Prior", "K", "Acc", "RStd", "Cons."]
