@@ -49,15 +49,16 @@ class Published:
 
 
 _MODEL_ORDER = ("Qwen2.5-VL-3B", "LLaVA-OV-1.5-8B", "InternVL3-8B")
-# Table 1 / 6 row label -> (prompt of the cache, method of the evaluation)
-_TABLE1_METHODS = {
-    "Vanilla": ("vanilla", "vanilla"),
-    "Instruction": ("instruction", "vanilla"),
-    "CoT": ("cot", "generated"),
-    "PriDe": ("vanilla", "pride"),
-    "Self-Consistency": ("sc", "generated"),
-    "Ours (LAD)": ("vanilla", "lad"),
-}
+# Table 1 / 6 rows, in the paper's order: label, prompt of the cache, method of its evaluation.
+TABLE1_ROWS = (
+    ("Vanilla", "vanilla", "vanilla"),
+    ("Instruction", "instruction", "vanilla"),
+    ("CoT", "cot", "generated"),
+    ("PriDe", "vanilla", "pride"),
+    ("Self-Consistency", "sc", "generated"),
+    ("Ours (LAD)", "vanilla", "lad"),
+)
+_TABLE1_METHODS = {label: (prompt, method) for label, prompt, method in TABLE1_ROWS}
 
 # setting, N, method | Acc std RStd Cons. for each model in _MODEL_ORDER
 _TABLES_1_AND_6 = """

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from ladbench.report.published import PAPER_MODELS, PUBLISHED, Published, protocol_mismatches
+from ladbench.report.published import PAPER_MODELS, PUBLISHED, TABLE1_ROWS, Published, protocol_mismatches
 from ladbench.report.render import Block, Cell, Table
 from ladbench.config import benchmark_parts
 from ladbench.report.study import SETTING_NAMES, Study
@@ -54,15 +54,6 @@ CELL_NOTE = (
     "'–': not computed in this study."
 )
 
-# Table 1 / 6 rows, in the paper's order: label, prompt of the cache, method of its evaluation.
-TABLE1_ROWS = (
-    ("Vanilla", "vanilla", "vanilla"),
-    ("Instruction", "instruction", "vanilla"),
-    ("CoT", "cot", "generated"),
-    ("PriDe", "vanilla", "pride"),
-    ("Self-Consistency", "sc", "generated"),
-    ("Ours (LAD)", "vanilla", "lad"),
-)
 # Shown only when the study evaluated them.
 TABLE1_OPTIONAL_ROWS = (("PriDe (original)", "vanilla", "pride_original"),)
 
@@ -205,7 +196,7 @@ def table2(study: Study) -> Table:
                                                    evaluation.get("n_orderings"))
                         latency.append(lat)
                         memory.append(mem)
-                    setting_label = f"{dataset} {SETTING_NAMES[setting]}" if len(study.datasets()) > 1 else SETTING_NAMES[setting]
+                    setting_label = study.setting_label(next(iter(benchmarks.values())), with_n=False)
                     rows.append([setting_label, label] + latency + memory)
         blocks.append(Block(model, rows))
     return Table(
