@@ -40,3 +40,9 @@ def test_undefined_metrics_are_written_as_null_and_printed_as_a_dash(tmp_path, c
     assert "RStd –" in capsys.readouterr().out
     with np.load(out.with_suffix(".npz")) as predictions:
         assert predictions["pred_vanilla"].tolist() == [[0], [0], [0]]
+
+
+def test_the_printed_summary_line_shows_undefined_metrics_as_a_dash():
+    from ladbench.stages.options import metrics_line
+    line = metrics_line("lad", {"acc_mean": 51.7, "acc_std": 1.38, "rstd": None, "cons": 6.61, "extra": 1})
+    assert line == "                 lad: Acc 51.70 ± 1.38  RStd –  Cons 6.61"

@@ -30,7 +30,7 @@ from tqdm import tqdm
 from ladbench import divergence, methods, metrics
 from ladbench.atomic import atomic_path, atomic_write_json
 from ladbench.calibration import Calibration, fit_calibration, log_softmax
-from ladbench.stages.options import add_bootstrap_arguments, add_lad_arguments, lad_settings
+from ladbench.stages.options import add_bootstrap_arguments, add_lad_arguments, lad_settings, metrics_line
 from ladbench.inference.cache import read_cache
 from ladbench.stages.arrays import CalibrationArrays, EvalArrays, calibration_arrays, eval_arrays
 
@@ -368,6 +368,5 @@ def run(args: argparse.Namespace) -> None:
             np.savez(handle, **arrays)
     for row in document["readouts"]:
         if "metrics" in row:
-            m = row["metrics"]
-            print(f"{row['label']:>20s}: Acc {m['acc_mean']:.2f} ± {m['acc_std']:.2f}  RStd {m['rstd']:.2f}  Cons {m['cons']:.2f}")
+            print(metrics_line(row["label"], row["metrics"]))
     print(f"wrote {args.out} and {npz}")

@@ -16,7 +16,7 @@ import numpy as np
 from ladbench import methods, metrics
 from ladbench.atomic import atomic_path, atomic_write_json
 from ladbench.calibration import Calibration
-from ladbench.stages.options import add_bootstrap_arguments, add_lad_arguments, lad_settings
+from ladbench.stages.options import add_bootstrap_arguments, add_lad_arguments, lad_settings, metrics_line
 from ladbench.inference.cache import read_cache
 from ladbench.stages.arrays import EvalArrays, eval_arrays
 
@@ -120,7 +120,5 @@ def run(args: argparse.Namespace) -> None:
             np.savez(handle, target_pos=arrays.target_pos, order=arrays.order,
                      **{f"pred_{name}": pred for name, pred in draws[0].items()})
     for name in names:
-        m = {key: "–" if value is None else f"{value:.2f}" for key, value in summary[name].items()
-             if key in ("acc_mean", "acc_std", "rstd", "cons")}  # None: undefined on this set
-        print(f"{name:>20s}: Acc {m['acc_mean']} ± {m['acc_std']}  RStd {m['rstd']}  Cons {m['cons']}")
+        print(metrics_line(name, summary[name]))
     print(f"wrote {args.out} and {npz}")

@@ -1,4 +1,5 @@
-"""Command-line options shared by the stages that run methods on a cache (evaluate, analyze)."""
+"""Command-line options and the printed summary line shared by the stages that run methods
+on a cache (evaluate, analyze)."""
 
 from __future__ import annotations
 
@@ -33,3 +34,11 @@ def lad_settings(args: argparse.Namespace) -> LadSettings:
         top_k=args.top_k, tau=args.tau, layer_range=parse_layer_range(args.layer_range),
         layer_mean=args.layer_mean, mixture=args.mixture,
     )
+
+
+def metrics_line(label: str, summary: dict) -> str:
+    """``vanilla: Acc 51.70 ± 1.38  RStd 36.27  Cons 6.61``; "–" for a metric that is undefined
+    on this set (None: e.g. RStd when some position never holds the target)."""
+    m = {key: "–" if summary.get(key) is None else f"{summary[key]:.2f}"
+         for key in ("acc_mean", "acc_std", "rstd", "cons")}
+    return f"{label:>20s}: Acc {m['acc_mean']} ± {m['acc_std']}  RStd {m['rstd']}  Cons {m['cons']}"
