@@ -21,9 +21,10 @@ import os
 import shutil
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
-__all__ = ["atomic_path", "atomic_write_text", "atomic_write_json", "read_json", "file_digest"]
+__all__ = ["atomic_path", "atomic_write_text", "atomic_write_json", "json_one_item_per_line", "read_json",
+           "file_digest"]
 
 
 def _tmp_path_for(path: Path) -> Path:
@@ -79,6 +80,18 @@ def atomic_write_json(path: str | os.PathLike, obj: Any, **json_kw: Any) -> None
     A trailing newline is added so the files are friendly to ``cat`` and ``diff``.
     """
     atomic_write_text(path, json.dumps(obj, **json_kw) + "\n")
+
+
+def json_one_item_per_line(doc: dict, list_keys: Sequence[str]) -> str:
+    """JSON text of ``doc`` with each item of the lists under ``list_keys`` on its own line
+    (placed after the other keys, in that order): valid JSON, deterministic, and diffs of
+    large tables stay readable."""
+    head = {key: value for key, value in doc.items() if key not in list_keys}
+    parts = [json.dumps(head, ensure_ascii=False)[:-1]]
+    for key in list_keys:
+        lines = [json.dumps(item, ensure_ascii=False) for item in doc[key]]
+        parts.append(f', "{key}": [\n' + ",\n".join(lines) + "\n]")
+    return "".join(parts) + "}\n"
 
 
 def read_json(path: str | os.PathLike, missing: str, error: type[Exception] = ValueError) -> Any:

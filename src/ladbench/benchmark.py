@@ -36,7 +36,6 @@ and ``features`` (CLIP model and weights identity).
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
@@ -45,7 +44,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from ladbench.atomic import atomic_write_text, read_json
+from ladbench.atomic import atomic_write_text, json_one_item_per_line, read_json
 from ladbench.data.coco import load_image_table
 
 SETTINGS = ("random", "adversarial")
@@ -285,12 +284,7 @@ def _plain(value: Any) -> Any:
 
 def format_benchmark(doc: dict) -> str:
     """JSON text with one instance per line: valid JSON, diff-friendly, deterministic."""
-    head = {key: value for key, value in doc.items() if key not in ("eval", "calibration")}
-    parts = [json.dumps(head, ensure_ascii=False)[:-1]]
-    for key in ("eval", "calibration"):
-        lines = [json.dumps(instance, ensure_ascii=False) for instance in doc[key]]
-        parts.append(f', "{key}": [\n' + ",\n".join(lines) + "\n]")
-    return "".join(parts) + "}\n"
+    return json_one_item_per_line(doc, ["eval", "calibration"])
 
 
 def load_benchmark(path: str | os.PathLike) -> dict:

@@ -22,13 +22,12 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
 import os
 import sys
 from pathlib import Path
 from typing import Any, Iterable
 
-from ladbench.atomic import atomic_write_json, atomic_write_text, read_json
+from ladbench.atomic import atomic_write_json, atomic_write_text, json_one_item_per_line, read_json
 
 _MAX_LISTED = 5  # how many offending ids/files an error message lists
 
@@ -165,10 +164,7 @@ def build_image_table(captions_json: str | os.PathLike, instances_json: str | os
 
 def write_image_table(table: dict, out: str | os.PathLike) -> None:
     """Write the image table atomically: one image per line, so diffs stay readable."""
-    head = {key: value for key, value in table.items() if key != "images"}
-    lines = [json.dumps(row, ensure_ascii=False) for row in table["images"]]
-    text = json.dumps(head, ensure_ascii=False)[:-1] + ', "images": [\n' + ",\n".join(lines) + "\n]}"
-    atomic_write_text(out, text + "\n")
+    atomic_write_text(out, json_one_item_per_line(table, ["images"]))
 
 
 def load_image_table(path: str | os.PathLike) -> dict:
