@@ -245,6 +245,15 @@ def flickr8k_to_coco(captions_path: str | os.PathLike, image_root: str | os.Path
             "annotations": annotations}
 
 
+def write_flickr8k_coco(captions: str | os.PathLike, image_root: str | os.PathLike,
+                        out: str | os.PathLike) -> dict:
+    """Convert a Flickr8k caption file (:func:`flickr8k_to_coco`) and write the COCO
+    captions file atomically, compact; returns the document."""
+    doc = flickr8k_to_coco(captions, image_root)
+    atomic_write_json(out, doc, separators=(",", ":"))
+    return doc
+
+
 # --- CLI --------------------------------------------------------------------------------
 
 def _run_captions(args: argparse.Namespace) -> None:
@@ -256,8 +265,7 @@ def _run_captions(args: argparse.Namespace) -> None:
 
 
 def _run_flickr8k(args: argparse.Namespace) -> None:
-    doc = flickr8k_to_coco(args.captions, args.image_root)
-    atomic_write_json(args.out, doc, separators=(",", ":"))
+    doc = write_flickr8k_coco(args.captions, args.image_root, args.out)
     print(f"flickr8k-to-coco: {len(doc['images'])} images, {len(doc['annotations'])} captions -> {args.out}")
 
 

@@ -47,8 +47,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from ladbench.atomic import atomic_write_json, file_digest
-from ladbench.data.coco import flickr8k_to_coco
+from ladbench.atomic import file_digest
+from ladbench.data.coco import write_flickr8k_coco
 
 _CHUNK = 1 << 20
 _NOT_RETRIED = {400, 401, 403, 404, 410}
@@ -311,8 +311,7 @@ def download_dataset(dataset: str, dest: str | os.PathLike, url_base: str | None
             archive.unlink()
     outputs = dataset_outputs(dataset, dest)
     if dataset == "flickr8k" and not outputs["captions_json"].exists():
-        doc = flickr8k_to_coco(dest / "Flickr8k.token.txt", outputs["images_dir"])
-        atomic_write_json(outputs["captions_json"], doc, separators=(",", ":"))
+        write_flickr8k_coco(dest / "Flickr8k.token.txt", outputs["images_dir"], outputs["captions_json"])
     return outputs
 
 
