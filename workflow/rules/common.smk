@@ -208,15 +208,20 @@ def evaluation_inputs(wildcards):
     return inputs
 
 
-def evaluation_flags(wildcards):
+def lad_options(model):
+    """LAD's test-time settings for ``model`` (shared by evaluate and analyze)."""
     lad = config["lad"]
+    return dict(layer_range=layer_range_arg(config["models"][model]["layer_range"]), top_k=lad["top_k"],
+                tau=lad["tau"], layer_mean=lad["layer_mean"], mixture=lad["mixture"])
+
+
+def bootstrap_options():
     evaluation = config["evaluation"]
-    return flags(
-        layer_range=layer_range_arg(config["models"][wildcards.model]["layer_range"]),
-        top_k=lad["top_k"], tau=lad["tau"], layer_mean=lad["layer_mean"], mixture=lad["mixture"],
-        methods=variant_methods(wildcards.variant), bootstrap=evaluation["bootstrap"], ci=evaluation["ci"],
-        seed=evaluation["seed"],
-    )
+    return dict(bootstrap=evaluation["bootstrap"], ci=evaluation["ci"], seed=evaluation["seed"])
+
+
+def evaluation_flags(wildcards):
+    return flags(**lad_options(wildcards.model), methods=variant_methods(wildcards.variant), **bootstrap_options())
 
 
 EVALUATIONS = [evaluation_file(m, b, v) for m in MODELS for b in BENCHMARKS for v in VARIANTS]
@@ -248,16 +253,12 @@ def analysis_file(model, benchmark, variant, ext="json"):
 
 
 def analysis_flags(wildcards):
-    lad = config["lad"]
-    calibration = config["calibration"]
-    evaluation = config["evaluation"]
     sweeps = config["analysis"]  # Figure 6's and Table 4's sweeps (defaults in the schema)
     return flags(
-        layer_range=layer_range_arg(config["models"][wildcards.model]["layer_range"]),
-        top_k=lad["top_k"], tau=lad["tau"], layer_mean=lad["layer_mean"], mixture=lad["mixture"],
-        n_cal=N_CAL, seeds=CAL_SEEDS, score_average=calibration["score_average"],
+        **lad_options(wildcards.model),
+        n_cal=N_CAL, seeds=CAL_SEEDS, score_average=config["calibration"]["score_average"],
         dcal_sizes=sweeps["dcal_sizes"], dcal_draws=sweeps["dcal_draws"], taus=sweeps["taus"],
-        bootstrap=evaluation["bootstrap"], ci=evaluation["ci"], seed=evaluation["seed"],
+        **bootstrap_options(),
     )
 
 

@@ -11,6 +11,7 @@ and ``attn`` stay NaN).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import logging
@@ -217,18 +218,13 @@ class RowRunner:
             segs.append(segment_ids(ids[b], mask[b], spans, n))
         seg = torch.as_tensor(np.stack(segs), device=ad.device)
         modules = ad.attention_modules()
-        sofa_ctx = None
+        sofa_ctx = contextlib.nullcontext()
         if self.s.prompt == "sofa":
             bias = sofa_attention_bias(inputs["attention_mask"], inputs["input_ids"] == ad.image_token_id,
                                        self.s.sofa_sigma, ad.model.dtype)
             sofa_ctx = SofaMask([modules[i] for i in sofa_layers(len(modules), self.s.sofa_every)], bias)
-        need_cache = len(self.nodes) > 1
-        with LastRowCapture(modules, seg, n + 2) as cap:
-            if sofa_ctx is not None:
-                with sofa_ctx:
-                    logits, state = ad.prefill(inputs, use_cache=need_cache)
-            else:
-                logits, state = ad.prefill(inputs, use_cache=need_cache)
+        with LastRowCapture(modules, seg, n + 2) as cap, sofa_ctx:
+            logits, state = ad.prefill(inputs, use_cache=len(self.nodes) > 1)
         mass = cap.masses()                                              # [B, L, H, N + 2]
         logits_at = {(): logits.cpu().numpy()}
         for node in self.nodes[1:]:
