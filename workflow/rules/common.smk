@@ -243,9 +243,8 @@ from ladbench.report.tables import TABLE_BUILDERS
 TABLE_FORMATS = ["md", "csv", "tex", "html"]
 
 
-def vanilla_variants():
-    """Variants whose cache holds vanilla-prompt scores and attention (analysed ones)."""
-    return [v for v in VARIANTS if config["inference"]["variants"][v]["prompt"] == "vanilla"]
+# Variants whose cache holds vanilla-prompt scores and attention (the analysed ones).
+VANILLA_VARIANTS = [v for v in VARIANTS if config["inference"]["variants"][v]["prompt"] == "vanilla"]
 
 
 def analysis_file(model, benchmark, variant, ext="json"):
@@ -262,7 +261,7 @@ def analysis_flags(wildcards):
     )
 
 
-ANALYSES = [analysis_file(m, b, v) for m in MODELS for b in BENCHMARKS for v in vanilla_variants()]
+ANALYSES = [analysis_file(m, b, v) for m in MODELS for b in BENCHMARKS for v in VANILLA_VARIANTS]
 CACHES = [cache_file(m, b, v) for m in MODELS for b in BENCHMARKS for v in VARIANTS]
 
 
@@ -309,15 +308,15 @@ def expand_figures(stem, **wildcards):
 
 def model_evaluations(wildcards):
     """Same-benchmark evaluations of one model's vanilla-prompt caches (Fig. 5)."""
-    return [evaluation_file(wildcards.model, b, v) for b in BENCHMARKS for v in vanilla_variants()]
+    return [evaluation_file(wildcards.model, b, v) for b in BENCHMARKS for v in VANILLA_VARIANTS]
 
 
 def model_analyses(wildcards):
-    return [analysis_file(wildcards.model, b, v) for b in BENCHMARKS for v in vanilla_variants()]
+    return [analysis_file(wildcards.model, b, v) for b in BENCHMARKS for v in VANILLA_VARIANTS]
 
 
 def model_analysis_arrays(wildcards):
-    return [analysis_file(wildcards.model, b, v, "npz") for b in BENCHMARKS for v in vanilla_variants()]
+    return [analysis_file(wildcards.model, b, v, "npz") for b in BENCHMARKS for v in VANILLA_VARIANTS]
 
 
 def output_folder(wildcards, output):

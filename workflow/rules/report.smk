@@ -86,14 +86,11 @@ rule report_model_figures:
 rule report_all:
     input:
         rules.report_table.output,
-        expand_figures("confusion_{model}_{benchmark}_{variant}", model=MODELS, benchmark=BENCHMARKS, variant=vanilla_variants()),
-        expand_figures("score_profile_{model}_{benchmark}_{variant}", model=MODELS, benchmark=BENCHMARKS, variant=vanilla_variants()),
-        expand_figures(
-            "attention_vs_scores_{model}_{benchmark}_{variant}", model=MODELS, benchmark=BENCHMARKS, variant=vanilla_variants()
-        ),
-        expand_figures(
-            "calibration_sweeps_{model}_{benchmark}_{variant}", model=MODELS, benchmark=BENCHMARKS, variant=vanilla_variants()
-        ),
+        [
+            expand_figures(f"{figure}_{{model}}_{{benchmark}}_{{variant}}", model=MODELS, benchmark=BENCHMARKS,
+                           variant=VANILLA_VARIANTS)
+            for figure in ("confusion", "score_profile", "attention_vs_scores", "calibration_sweeps")
+        ],
         expand_figures("accuracy_vs_n_{model}", model=MODELS),
         expand_figures("divergence_{model}", model=MODELS),
         TRANSFERS,
