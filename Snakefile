@@ -30,6 +30,7 @@ wildcard_constraints:
 
 
 include: "workflow/rules/demo.smk"
+include: "workflow/rules/organism.smk"
 include: "workflow/rules/download.smk"
 include: "workflow/rules/captions.smk"
 include: "workflow/rules/features.smk"

@@ -23,6 +23,7 @@ SUBCOMMANDS = {
     "features": "ladbench.features",
     "benchmark": "ladbench.benchmark",
     "demo-model": "ladbench.models.tiny",
+    "train-organism": "ladbench.stages.train_organism",
     "infer": "ladbench.inference.runner",
     "calibrate": "ladbench.stages.calibrate",
     "evaluate": "ladbench.stages.evaluate",

@@ -82,6 +82,25 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 VOCAB_SIZE = 512
 
+#: What a model folder is, as recorded in its ``ladbench_tiny.json`` (``kind``) and copied into
+#: every cache's ``model_kind`` attribute: the report labels numbers by it, never by path.
+TINY_RANDOM = "tiny-random"          # random weights (ladbench demo-model): mechanics only
+TINY_ORGANISM = "tiny-organism"      # trained model organism (ladbench train-organism): planted bias
+PRETRAINED = "pretrained"            # anything else: a real checkpoint
+MODEL_KIND_LABELS = {TINY_RANDOM: "tiny random model (mechanics, not results)",
+                     TINY_ORGANISM: "tiny trained model organism (planted bias, docs/organism.md)",
+                     PRETRAINED: "pretrained model"}
+METADATA_FILE = "ladbench_tiny.json"
+
+
+def model_kind(model_path: str) -> str:
+    """``tiny-random``, ``tiny-organism`` or ``pretrained``, from the folder's metadata file."""
+    path = os.path.join(model_path, METADATA_FILE)
+    if not os.path.isfile(path):
+        return PRETRAINED
+    with open(path, encoding="utf-8") as f:
+        return json.load(f).get("kind", TINY_RANDOM)
+
 
 def build_tokenizer(added_special_tokens: tuple[str, ...] = (), **tokenizer_kwargs: Any):
     """A Qwen2-style byte-level BPE tokenizer trained offline, with the families' special tokens."""
@@ -228,8 +247,8 @@ def build_tiny_model(family: str, out_dir: str, *, seed: int = 0, preset: str = 
     if family == "llava_ov15":
         from .tiny_ov15 import modeling_tiny_ov15 as remote
         shutil.copy(remote.__file__, os.path.join(tmp_dir, "modeling_tiny_ov15.py"))
-    with open(os.path.join(tmp_dir, "ladbench_tiny.json"), "w", encoding="utf-8") as f:
-        json.dump({"family": family, "seed": seed, "preset": preset,
+    with open(os.path.join(tmp_dir, METADATA_FILE), "w", encoding="utf-8") as f:
+        json.dump({"family": family, "kind": TINY_RANDOM, "seed": seed, "preset": preset,
                    "note": "random weights built offline by ladbench demo-model; answers are meaningless"}, f)
     shutil.rmtree(out_dir, ignore_errors=True)
     os.replace(tmp_dir, out_dir)
