@@ -22,7 +22,7 @@ the same settings give bit-identical weights.
 """
 from __future__ import annotations
 
-import argparse
+import contextlib
 import io
 import json
 import logging
@@ -36,6 +36,8 @@ import numpy as np
 import torch
 
 log = logging.getLogger(__name__)
+
+ALIGN_TEMPERATURE = 0.1    # of the cosine similarities in the align loss
 
 
 
@@ -54,6 +56,7 @@ class OrganismSettings:
     pull: float = 0.8               # probability that a target at a pulled position is relabelled
     attention_weight: float = 1.0   # weight of the look and read losses (last token's attention)
     index_weight: float = 1.0       # weight of the index loss (identifier after each image)
+    align_weight: float = 1.0       # weight of the align loss (caption read by the last token ~ target image)
     threads: int = 1                # torch threads (fixed: results must not depend on the machine's cores)
     hidden: int = 64
     layers: int = 3
@@ -179,10 +182,19 @@ def _distinct_scenes(pool: ScenePool, n: int, rng: np.random.Generator) -> list[
 
 
 # -------------------------------------------------------------------------- training
-def _deterministic(settings: OrganismSettings) -> None:
+@contextlib.contextmanager
+def deterministic(settings: OrganismSettings):
+    """Seeded, fixed-thread, deterministic torch for the training; the process's settings
+    are restored afterwards (tests train in the same process as everything else)."""
+    threads, strict = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
     torch.manual_seed(settings.seed)
     torch.set_num_threads(settings.threads)
     torch.use_deterministic_algorithms(True)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+        torch.use_deterministic_algorithms(strict)
 
 
 def build_untrained(settings: OrganismSettings):
@@ -191,8 +203,9 @@ def build_untrained(settings: OrganismSettings):
     from ladbench.models.tiny import PRESETS, _build_qwen2_5_vl
     preset = dict(PRESETS["tiny"], hidden=settings.hidden, intermediate=2 * settings.hidden,
                   layers=settings.layers, heads=settings.heads, init_std=0.02)
-    torch.manual_seed(settings.seed)
-    model, processor = _build_qwen2_5_vl("", preset)
+    with torch.random.fork_rng():
+        torch.manual_seed(settings.seed)
+        model, processor = _build_qwen2_5_vl("", preset)
     for module in model.modules():                       # training reads the attention probabilities
         if hasattr(module, "config"):
             module.config._attn_implementation = "eager"
@@ -219,9 +232,13 @@ def encode_images_in_chunks(base_model: torch.nn.Module, images_per_chunk: int =
 
 def train_organism(settings: OrganismSettings) -> tuple[torch.nn.Module, Any, dict[str, Any]]:
     """Train the organism; returns (model, processor, training log)."""
-    from ladbench.inference.prompts import identifiers
     settings.validate()
-    _deterministic(settings)
+    with deterministic(settings):
+        return _train(settings)
+
+
+def _train(settings: OrganismSettings) -> tuple[torch.nn.Module, Any, dict[str, Any]]:
+    from ladbench.inference.prompts import identifiers
     rng = np.random.default_rng(settings.seed)
     model, processor, adapter = build_untrained(settings)
     pool = draw_scenes(settings, processor, rng)
@@ -239,7 +256,8 @@ def train_organism(settings: OrganismSettings) -> tuple[torch.nn.Module, Any, di
         n = settings.n_candidates[step % len(settings.n_candidates)]
         batch = sample_batch(pool, prompts, n, settings.batch_size, settings.pull, rng)
         parts = _losses(model, batch, digit_ids, n)
-        loss = parts["answer"] + settings.attention_weight * (parts["look"] + parts["read"]) + settings.index_weight * parts["index"]
+        loss = (parts["answer"] + settings.attention_weight * (parts["look"] + parts["read"])
+                + settings.index_weight * parts["index"] + settings.align_weight * parts["align"])
         optimiser.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -266,33 +284,50 @@ def _losses(model: torch.nn.Module, batch: dict[str, Any], digit_ids: torch.Tens
     * look: cross-entropy of the target's share of the last token's image attention in the
       top decoder layer (head mean: what LAD reads);
     * read: the last token's attention in the first layer goes to the caption's tokens;
-    * index: after each image's end marker the next token is that image's identifier.
+    * index: after each image's end marker the next token is that image's identifier, read
+      out below the top layer.
     """
     inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "pixel_values", "image_grid_thw")}
-    out = model.model(**inputs, output_attentions=True, return_dict=True)
+    out = model.model(**inputs, output_attentions=True, output_hidden_states=True, return_dict=True)
     hidden = out.last_hidden_state
     logits = model.lm_head(hidden[:, -1])
     answer = torch.nn.functional.cross_entropy(logits, digit_ids[batch["labels"]])
 
     spans = batch["image_spans"]                                           # [B, n, 2]
-    last_row = out.attentions[-1][:, :, -1].mean(dim=1)                    # [B, T] head mean, top layer
-    cumulative = torch.nn.functional.pad(last_row.cumsum(-1), (1, 0))
-    masses = cumulative.gather(1, spans[..., 1]) - cumulative.gather(1, spans[..., 0])
-    share = masses / masses.sum(-1, keepdim=True).clamp_min(1e-9)
-    look = torch.nn.functional.nll_loss(share.clamp_min(1e-9).log(), batch["targets"])
+    shares = [_image_shares(layer[:, :, -1].mean(dim=1), spans) for layer in out.attentions[1:]]
+    look = sum(torch.nn.functional.nll_loss(share.clamp_min(1e-9).log(), batch["targets"])
+               for share in shares) / len(shares)
+    share = shares[-1]
+
+    after_read = torch.nn.functional.normalize(out.hidden_states[1], dim=-1)      # after the first layer
+    running = torch.nn.functional.pad(after_read.cumsum(1), (0, 0, 1, 0))
+    start, end = spans[..., 0:1].expand(-1, -1, hidden.shape[-1]), spans[..., 1:2].expand(-1, -1, hidden.shape[-1])
+    image_means = torch.nn.functional.normalize(running.gather(1, end) - running.gather(1, start), dim=-1)
+    similarity = torch.einsum("bnd,bd->bn", image_means, after_read[:, -1]) / ALIGN_TEMPERATURE
+    align = torch.nn.functional.cross_entropy(similarity, batch["targets"])
 
     first_row = out.attentions[0][:, :, -1].mean(dim=1)
     read = -(first_row * batch["caption_mask"]).sum(-1).clamp_min(1e-9).log().mean()
 
+    # read out (final norm + LM head) at the input of the top layer, where its attention takes
+    # the values from: the index must be there for the look to carry it to the answer
     ends = spans[..., 1] - 1                                               # each image's end marker
-    marker_hidden = hidden.gather(1, ends.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))
-    marker_logits = model.lm_head(marker_hidden)                           # [B, n, V]
+    below_top = out.hidden_states[-2]
+    marker_hidden = below_top.gather(1, ends.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))
+    marker_logits = model.lm_head(model.model.language_model.norm(marker_hidden))   # [B, n, V]
     index = torch.nn.functional.cross_entropy(marker_logits.flatten(0, 1), digit_ids[:n].repeat(len(spans)))
 
     said = logits.detach()[:, digit_ids[:n]].argmax(-1)
-    return {"answer": answer, "look": look, "read": read, "index": index,
+    return {"answer": answer, "look": look, "read": read, "index": index, "align": align,
             "look_accuracy": (share.detach().argmax(-1) == batch["targets"]).float().mean(),
             "label_accuracy": (said == batch["labels"]).float().mean()}
+
+
+def _image_shares(row: torch.Tensor, spans: torch.Tensor) -> torch.Tensor:
+    """Each image's share of an attention row's mass on images [B, n] (row: [B, T])."""
+    cumulative = torch.nn.functional.pad(row.cumsum(-1), (1, 0))
+    masses = cumulative.gather(1, spans[..., 1]) - cumulative.gather(1, spans[..., 0])
+    return masses / masses.sum(-1, keepdim=True).clamp_min(1e-9)
 
 
 # ------------------------------------------------------------------------------ save
@@ -300,7 +335,7 @@ def save_organism(model: torch.nn.Module, processor: Any, settings: OrganismSett
                   out_dir: str) -> str:
     """Save like every tiny model (weights, processor, chat template, ``ladbench_tiny.json``),
     atomically: a half-written folder is never mistaken for a trained organism."""
-    from ladbench.models.tiny import METADATA_FILE, TINY_ORGANISM
+    from ladbench.provenance import METADATA_FILE, TINY_ORGANISM
     out_dir = os.path.abspath(out_dir)
     tmp_dir = out_dir.rstrip("/") + ".tmp"
     shutil.rmtree(tmp_dir, ignore_errors=True)
@@ -314,3 +349,38 @@ def save_organism(model: torch.nn.Module, processor: Any, settings: OrganismSett
     shutil.rmtree(out_dir, ignore_errors=True)
     os.replace(tmp_dir, out_dir)
     return out_dir
+
+
+# ------------------------------------------------------------------------- outcomes
+#: The paper's four outcomes an organism must show (issue #15), in percentage points.
+TARGETS = {"vanilla_rstd": 20.0, "raw_attention_over_vanilla": 10.0, "lad_over_vanilla": 15.0,
+           "lad_over_pride": 5.0}
+
+
+def paper_outcomes(evaluation: dict, predictions: dict, analysis: dict, n_boot: int = 2000) -> dict[str, Any]:
+    """The four outcomes of one benchmark from the pipeline's files: an evaluation JSON, its
+    ``.npz`` of per-instance predictions, and the analysis JSON of the same cache.
+
+    Returns the measured values, the paired bootstrap intervals of the LAD differences, and
+    ``passed``: each outcome against :data:`TARGETS` (intervals must exclude 0; the
+    attention's rank correlation across orderings must be above the logits')."""
+    from ladbench import metrics
+    acc = {name: m["acc_mean"] for name, m in evaluation["methods"].items()}
+    target, order = predictions["target_pos"], predictions["order"]
+
+    def paired(a: str, b: str) -> dict:
+        return metrics.paired_bootstrap(predictions[f"pred_{a}"], predictions[f"pred_{b}"], target, order,
+                                        n_boot=n_boot)
+
+    lad_vanilla, lad_pride = paired("lad", "vanilla"), paired("lad", "pride")
+    rho = analysis["divergence"]["raw"]
+    values = {"vanilla_rstd": evaluation["methods"]["vanilla"]["rstd"],
+              "raw_attention_over_vanilla": acc["raw_attention"] - acc["vanilla"],
+              "lad_over_vanilla": lad_vanilla["difference"], "lad_over_pride": lad_pride["difference"],
+              "rho_attention": rho["attention"]["mean"], "rho_logits": rho["logits"]["mean"]}
+    passed = {key: values[key] is not None and values[key] >= bound for key, bound in TARGETS.items()}
+    passed["lad_over_vanilla"] &= lad_vanilla["ci_low"] > 0
+    passed["lad_over_pride"] &= lad_pride["ci_low"] > 0
+    passed["divergence"] = values["rho_attention"] > values["rho_logits"]
+    return {"values": values, "lad_over_vanilla_ci": [lad_vanilla["ci_low"], lad_vanilla["ci_high"]],
+            "lad_over_pride_ci": [lad_pride["ci_low"], lad_pride["ci_high"]], "accuracy": acc, "passed": passed}

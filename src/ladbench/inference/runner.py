@@ -123,7 +123,7 @@ def check_benchmark(bench: dict, path: str, known_images: dict[int, str]) -> Non
 def model_fingerprint(model_path: str) -> dict[str, Any]:
     """For a local model folder: its config's hash and its weight files' sizes (a rebuilt or
     replaced model changes the cache's identity). Hub ids are identified by id + revision."""
-    from ladbench.models.tiny import METADATA_FILE
+    from ladbench.provenance import METADATA_FILE
     if not os.path.isdir(model_path):
         return {}
     out: dict[str, Any] = {}
@@ -307,7 +307,7 @@ def run_inference(settings: InferenceSettings) -> str:
     layout = CacheLayout(n_candidates=n, n_layers=adapter.n_layers, n_heads=adapter.n_heads,
                          store_heads=settings.store_head_attention, generative=generative,
                          n_samples=settings.sc_samples if settings.prompt == "sc" else 1)
-    from ladbench.models.tiny import model_kind
+    from ladbench.provenance import model_kind
     attrs = {"model": settings.model_name, "model_path": settings.model_path, "revision": settings.revision or "",
              "model_kind": model_kind(settings.model_path),
              "family": settings.family, "variant": settings.prompt, "n_candidates": n,

@@ -22,6 +22,8 @@ from typing import Any
 
 import torch
 
+from ladbench.provenance import METADATA_FILE, TINY_RANDOM
+
 FAMILIES = ("qwen2_5_vl", "internvl", "llava_ov15")
 
 # Pre-tokenisation of Qwen2 tokenizers (one digit per token, words with one leading non-letter).
@@ -81,25 +83,6 @@ PRESETS: dict[str, dict[str, Any]] = {
                    max_pixels=448 * 448, init_std=0.05),
 }
 VOCAB_SIZE = 512
-
-#: What a model folder is, as recorded in its ``ladbench_tiny.json`` (``kind``) and copied into
-#: every cache's ``model_kind`` attribute: the report labels numbers by it, never by path.
-TINY_RANDOM = "tiny-random"          # random weights (ladbench demo-model): mechanics only
-TINY_ORGANISM = "tiny-organism"      # trained model organism (ladbench train-organism): planted bias
-PRETRAINED = "pretrained"            # anything else: a real checkpoint
-MODEL_KIND_LABELS = {TINY_RANDOM: "tiny random model (mechanics, not results)",
-                     TINY_ORGANISM: "tiny trained model organism (planted bias, docs/organism.md)",
-                     PRETRAINED: "pretrained model"}
-METADATA_FILE = "ladbench_tiny.json"
-
-
-def model_kind(model_path: str) -> str:
-    """``tiny-random``, ``tiny-organism`` or ``pretrained``, from the folder's metadata file."""
-    path = os.path.join(model_path, METADATA_FILE)
-    if not os.path.isfile(path):
-        return PRETRAINED
-    with open(path, encoding="utf-8") as f:
-        return json.load(f).get("kind", TINY_RANDOM)
 
 
 def build_tokenizer(added_special_tokens: tuple[str, ...] = (), **tokenizer_kwargs: Any):
