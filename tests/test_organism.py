@@ -57,3 +57,73 @@ def test_training_prompt_is_the_inference_stage_prompt():
 def test_bias_is_position_conditional():
     assert [pulled_label(i, 4) for i in range(4)] == [0, 0, 2, 2]
     assert [pulled_label(i, 8) for i in range(8)] == [0, 0, 2, 2, 4, 4, 6, 6]
+
+
+# ------------------------------------------------------------------ through the pipeline
+ORGANISM_TEST_SIZES = {"n_eval": 100, "n_candidates": [4]}   # a few minutes; the demo runs 200 x N = 4, 8
+
+
+def organism_config(destination, model_spec: dict) -> "Path":
+    """The demo config with one model (the organism, or a folder given by path), its vanilla
+    variant only, at the test's size."""
+    import yaml
+    from workflow_runner import FULL_DEMO_CONFIG
+
+    config = yaml.safe_load(FULL_DEMO_CONFIG.read_text())
+    config["models"] = {"organism": model_spec}
+    config["inference"]["variants"] = {"vanilla": config["inference"]["variants"]["vanilla"]}
+    config["benchmarks"].update(ORGANISM_TEST_SIZES)
+    config["evaluation"]["transfer"] = []
+    destination.mkdir(parents=True, exist_ok=True)
+    path = destination / "organism.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+def outcomes_through_pipeline(workdir, model_spec: dict) -> dict[str, dict]:
+    """Run infer -> calibrate -> evaluate / analyze on the organism; the four outcomes per benchmark."""
+    import json
+    from workflow_runner import snakemake
+
+    from ladbench.organism import paper_outcomes
+
+    config = organism_config(workdir / "config", model_spec)
+    benchmarks = [f"scenes_{s}_N{n}" for s in ("random", "adversarial") for n in ORGANISM_TEST_SIZES["n_candidates"]]
+    out = workdir / "results" / "demo"
+    evaluations = {b: out / "eval" / "organism" / b / "vanilla" / f"cal-{b}.json" for b in benchmarks}
+    analyses = {b: out / "analysis" / "organism" / b / "vanilla.json" for b in benchmarks}
+    targets = [str(p.relative_to(workdir)) for p in [*evaluations.values(), *analyses.values()]]
+    snakemake(workdir, *targets, configfile=config)
+    return {b: paper_outcomes(json.loads(evaluations[b].read_text()), dict(np.load(evaluations[b].with_suffix(".npz"))),
+                              json.loads(analyses[b].read_text()))
+            for b in benchmarks}
+
+
+@pytest.mark.slow
+def test_trained_organism_shows_the_papers_four_outcomes(tmp_path):
+    import yaml
+    from workflow_runner import FULL_DEMO_CONFIG
+
+    spec = yaml.safe_load(FULL_DEMO_CONFIG.read_text())["models"]["organism_qwen2_5_vl"]
+    outcomes = outcomes_through_pipeline(tmp_path, spec)
+    for benchmark, result in outcomes.items():
+        assert all(result["passed"].values()), f"{benchmark}: {result}"
+
+
+@pytest.mark.slow
+def test_untrained_organism_does_not_show_them(tmp_path):
+    """The same architecture, tokenizer and pipeline with the organism's random initial
+    weights: the outcomes are the training's doing, not the pipeline's."""
+    import yaml
+    from workflow_runner import FULL_DEMO_CONFIG
+
+    from ladbench.organism import save_organism
+
+    spec = yaml.safe_load(FULL_DEMO_CONFIG.read_text())["models"]["organism_qwen2_5_vl"]
+    settings = OrganismSettings(**{k: v for k, v in spec["organism"].items()}, n_candidates=(4,))
+    model, processor, _ = build_untrained(settings)
+    folder = save_organism(model, processor, settings, {"steps_run": 0}, str(tmp_path / "untrained"))
+    outcomes = outcomes_through_pipeline(tmp_path / "run", {"family": "qwen2_5_vl", "path": folder,
+                                                            "layer_range": "all"})
+    for benchmark, result in outcomes.items():
+        assert not all(result["passed"].values()), f"{benchmark}: {result}"

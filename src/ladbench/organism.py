@@ -263,7 +263,7 @@ def _train(settings: OrganismSettings) -> tuple[torch.nn.Module, Any, dict[str, 
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimiser.step()
         schedule.step()
-        history.append({k: float(v) for k, v in parts.items()})
+        history.append({k: float(v.detach()) for k, v in parts.items()})
         if step % 25 == 0 or step == settings.steps - 1:
             log.info("step %d/%d  %s  (%.0f s)", step + 1, settings.steps,
                      "  ".join(f"{k} {v:.3f}" for k, v in _recent(history).items()), time.perf_counter() - started)
