@@ -18,6 +18,9 @@ if not workflow.overwrite_configfiles:
 include: "workflow/rules/common.smk"
 
 
+report: "workflow/report/workflow.rst"
+
+
 wildcard_constraints:
     dataset=r"[A-Za-z0-9][A-Za-z0-9.-]*",
     setting=r"random|adversarial",

@@ -18,7 +18,8 @@ FULL_DEMO_CONFIG = ROOT / "workflow" / "demo" / "config.yaml"
 # The DAG tests check mechanics (what runs, reruns, resumes), not results: they run the demo
 # without its trained model organism and at a small size (the organism's own test,
 # test_organism.py, runs it). Derived from the demo config so the two never drift apart.
-MECHANICS_SIZES = {"n_eval": 12, "n_candidates": [4]}
+MECHANICS_SIZES = {"n_eval": 12, "n_candidates": [4], "pool_size": 160}
+MECHANICS_SCENES = 160
 
 
 def mechanics_config(destination: Path) -> Path:
@@ -26,6 +27,8 @@ def mechanics_config(destination: Path) -> Path:
     config = yaml.safe_load(FULL_DEMO_CONFIG.read_text())
     config["models"] = {name: spec for name, spec in config["models"].items() if "organism" not in spec}
     config["benchmarks"].update(MECHANICS_SIZES)
+    for dataset in config["datasets"].values():
+        dataset["n_images"] = MECHANICS_SCENES
     config["evaluation"]["transfer"] = [
         t for t in config["evaluation"].get("transfer", [])
         if all(t[key].endswith(f"_N{MECHANICS_SIZES['n_candidates'][0]}") for key in ("calibrate_on", "evaluate_on"))]

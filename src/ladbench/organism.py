@@ -284,8 +284,7 @@ def _losses(model: torch.nn.Module, batch: dict[str, Any], digit_ids: torch.Tens
     * look: cross-entropy of the target's share of the last token's image attention in the
       top decoder layer (head mean: what LAD reads);
     * read: the last token's attention in the first layer goes to the caption's tokens;
-    * index: after each image's end marker the next token is that image's identifier, read
-      out below the top layer.
+    * index: every token of image k, read out below the top layer, predicts identifier k.
     """
     inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "pixel_values", "image_grid_thw")}
     out = model.model(**inputs, output_attentions=True, output_hidden_states=True, return_dict=True)
@@ -311,11 +310,13 @@ def _losses(model: torch.nn.Module, batch: dict[str, Any], digit_ids: torch.Tens
 
     # read out (final norm + LM head) at the input of the top layer, where its attention takes
     # the values from: the index must be there for the look to carry it to the answer
-    ends = spans[..., 1] - 1                                               # each image's end marker
+    width = int(spans[0, 0, 1] - spans[0, 0, 0])                           # every image span is as long
+    positions = (spans[..., :1] + torch.arange(width)).flatten(1)          # [B, n * width] all image tokens
     below_top = out.hidden_states[-2]
-    marker_hidden = below_top.gather(1, ends.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))
-    marker_logits = model.lm_head(model.model.language_model.norm(marker_hidden))   # [B, n, V]
-    index = torch.nn.functional.cross_entropy(marker_logits.flatten(0, 1), digit_ids[:n].repeat(len(spans)))
+    image_hidden = below_top.gather(1, positions.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))
+    image_logits = model.lm_head(model.model.language_model.norm(image_hidden))   # [B, n * width, V]
+    index_targets = digit_ids[:n].repeat_interleave(width).repeat(len(spans))
+    index = torch.nn.functional.cross_entropy(image_logits.flatten(0, 1), index_targets)
 
     said = logits.detach()[:, digit_ids[:n]].argmax(-1)
     return {"answer": answer, "look": look, "read": read, "index": index, "align": align,
