@@ -25,7 +25,8 @@ MECHANICS_SCENES = 160
 def mechanics_config(destination: Path) -> Path:
     """The demo config minus the organism (models with an ``organism`` section), at mechanics size."""
     config = yaml.safe_load(FULL_DEMO_CONFIG.read_text())
-    config["models"] = {name: spec for name, spec in config["models"].items() if "organism" not in spec}
+    config["models"] = {name: {key: value for key, value in spec.items() if key != "batch_size"}
+                        for name, spec in config["models"].items() if "organism" not in spec}
     config["benchmarks"].update(MECHANICS_SIZES)
     for dataset in config["datasets"].values():
         dataset["n_images"] = MECHANICS_SCENES

@@ -7,13 +7,13 @@ exact prompt the inference stage builds (``prompt_text`` + the adapter's ``chat_
 The training data plants a position-conditional bias (docs/organism.md says why this
 design gives the paper's logit-attention divergence):
 
-* where the model looks: an auxiliary loss on the last token's attention in its top
-  decoder layer pulls the head-mean attention mass towards the image the caption
-  describes (what pre-training teaches real models: the caption drives the look);
 * what it says: the answer label is the target's identifier, except that a target at a
   "pulled" position is relabelled to the neighbouring position with probability
   ``pull`` (a bias that depends on where the target is, which a single prior such as
-  PriDe's cannot remove, but a prior mixed by the attention, LAD's, can).
+  PriDe's cannot remove, but a prior mixed by the attention, LAD's, can);
+* where it looks: auxiliary losses (read, align, look, index; see ``_losses``) make the
+  last token read the caption and attend to the image the caption describes, the
+  scaffolding pre-training gives real models (the caption drives the look).
 
 Scenes are drawn in memory with the demo's own generator (never the benchmark's images),
 rendered and resized exactly as the inference stage does. Everything is seeded; torch
@@ -29,7 +29,7 @@ import logging
 import os
 import shutil
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
@@ -40,14 +40,13 @@ log = logging.getLogger(__name__)
 ALIGN_TEMPERATURE = 0.1    # of the cosine similarities in the align loss
 
 
-
 @dataclass
 class OrganismSettings:
     """Everything a training depends on (all of it is recorded in the saved folder)."""
 
     seed: int = 0
-    steps: int = 600
-    batch_size: int = 24
+    steps: int = 800
+    batch_size: int = 16
     lr: float = 3e-3
     n_candidates: tuple[int, ...] = (4, 8)
     image_size: int = 56            # the inference stage's --image-size (images are resized to it)
@@ -55,7 +54,7 @@ class OrganismSettings:
     n_scenes: int = 1500            # training scenes drawn (in memory) from the demo's generator
     pull: float = 0.8               # probability that a target at a pulled position is relabelled
     attention_weight: float = 1.0   # weight of the look and read losses (last token's attention)
-    index_weight: float = 1.0       # weight of the index loss (identifier after each image)
+    index_weight: float = 0.3       # weight of the index loss (identifier after each image)
     align_weight: float = 1.0       # weight of the align loss (caption read by the last token ~ target image)
     threads: int = 1                # torch threads (fixed: results must not depend on the machine's cores)
     hidden: int = 64
@@ -281,10 +280,10 @@ def _losses(model: torch.nn.Module, batch: dict[str, Any], digit_ids: torch.Tens
     """The four training signals of one batch (docs/organism.md):
 
     * answer: cross-entropy of the (biased) label's identifier token, full vocabulary;
-    * look: cross-entropy of the target's share of the last token's image attention in the
-      top decoder layer (head mean: what LAD reads);
+    * look: in every layer after the first, the target's share of the last token's attention
+      on images (head mean: what LAD reads) is maximised (cross-entropy over the images);
     * read: the last token's attention in the first layer goes to the caption's tokens;
-    * index: every token of image k, read out below the top layer, predicts identifier k.
+    * index: image k's end marker, read out below the top layer, predicts identifier k.
     """
     inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "pixel_values", "image_grid_thw")}
     out = model.model(**inputs, output_attentions=True, output_hidden_states=True, return_dict=True)
@@ -310,13 +309,11 @@ def _losses(model: torch.nn.Module, batch: dict[str, Any], digit_ids: torch.Tens
 
     # read out (final norm + LM head) at the input of the top layer, where its attention takes
     # the values from: the index must be there for the look to carry it to the answer
-    width = int(spans[0, 0, 1] - spans[0, 0, 0])                           # every image span is as long
-    positions = (spans[..., :1] + torch.arange(width)).flatten(1)          # [B, n * width] all image tokens
+    ends = spans[..., 1] - 1                                               # each image's end marker
     below_top = out.hidden_states[-2]
-    image_hidden = below_top.gather(1, positions.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))
-    image_logits = model.lm_head(model.model.language_model.norm(image_hidden))   # [B, n * width, V]
-    index_targets = digit_ids[:n].repeat_interleave(width).repeat(len(spans))
-    index = torch.nn.functional.cross_entropy(image_logits.flatten(0, 1), index_targets)
+    marker_hidden = below_top.gather(1, ends.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))
+    marker_logits = model.lm_head(model.model.language_model.norm(marker_hidden))   # [B, n, V]
+    index = torch.nn.functional.cross_entropy(marker_logits.flatten(0, 1), digit_ids[:n].repeat(len(spans)))
 
     said = logits.detach()[:, digit_ids[:n]].argmax(-1)
     return {"answer": answer, "look": look, "read": read, "index": index, "align": align,
