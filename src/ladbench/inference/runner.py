@@ -193,11 +193,12 @@ class PreparedBatch:
 
     rows: list[int]
     inputs: dict[str, Any]
-    segments: np.ndarray | None = None
+    segments: Any = None                       # torch.Tensor [B, T] (scoring variants)
 
     def pin_memory(self) -> "PreparedBatch":
-        """Called by the DataLoader's pinning thread on a GPU run: page-locked inputs copy asynchronously."""
-        return PreparedBatch(self.rows, {k: v.pin_memory() for k, v in self.inputs.items()}, self.segments)
+        """Called by the DataLoader's pinning thread on a GPU run: page-locked tensors copy asynchronously."""
+        segments = self.segments.pin_memory() if self.segments is not None else None
+        return PreparedBatch(self.rows, {k: v.pin_memory() for k, v in self.inputs.items()}, segments)
 
 
 class RowRunner:
@@ -247,6 +248,7 @@ class RowRunner:
 
     def prepare(self, rows: Sequence[int]) -> PreparedBatch:
         """The host part of a batch (runs in DataLoader workers): inputs and token segments."""
+        import torch
         texts, images = zip(*(self._row_inputs(r) for r in rows))
         inputs = self.adapter.encode_on_host(list(texts), list(images), for_prefill=not self.generative)
         batch = PreparedBatch([int(r) for r in rows], inputs)
@@ -258,7 +260,7 @@ class RowRunner:
                 if len(spans) != self.n:
                     raise RuntimeError(f"row {r}: found {len(spans)} image spans in the prompt, expected {self.n}")
                 segs.append(segment_ids(ids[b], mask[b], spans, self.n))
-            batch.segments = np.stack(segs)
+            batch.segments = torch.from_numpy(np.stack(segs))
         return batch
 
     def _prepared(self, batch: Sequence[int] | PreparedBatch) -> PreparedBatch:
@@ -276,7 +278,7 @@ class RowRunner:
         ad, n = self.adapter, self.n
         batch = self._prepared(batch)
         inputs = ad.to_device(batch.inputs, for_prefill=True)
-        seg = torch.as_tensor(batch.segments).to(ad.device, non_blocking=True)
+        seg = batch.segments.to(ad.device, non_blocking=True)
         modules = ad.attention_modules()
         sofa_ctx = contextlib.nullcontext()
         if self.s.prompt == "sofa":
