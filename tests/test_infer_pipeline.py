@@ -38,6 +38,35 @@ def test_dataloader_workers_write_the_same_cache_as_the_inline_loop(tiny_model, 
     assert a["done"].all() and a.attrs["batch_size_used"] == b.attrs["batch_size_used"] == 3
 
 
+def test_grouping_by_prompt_length_keeps_the_results(tiny_model, tmp_path):
+    model = tiny_model("qwen2_5_vl")
+    bench, images = make_demo_benchmark(tmp_path, 4, n_eval=3, n_orderings=2, n_cal=2)
+    plain = read_cache(runner.run_inference(_settings(model, bench, images, tmp_path / "a.h5", batch_size=3)))
+    grouped = read_cache(runner.run_inference(_settings(model, bench, images, tmp_path / "b.h5", batch_size=3,
+                                                        group_by_length=True)))
+    for key, tol in (("scores", 1e-4), ("attn", 1e-5), ("attn_text", 1e-5)):
+        np.testing.assert_allclose(grouped[key], plain[key], atol=tol, rtol=0, err_msg=key)
+    assert grouped["done"].all()
+
+
+def test_grouped_rows_keep_their_chunks_and_sort_by_prompt_length(tiny_adapter, tmp_path):
+    from ladbench.benchmark import load_benchmark
+    from ladbench.data.coco import load_image_table
+    from ladbench.inference.cache import plan_rows
+    adapter = tiny_adapter("qwen2_5_vl")
+    bench_path, images = make_demo_benchmark(tmp_path, 4, n_eval=4, n_orderings=3, n_cal=2)
+    bench = load_benchmark(bench_path)
+    rr = runner.RowRunner(adapter, _settings(adapter.model_path, bench_path, images, tmp_path / "x.h5"), bench,
+                          plan_rows(bench), runner.image_paths(load_image_table(images)))
+    rows = list(range(len(rr.plan.split)))
+    grouped = rr.grouped_by_length(rows, 5)
+    for c0 in range(0, len(rows), 5):
+        assert sorted(grouped[c0:c0 + 5]) == rows[c0:c0 + 5]
+        lengths = [rr.prepare([r]).inputs["input_ids"].shape[1] for r in grouped[c0:c0 + 5]]
+        assert lengths == sorted(lengths)
+    assert grouped != rows                                   # captions of two lengths alternate: it reorders
+
+
 def test_out_of_memory_batches_are_split_and_retried(tiny_model, tmp_path, monkeypatch):
     model = tiny_model("qwen2_5_vl")
     bench, images = make_demo_benchmark(tmp_path, 4, n_eval=3, n_orderings=2, n_cal=2)

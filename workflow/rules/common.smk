@@ -196,6 +196,7 @@ def infer_flags(wildcards):
         score_mode=inference["score_mode"], image_size=inference["image_size"],
         batch_size=model.get("batch_size", inference["batch_size"]), chunk_size=inference["chunk_size"],
         workers=inference.get("workers"), vision_tower=inference["vision_tower"],
+        group_by_length=inference["group_by_length"],
         dtype=inference["dtype"], device=inference["device"],
         store_head_attention=inference["store_head_attention"],
     )
