@@ -445,7 +445,7 @@ def run_batches(step: Callable[[PreparedBatch], dict[str, np.ndarray]],
                 raise
             batch_size = max(1, min(batch_size, len(chunks[chunk]) - offset) // 2)
             log.warning("a batch ran out of GPU memory; retrying its rows with batch size %d", batch_size)
-            del exc
+        if chunk < len(chunks):        # out of memory: the failed batch's tensors are freed now, return them to CUDA
             _release_cached_memory()
     return batch_size
 
