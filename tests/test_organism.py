@@ -127,3 +127,18 @@ def test_untrained_organism_does_not_show_them(tmp_path):
                                                             "layer_range": "all"})
     for benchmark, result in outcomes.items():
         assert not all(result["passed"].values()), f"{benchmark}: {result}"
+
+
+def test_model_kind_is_read_from_the_folders_metadata(tmp_path):
+    """What the report labels numbers by: the folder's ladbench_tiny.json, not its name."""
+    from ladbench.models.tiny import build_tiny_model
+    from ladbench.organism import save_organism
+    from ladbench.provenance import PRETRAINED, TINY_ORGANISM, TINY_RANDOM, model_kind
+
+    settings = OrganismSettings(**TINY_BUDGET)
+    model, processor, _ = build_untrained(settings)
+    organism = save_organism(model, processor, settings, {}, str(tmp_path / "tiny_random_looking_name"))
+    random_model = build_tiny_model("qwen2_5_vl", str(tmp_path / "organism_looking_name"))
+    assert model_kind(organism) == TINY_ORGANISM
+    assert model_kind(random_model) == TINY_RANDOM
+    assert model_kind(str(tmp_path)) == PRETRAINED
