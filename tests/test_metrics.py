@@ -44,7 +44,9 @@ def test_accuracy_per_ordering_mean_and_std_by_hand():
     # correct: ordering 0 -> 2 of 4 = 50 %, ordering 1 -> 1 of 4 = 25 %
     np.testing.assert_allclose(accuracy_per_ordering(PRED, TARGET), [50.0, 25.0])
     mean, std = acc_mean_std(PRED, TARGET)
-    assert mean == 37.5 and std == 12.5  # ddof = 0
+    # default ddof = 1 (the reference's sample std): sqrt((12.5^2 + 12.5^2) / 1) = 17.678
+    assert mean == 37.5 and std == pytest.approx(12.5 * np.sqrt(2))
+    assert acc_mean_std(PRED, TARGET, ddof=0)[1] == 12.5
     assert acc_mean_std(PRED, TARGET, ddof=1)[1] == pytest.approx(17.677670, abs=1e-6)
 
 
@@ -151,7 +153,7 @@ def test_paired_bootstrap_detects_a_real_difference_and_not_a_null_one():
 def test_summarize_is_json_and_consistent_with_the_point_metrics():
     summary = summarize(PRED, TARGET, ORDER, 3, n_boot=200, seed=0)
     json.dumps(summary)
-    assert summary["acc_mean"] == 37.5 and summary["acc_std"] == 12.5
+    assert summary["acc_mean"] == 37.5 and summary["acc_std"] == pytest.approx(12.5 * np.sqrt(2))
     assert summary["rstd"] == pytest.approx(40.414519, abs=1e-6)
     assert summary["cons"] == 50.0 and summary["parse_success"] == 87.5
     assert summary["confusion"] == [[1, 1, 0], [2, 1, 1], [0, 0, 1]]

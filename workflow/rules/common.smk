@@ -217,7 +217,8 @@ def lad_options(model):
 
 def bootstrap_options():
     evaluation = config["evaluation"]
-    return dict(bootstrap=evaluation["bootstrap"], ci=evaluation["ci"], seed=evaluation["seed"])
+    return dict(bootstrap=evaluation["bootstrap"], ci=evaluation["ci"], seed=evaluation["seed"],
+                acc_ddof=evaluation["acc_ddof"])
 
 
 def evaluation_flags(wildcards):

@@ -20,7 +20,7 @@ instances); with several draws, ``calibration_draws`` says how much it moves bet
 from __future__ import annotations
 
 import argparse
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -64,11 +64,13 @@ DCAL_METHODS = ("lad", "pride", "purified_attention")
 
 @dataclass(frozen=True)
 class Bootstrap:
-    """Bootstrap options of :func:`ladbench.metrics.summarize`: resamples, level, seed."""
+    """Options of :func:`ladbench.metrics.summarize`: bootstrap resamples, level, seed, and
+    the ddof of Acc's std (every table row and sweep uses the same one)."""
 
     n_boot: int = 1000
     ci: float = 0.95
     seed: int = 0
+    acc_ddof: int = metrics.ACC_STD_DDOF
 
     def kwargs(self) -> dict[str, Any]:
         return asdict(self)
@@ -90,10 +92,11 @@ def dcal_sizes_for_pool(requested: Sequence[int], pool_size: int) -> list[int]:
     return sorted({min(int(s), pool_size) for s in requested})
 
 
-def _metrics_of(pred: np.ndarray, arrays: EvalArrays, boot: Bootstrap | None) -> dict[str, Any]:
+def _metrics_of(pred: np.ndarray, arrays: EvalArrays, boot: Bootstrap, intervals: bool = True) -> dict[str, Any]:
+    """``summarize`` with ``boot``'s options; ``intervals=False`` skips the bootstrap (spreads over draws)."""
     n = arrays.scores.shape[-1]
-    options = boot if boot is not None else Bootstrap(n_boot=0)
-    return metrics.summarize(pred, arrays.target_pos, arrays.order, n, **options.kwargs())
+    boot = boot if intervals else replace(boot, n_boot=0)
+    return metrics.summarize(pred, arrays.target_pos, arrays.order, n, **boot.kwargs())
 
 
 def variant_result(
@@ -109,7 +112,7 @@ def variant_result(
         return {**row, "unavailable": str(error)}
     row["metrics"] = _metrics_of(predictions[0], arrays, boot)
     if len(predictions) > 1:
-        row["calibration_draws"] = metrics.spread_over_draws([_metrics_of(p, arrays, None) for p in predictions])
+        row["calibration_draws"] = metrics.spread_over_draws([_metrics_of(p, arrays, boot, False) for p in predictions])
     return row
 
 
@@ -159,6 +162,7 @@ def dcal_sweep(
     n_draws: int,
     average: str = "reference",
     progress: bool = False,
+    boot: Bootstrap | None = None,
 ) -> list[dict]:
     """Figure 6 (left): accuracy of LAD, PriDe and the purified readout versus |D_cal|.
 
@@ -167,6 +171,7 @@ def dcal_sweep(
     is the whole pool every draw is the same set, so one draw is used.
     """
     pool = cal.scores.shape[0]
+    boot = boot or Bootstrap()
     rows = []
     for size in tqdm(dcal_sizes_for_pool(sizes, pool), desc="|D_cal| sweep", disable=not progress):
         seeds = [0] if size == pool else list(range(n_draws))
@@ -174,7 +179,7 @@ def dcal_sweep(
         per_method = {}
         for name in DCAL_METHODS:
             variant = methods.Variant(name, name, base)
-            summaries = [_metrics_of(variant.predict(arrays, c), arrays, None) for c in calibrations]
+            summaries = [_metrics_of(variant.predict(arrays, c), arrays, boot, False) for c in calibrations]
             per_method[name] = metrics.spread_over_draws(summaries)
         rows.append({"n_cal": int(size), "seeds": seeds, "methods": per_method})
     return rows
@@ -218,7 +223,7 @@ def divergence_statistics(
     Returns the JSON summaries (without per-instance lists) and the per-instance rho
     arrays for the ``.npz`` (``rho_logits``, ``rho_attention_raw``, ``rho_attention_purified``).
     """
-    common = dict(top_k=base.top_k, layer_range=base.layer_range, **boot.kwargs())
+    common = dict(top_k=base.top_k, layer_range=base.layer_range, n_boot=boot.n_boot, ci=boot.ci, seed=boot.seed)
     raw = divergence.divergence_summary(arrays.scores, arrays.order, attn=arrays.attn, **common)
     purified = divergence.divergence_summary(
         arrays.scores, arrays.order, attn=arrays.attn, attn_prior=calibration.attn_prior, **common
@@ -300,7 +305,7 @@ def analyze(
         ("readouts", lambda: readout_rows(arrays, calibrations, base, boot)),
         ("ablation", lambda: ablation_rows(arrays, calibrations, base, boot)),
         ("tau_sweep", lambda: tau_sweep_rows(arrays, calibrations, base, taus, boot)),
-        ("dcal_sweep", lambda: dcal_sweep(arrays, cal, base, dcal_sizes, dcal_draws, score_average)),
+        ("dcal_sweep", lambda: dcal_sweep(arrays, cal, base, dcal_sizes, dcal_draws, score_average, boot=boot)),
         ("paper_vs_reference", lambda: paper_vs_reference_rows(arrays, cal, base, n_cal, seeds, boot)),
     ]
     document: dict[str, Any] = {
@@ -359,7 +364,7 @@ def run(args: argparse.Namespace) -> None:
     document, arrays = analyze(
         args.cache, base, n_cal=args.n_cal, seeds=args.seeds, score_average=args.score_average,
         dcal_sizes=args.dcal_sizes, dcal_draws=args.dcal_draws, taus=args.taus,
-        boot=Bootstrap(args.bootstrap, args.ci, args.seed), progress=True,
+        boot=Bootstrap(args.bootstrap, args.ci, args.seed, args.acc_ddof), progress=True,
     )
     atomic_write_json(args.out, metrics.json_safe(document), indent=1)
     npz = Path(args.out).with_suffix(".npz")

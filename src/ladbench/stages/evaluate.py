@@ -96,11 +96,13 @@ def run(args: argparse.Namespace) -> None:
     summary = {}
     for name in names:
         summary[name] = metrics.summarize(
-            draws[0][name], arrays.target_pos, arrays.order, n, n_boot=args.bootstrap, ci=args.ci, seed=args.seed
+            draws[0][name], arrays.target_pos, arrays.order, n, n_boot=args.bootstrap, ci=args.ci, seed=args.seed,
+            acc_ddof=args.acc_ddof,
         )
         if len(draws) > 1:
             summary[name]["calibration_draws"] = metrics.spread_over_draws(
-                [metrics.summarize(d[name], arrays.target_pos, arrays.order, n, n_boot=0) for d in draws]
+                [metrics.summarize(d[name], arrays.target_pos, arrays.order, n, n_boot=0, acc_ddof=args.acc_ddof)
+                 for d in draws]
             )
     result = {
         "cache": str(args.cache),
@@ -110,7 +112,8 @@ def run(args: argparse.Namespace) -> None:
         "n_instances": int(arrays.scores.shape[0]),
         "n_orderings": int(arrays.scores.shape[1]),
         "n_candidates": int(n),
-        "settings": {**settings.as_dict(), "bootstrap": args.bootstrap, "ci": args.ci, "seed": args.seed},
+        "settings": {**settings.as_dict(), "bootstrap": args.bootstrap, "ci": args.ci, "seed": args.seed,
+                     "acc_ddof": args.acc_ddof},
         "methods": summary,
     }
     atomic_write_json(args.out, result, indent=1)

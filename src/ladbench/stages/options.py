@@ -7,6 +7,7 @@ import argparse
 
 from ladbench.config import parse_layer_range
 from ladbench.methods import LadSettings
+from ladbench.metrics import ACC_STD_DDOF
 
 
 def add_lad_arguments(group) -> None:
@@ -27,6 +28,9 @@ def add_bootstrap_arguments(group, default_resamples: int) -> None:
                        help="bootstrap resamples over instances (0: no intervals)")
     group.add_argument("--ci", type=float, default=0.95, help="confidence level")
     group.add_argument("--seed", type=int, default=0, help="bootstrap seed")
+    group.add_argument("--acc-ddof", type=int, choices=(0, 1), default=ACC_STD_DDOF,
+                       help=f"delta degrees of freedom of Acc's std over the T orderings (default {ACC_STD_DDOF}, "
+                       "the reference's sample std)")
 
 
 def lad_settings(args: argparse.Namespace) -> LadSettings:
