@@ -212,7 +212,8 @@ def lad_options(model):
     """LAD's test-time settings for ``model`` (shared by evaluate and analyze)."""
     lad = config["lad"]
     return dict(layer_range=layer_range_arg(config["models"][model]["layer_range"]), top_k=lad["top_k"],
-                tau=lad["tau"], layer_mean=lad["layer_mean"], mixture=lad["mixture"])
+                tau=lad["tau"], layer_mean=lad["layer_mean"], mixture=lad["mixture"], layer_ties=lad["layer_ties"],
+                k_beyond_range=lad["k_beyond_range"])
 
 
 def bootstrap_options():

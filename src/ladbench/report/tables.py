@@ -272,6 +272,8 @@ def table4(study: Study) -> Table:
             rows = []
             for row in analysis.get("ablation", []):
                 k = "–" if row.get("top_k") is None else str(row["top_k"])
+                if any(w.startswith("top_k =") for w in row.get("warnings", [])):
+                    k += "*"  # lowered to the range's size (lad.k_beyond_range: lower)
                 rows.append([row["strategy"], "yes" if row["prior"] else "no", k] + three_cells(row.get("metrics")))
             blocks.append(Block(f"{model}, {benchmark}", rows))
     return Table(
@@ -282,7 +284,8 @@ def table4(study: Study) -> Table:
         [CELL_NOTE,
          "Attn readout: argmax of the attention evidence of the top-K layers, without (raw) or with (purified) "
          "the calibration prior. All layers: LAD averaging every layer. Dynamic: LAD with the top-K layers per "
-         "instance. A K larger than the layers searched is '–'. From the analysis files (first calibration draw)."],
+         "instance. K*: larger than the layers searched, so every searched layer is used (the reference lowers K; "
+         "with lad.k_beyond_range: error the row is '–'). From the analysis files (first calibration draw)."],
     )
 
 

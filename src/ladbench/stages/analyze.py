@@ -111,6 +111,8 @@ def variant_result(
     except ValueError as error:
         return {**row, "unavailable": str(error)}
     row["metrics"] = _metrics_of(predictions[0], arrays, boot)
+    if variant.method in ("lad", "raw_attention", "purified_attention"):
+        row["warnings"] = methods.selection_warnings(arrays.attn, variant.settings)
     if len(predictions) > 1:
         row["calibration_draws"] = metrics.spread_over_draws([_metrics_of(p, arrays, boot, False) for p in predictions])
     return row
@@ -256,9 +258,11 @@ def position_profiles(
     Returns the profiles (mean, std, count as lists) and the per-row values [I, T, N].
     """
     probabilities = np.exp(log_softmax(arrays.scores))
-    raw_share = _shares(methods.raw_attention(arrays.attn, base.top_k, base.layer_range))
+    selection = dict(ties=base.layer_ties, k_beyond_range=base.k_beyond_range)
+    raw_share = _shares(methods.raw_attention(arrays.attn, base.top_k, base.layer_range, **selection))
     log_pi = methods.purified_attention(
-        arrays.attn, calibration.attn_prior, top_k=base.top_k, layer_range=base.layer_range, layer_mean=base.layer_mean
+        arrays.attn, calibration.attn_prior, top_k=base.top_k, layer_range=base.layer_range, layer_mean=base.layer_mean,
+        **selection,
     )
     purified_share = methods.sharpen(log_pi, 1.0)
     rows = {"probability": probabilities, "attention_share": raw_share, "purified_share": purified_share}

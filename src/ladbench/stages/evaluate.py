@@ -41,6 +41,8 @@ def register(subparsers) -> None:
 
 # Methods that read a calibration; the others need none (e.g. on CoT caches).
 NEEDS_CALIBRATION = frozenset({"pride", "pride_original", "lad", "purified_attention"})
+# Methods that select layers by attention strength (their selection warnings are recorded).
+SELECTS_LAYERS = frozenset({"lad", "raw_attention", "purified_attention"})
 # What a cache of each prompt variant is evaluated with, unless --methods says otherwise.
 METHODS_FOR_PROMPT = {
     "vanilla": ("vanilla", "pride", "lad"),
@@ -115,6 +117,8 @@ def run(args: argparse.Namespace) -> None:
         "settings": {**settings.as_dict(), "bootstrap": args.bootstrap, "ci": args.ci, "seed": args.seed,
                      "acc_ddof": args.acc_ddof},
         "methods": summary,
+        # where the layer-selection rules (lad.layer_ties, lad.k_beyond_range) decided something
+        "warnings": methods.selection_warnings(arrays.attn, settings) if SELECTS_LAYERS.intersection(names) else [],
     }
     atomic_write_json(args.out, result, indent=1)
     npz = Path(args.out).with_suffix(".npz")
@@ -124,4 +128,6 @@ def run(args: argparse.Namespace) -> None:
                      **{f"pred_{name}": pred for name, pred in draws[0].items()})
     for name in names:
         print(metrics_line(name, summary[name]))
+    for warning in result["warnings"]:
+        print(f"warning: {warning}")
     print(f"wrote {args.out} and {npz}")
