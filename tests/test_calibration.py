@@ -142,7 +142,7 @@ def test_fit_calibration_uses_only_the_drawn_instances_and_round_trips(tmp_path)
     for name in ("instances", "L", "B", "attn_prior", "pride_prior", "pride_original_prior"):
         np.testing.assert_array_equal(getattr(back, name), getattr(cal, name))
     assert back.k == cal.k and back.settings == cal.settings
-    assert back.settings == {"n_cal": 5, "seed": 7, "average": "reference", "n_pool": 12}
+    assert back.settings == {"n_cal": 5, "seed": 7, "average": "reference", "n_pool": 12, "source": "pool"}
 
 
 def test_from_npz_names_the_missing_array(tmp_path):
@@ -155,3 +155,12 @@ def test_from_npz_names_the_missing_array(tmp_path):
 def test_fit_calibration_checks_shapes():
     with pytest.raises(ValueError, match="cal_attn shape"):
         fit_calibration(np.zeros((3, 2, 2)), np.zeros((3, 2, 4, 3)), np.tile([0, 1], (3, 1)), 2, 0)
+
+
+def test_evaluation_head_takes_the_first_instances_whatever_the_seed():
+    assert draw_calibration_instances(12, 5, 0, "evaluation_head").tolist() == [0, 1, 2, 3, 4]
+    assert draw_calibration_instances(12, 5, 9, "evaluation_head").tolist() == [0, 1, 2, 3, 4]
+    assert draw_calibration_instances(12, 5, 0).tolist() != [0, 1, 2, 3, 4] or \
+        draw_calibration_instances(12, 5, 1).tolist() != [0, 1, 2, 3, 4]
+    with pytest.raises(ValueError, match="'pool' or 'evaluation_head'"):
+        draw_calibration_instances(12, 5, 0, "test_set")

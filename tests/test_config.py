@@ -30,7 +30,8 @@ def test_paper_config_describes_the_paper_study():
     assert bench["n_candidates"] == [4, 8] and bench["settings"] == ["random", "adversarial"]
     assert bench["n_eval"] == 1000 and bench["n_orderings"] == 5 and bench["seed"] == 42
     assert config["calibration"]["n_cal"] == 5
-    assert config["lad"] == {"top_k": 2, "tau": 5.0, "layer_mean": "reference", "mixture": "reference"}
+    assert config["lad"] == {"top_k": 2, "tau": 5.0, "layer_mean": "reference", "mixture": "reference",
+                             "layer_ties": "highest", "k_beyond_range": "lower"}
     assert config["clip"]["model"] == "ViT-L-14-quickgelu" and config["clip"]["pretrained"] == "openai"
 
 

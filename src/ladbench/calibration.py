@@ -36,6 +36,7 @@ __all__ = [
 ]
 
 ScoreAverage = Literal["reference", "paper"]
+CalibrationSource = Literal["pool", "evaluation_head"]
 
 # Inside every log of a probability or an attention mass (METHOD §5): keeps exact zeros finite.
 EPS = 1e-20
@@ -48,11 +49,13 @@ def log_softmax(scores: np.ndarray, axis: int = -1) -> np.ndarray:
     return shifted - np.log(np.exp(shifted).sum(axis=axis, keepdims=True))
 
 
-def draw_calibration_instances(n_pool: int, n_cal: int, seed: int) -> np.ndarray:
-    """Sorted indices of ``n_cal`` distinct calibration instances drawn from a pool of ``n_pool``.
+def draw_calibration_instances(n_pool: int, n_cal: int, seed: int, source: CalibrationSource = "pool") -> np.ndarray:
+    """Sorted indices of ``n_cal`` distinct calibration instances of a pool of ``n_pool``.
 
-    The draw is a seeded permutation's first ``n_cal`` entries, so a given seed always
-    gives the same set, and ``n_cal = n_pool`` gives the whole pool.
+    ``source="pool"``: a seeded permutation's first ``n_cal`` entries, so a given seed always
+    gives the same set, and ``n_cal = n_pool`` gives the whole pool. ``"evaluation_head"``:
+    the pool holds the first evaluation instances (benchmark ``calibration_source``), and,
+    as the reference does, the first ``n_cal`` of them are taken; ``seed`` is not used.
     """
     if n_cal < 1:
         raise ValueError(f"|D_cal| (n_cal) must be at least 1, got {n_cal}")
@@ -61,6 +64,10 @@ def draw_calibration_instances(n_pool: int, n_cal: int, seed: int) -> np.ndarray
             f"|D_cal| = {n_cal} calibration instances requested but the cache's calibration pool "
             f"has only {n_pool}; lower n_cal or build the benchmark with a larger pool"
         )
+    if source == "evaluation_head":
+        return np.arange(n_cal)
+    if source != "pool":
+        raise ValueError(f"calibration source must be 'pool' or 'evaluation_head', got {source!r}")
     rng = np.random.default_rng(seed)
     return np.sort(rng.permutation(n_pool)[:n_cal])
 
@@ -259,8 +266,10 @@ def fit_calibration(
     n_cal: int,
     seed: int,
     average: ScoreAverage = "reference",
+    source: CalibrationSource = "pool",
 ) -> Calibration:
-    """Draw ``n_cal`` instances of the pool (``seed``) and fit every calibration quantity."""
+    """Draw ``n_cal`` instances of the pool (``seed``; the first ones for ``source =
+    "evaluation_head"``) and fit every calibration quantity."""
     cal_scores = np.asarray(cal_scores, dtype=np.float64)
     cal_attn = np.asarray(cal_attn, dtype=np.float64)
     cal_target_pos = np.asarray(cal_target_pos)
@@ -270,7 +279,7 @@ def fit_calibration(
             f"cal_attn shape {cal_attn.shape} does not match cal_scores {cal_scores.shape} "
             "(expected [C, N, Lyr, N])"
         )
-    instances = draw_calibration_instances(cal_scores.shape[0], n_cal, seed)
+    instances = draw_calibration_instances(cal_scores.shape[0], n_cal, seed, source)
     scores, attn, target = cal_scores[instances], cal_attn[instances], cal_target_pos[instances]
     L = score_matrix(scores, target, average)
     B, k = bias_matrix(L)
@@ -282,5 +291,6 @@ def fit_calibration(
         attn_prior=attention_prior(attn),
         pride_prior=pride_prior_reference(B),
         pride_original_prior=pride_prior_original(scores, target),
-        settings={"n_cal": int(n_cal), "seed": int(seed), "average": average, "n_pool": int(cal_scores.shape[0])},
+        settings={"n_cal": int(n_cal), "seed": int(seed), "average": average, "n_pool": int(cal_scores.shape[0]),
+                  "source": source},
     )

@@ -168,6 +168,7 @@ def benchmark_flags(wildcards):
         n_eval=bench["n_eval"], n_calibration=bench["n_calibration_pool"],
         n_orderings=bench["n_orderings"], pool_size=bench["pool_size"], seed=bench["seed"],
         caption_sim_max=bench["caption_sim_max"], category_rule=bench["category_rule"],
+        orderings=bench["orderings"], calibration_source=config["calibration"]["source"],
     )
 
 

@@ -69,10 +69,13 @@ def _target_index(inst: Mapping[str, Any], where: str) -> int:
 def plan_rows(benchmark: Mapping[str, Any], *, shifts_per_ordering: bool = False) -> RowPlan:
     """The row plan of a benchmark (docs/formats.md §3, §4); ``shifts_per_ordering`` for permavg."""
     n = int(benchmark["n_candidates"])
+    shared = benchmark.get("orderings") if benchmark.get("ordering_scheme") == "shared" else None
     rows: list[tuple[int, int, int, list[int], int]] = []     # split, instance, ordering, order, shift
     for i, inst in enumerate(benchmark["eval"]):
         if len(inst["candidates"]) != n:
             raise ValueError(f"benchmark eval[{i}] has {len(inst['candidates'])} candidates, expected {n}")
+        if shared is not None and inst["orderings"] != shared:
+            raise ValueError(f"benchmark eval[{i}].orderings differ from the shared orderings the file declares")
         for t, ordering in enumerate(inst["orderings"]):
             if sorted(ordering) != list(range(n)):
                 raise ValueError(f"benchmark eval[{i}].orderings[{t}] is not a permutation of range({n})")

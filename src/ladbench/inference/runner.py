@@ -312,7 +312,8 @@ def run_inference(settings: InferenceSettings) -> str:
              "score_mode": settings.score_mode, "prompt_sha256": prompt_sha256(settings.prompt, n, settings.identifiers),
              "config_sha256": digest, "settings": settings.hashed_fields(), "versions": library_versions(),
              "device": device, "dtype": str(adapter.model.dtype).replace("torch.", ""),
-             "benchmark": os.path.abspath(settings.benchmark)}
+             "benchmark": os.path.abspath(settings.benchmark),
+             "calibration_source": bench.get("calibration_source", "pool")}  # read by calibrate / analyze
     if settings.prompt == "sofa":
         attrs.update(sofa_sigma=settings.sofa_sigma, sofa_every=settings.sofa_every)
     writer = CacheWriter.open(settings.out, plan, layout, attrs)

@@ -77,8 +77,11 @@ class Bootstrap:
 
 
 def fit_draws(cal: CalibrationArrays, n_cal: int, seeds: Sequence[int], average: str = "reference") -> list[Calibration]:
-    """One calibration per seed, each from its own draw of ``n_cal`` pool instances."""
-    return [fit_calibration(cal.scores, cal.attn, cal.target_pos, n_cal=n_cal, seed=s, average=average) for s in seeds]
+    """One calibration per seed, each from its own draw of ``n_cal`` pool instances (with the
+    evaluation_head source every seed takes the same first instances, so one is fitted)."""
+    seeds = seeds[:1] if cal.source == "evaluation_head" else seeds
+    return [fit_calibration(cal.scores, cal.attn, cal.target_pos, n_cal=n_cal, seed=s, average=average,
+                            source=cal.source) for s in seeds]
 
 
 def dcal_sizes_for_pool(requested: Sequence[int], pool_size: int) -> list[int]:
@@ -176,7 +179,7 @@ def dcal_sweep(
     boot = boot or Bootstrap()
     rows = []
     for size in tqdm(dcal_sizes_for_pool(sizes, pool), desc="|D_cal| sweep", disable=not progress):
-        seeds = [0] if size == pool else list(range(n_draws))
+        seeds = [0] if size == pool or cal.source == "evaluation_head" else list(range(n_draws))
         calibrations = fit_draws(cal, size, seeds, average)
         per_method = {}
         for name in DCAL_METHODS:
@@ -322,6 +325,7 @@ def analyze(
         "n_candidates": int(arrays.scores.shape[-1]),
         "n_layers": int(arrays.attn.shape[-2]),
         "n_calibration_pool": pool,
+        "calibration_source": cal.source,
         "settings": {
             **base.as_dict(), "n_cal": int(n_cal), "calibration_seeds": [int(s) for s in seeds],
             "score_average": score_average, "dcal_sizes": dcal_sizes_for_pool(dcal_sizes, pool),

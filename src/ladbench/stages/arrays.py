@@ -27,6 +27,7 @@ class CalibrationArrays:
     scores: np.ndarray  # [C, N(shift), N]
     attn: np.ndarray  # [C, N(shift), Lyr, N]
     target_pos: np.ndarray  # [C, N(shift)]
+    source: str = "pool"  # the benchmark's calibration_source: how |D_cal| instances are taken from the pool
 
 
 def eval_arrays(cache: InferenceCache) -> EvalArrays:
@@ -35,4 +36,5 @@ def eval_arrays(cache: InferenceCache) -> EvalArrays:
 
 
 def calibration_arrays(cache: InferenceCache) -> CalibrationArrays:
-    return CalibrationArrays(*(cache.calibration_view(k) for k in ("scores", "attn", "target_pos")))
+    return CalibrationArrays(*(cache.calibration_view(k) for k in ("scores", "attn", "target_pos")),
+                             source=cache.attrs.get("calibration_source", "pool"))

@@ -26,8 +26,11 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> None:
     cal = calibration_arrays(read_cache(args.cache))
     calibration = fit_calibration(
-        cal.scores, cal.attn, cal.target_pos, n_cal=args.n_cal, seed=args.seed, average=args.score_average
+        cal.scores, cal.attn, cal.target_pos, n_cal=args.n_cal, seed=args.seed, average=args.score_average,
+        source=cal.source,  # from the benchmark, through the cache
     )
     calibration.to_npz(args.out)
-    print(f"calibration from {args.n_cal} of {cal.scores.shape[0]} instances (seed {args.seed}): k = {calibration.k:.4f}")
+    how = "the first" if cal.source == "evaluation_head" else f"seed {args.seed},"
+    print(f"calibration from {args.n_cal} of {cal.scores.shape[0]} instances ({how} source {cal.source}): "
+          f"k = {calibration.k:.4f}")
     print(f"wrote {args.out}")

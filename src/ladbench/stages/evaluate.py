@@ -109,6 +109,8 @@ def run(args: argparse.Namespace) -> None:
     result = {
         "cache": str(args.cache),
         "calibrations": [str(p) for p in args.calibration],
+        # pool (disjoint from the evaluation set) or evaluation_head (the reference's: its first instances)
+        "calibration_source": calibrations[0].settings.get("source", "pool") if calibrations[0] else None,
         "model": cache.attrs.get("model"),
         "prompt": cache.attrs.get("variant"),  # the cache's prompt variant
         "n_instances": int(arrays.scores.shape[0]),
