@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterable, Literal, Mapping, Protocol, Sequence
 
 import numpy as np
 
-from ladbench.calibration import EPS
+from ladbench.calibration import EPS, log_softmax, pride_log
 
 __all__ = [
     "METHODS",
@@ -426,10 +426,14 @@ def _pride_method(arrays: EvalArraysLike, calibration: CalibrationLike, settings
 
 
 def _pride_original_method(arrays: EvalArraysLike, calibration: CalibrationLike, settings=None) -> np.ndarray:
-    # The original subtracts log prior from log-probabilities; log-softmax differs from the
-    # raw scores by one constant per row, so subtracting from the scores predicts the same.
+    # The original subtracts the log prior from log(p + 1e-10) of the test probabilities.
+    # With exact logs, log-softmax differs from the raw scores by one constant per row, so
+    # subtracting from the scores predicts the same. A calibration written before the floor
+    # existed was fitted with exact logs.
     check_compatible(arrays.scores, None, calibration)
-    return predict(pride(arrays.scores, calibration.pride_original_prior))
+    logs = getattr(calibration, "settings", {}).get("pride_original_logs", "exact")
+    scores = arrays.scores if logs == "exact" else pride_log(np.exp(log_softmax(arrays.scores)), logs)
+    return predict(pride(scores, calibration.pride_original_prior))
 
 
 def _lad_method(arrays: EvalArraysLike, calibration: CalibrationLike, settings=None) -> np.ndarray:

@@ -259,6 +259,7 @@ def analysis_flags(wildcards):
     return flags(
         **lad_options(wildcards.model),
         n_cal=N_CAL, seeds=CAL_SEEDS, score_average=config["calibration"]["score_average"],
+        pride_original_logs=config["calibration"]["pride_original_logs"],
         dcal_sizes=sweeps["dcal_sizes"], dcal_draws=sweeps["dcal_draws"], taus=sweeps["taus"],
         **bootstrap_options(),
     )

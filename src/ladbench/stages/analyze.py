@@ -30,6 +30,7 @@ from tqdm import tqdm
 from ladbench import divergence, methods, metrics
 from ladbench.atomic import atomic_path, atomic_write_json
 from ladbench.calibration import Calibration, fit_calibration, log_softmax
+from ladbench.stages.calibrate import add_pride_argument
 from ladbench.stages.options import add_bootstrap_arguments, add_lad_arguments, lad_settings, metrics_line
 from ladbench.inference.cache import read_cache
 from ladbench.stages.arrays import CalibrationArrays, EvalArrays, calibration_arrays, eval_arrays
@@ -81,7 +82,7 @@ def fit_draws(cal: CalibrationArrays, n_cal: int, seeds: Sequence[int], average:
     evaluation_head source every seed takes the same first instances, so one is fitted)."""
     seeds = seeds[:1] if cal.source == "evaluation_head" else seeds
     return [fit_calibration(cal.scores, cal.attn, cal.target_pos, n_cal=n_cal, seed=s, average=average,
-                            source=cal.source) for s in seeds]
+                            source=cal.source, pride_original_logs=cal.pride_original_logs) for s in seeds]
 
 
 def dcal_sizes_for_pool(requested: Sequence[int], pool_size: int) -> list[int]:
@@ -288,6 +289,7 @@ def analyze(
     n_cal: int,
     seeds: Sequence[int],
     score_average: str = "reference",
+    pride_original_logs: str = "floor",
     dcal_sizes: Sequence[int] = DEFAULT_DCAL_SIZES,
     dcal_draws: int = 5,
     taus: Sequence[float] = DEFAULT_TAUS,
@@ -300,7 +302,8 @@ def analyze(
     if cache.has_shifts or "parsed" in cache:
         raise ValueError(f"{cache_path}: analyze needs a cache of scores and attention (vanilla prompt), "
                          f"not a {cache.attrs.get('variant')!r} cache")
-    arrays, cal = eval_arrays(cache), calibration_arrays(cache)
+    arrays = eval_arrays(cache)
+    cal = replace(calibration_arrays(cache), pride_original_logs=pride_original_logs)
     pool = int(cal.scores.shape[0])
     if n_cal > pool:
         raise ValueError(f"{cache_path}: |D_cal| = {n_cal} but the calibration pool has {pool} instances")
@@ -328,7 +331,7 @@ def analyze(
         "calibration_source": cal.source,
         "settings": {
             **base.as_dict(), "n_cal": int(n_cal), "calibration_seeds": [int(s) for s in seeds],
-            "score_average": score_average, "dcal_sizes": dcal_sizes_for_pool(dcal_sizes, pool),
+            "score_average": score_average, "pride_original_logs": pride_original_logs, "dcal_sizes": dcal_sizes_for_pool(dcal_sizes, pool),
             "dcal_draws": int(dcal_draws), "taus": [float(t) for t in taus], **boot.kwargs(),
         },
     }
@@ -355,6 +358,7 @@ def register(subparsers) -> None:
     cal.add_argument("--seeds", type=int, nargs="+", default=[0], help="calibration draws of the tables")
     cal.add_argument("--score-average", choices=["reference", "paper"], default="reference",
                      help="how L averages the calibration scores (Eqs. 1-3)")
+    add_pride_argument(cal)
     sweeps = parser.add_argument_group("Figure 6 sweeps")
     sweeps.add_argument("--dcal-sizes", type=int, nargs="+", default=list(DEFAULT_DCAL_SIZES),
                         help="|D_cal| sizes (clipped to the pool size)")
@@ -371,6 +375,7 @@ def run(args: argparse.Namespace) -> None:
     base = lad_settings(args)
     document, arrays = analyze(
         args.cache, base, n_cal=args.n_cal, seeds=args.seeds, score_average=args.score_average,
+        pride_original_logs=args.pride_original_logs,
         dcal_sizes=args.dcal_sizes, dcal_draws=args.dcal_draws, taus=args.taus,
         boot=Bootstrap(args.bootstrap, args.ci, args.seed, args.acc_ddof), progress=True,
     )
