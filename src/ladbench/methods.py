@@ -54,6 +54,7 @@ __all__ = [
     "tau_sweep",
     "top_k_sweep",
     "vanilla",
+    "parse_reference_replies",
 ]
 
 # Each switchable LAD step: the reference implementation (default) or the paper's equation.
@@ -466,6 +467,26 @@ def _permutation_average_method(arrays: EvalArraysLike, calibration: Calibration
     return predict_identity_under_orderings(identity, arrays.order)
 
 
+def parse_reference_replies(texts: np.ndarray, n: int) -> np.ndarray:
+    """Physical position each reply names, as the reference parses a Vanilla reply: the last
+    integer of the text in 1..n (digits identifiers); -1 when there is none (counted wrong)."""
+    from ladbench.inference.prompts import parse_last_identifier  # stdlib only (re)
+
+    texts = np.asarray(texts, dtype=object)
+    parsed = [parse_last_identifier(str(text), n, "digits") for text in texts.ravel().tolist()]
+    return np.array(parsed, dtype=np.int64).reshape(texts.shape)
+
+
+def _vanilla_generate_method(arrays: EvalArraysLike, calibration: CalibrationLike, settings=None) -> np.ndarray:
+    # The reference's Vanilla: greedy two-token reply, parsed; unparsable = -1 (wrong, and the
+    # parse rate is the summary's parse_success).
+    texts = getattr(arrays, "greedy_text", None)
+    if texts is None:
+        raise ValueError("method 'vanilla_generate' needs the cache's greedy replies (greedy_text); run the "
+                         "infer stage without --no-greedy-reply (config inference.greedy_reply: true)")
+    return parse_reference_replies(texts, arrays.scores.shape[-1])
+
+
 def _generated_method(arrays: EvalArraysLike, calibration: CalibrationLike, settings=None) -> np.ndarray:
     # Generative variants (CoT, self-consistency) store the parsed answer; -1 = unparsable.
     parsed = getattr(arrays, "parsed", None)
@@ -476,6 +497,7 @@ def _generated_method(arrays: EvalArraysLike, calibration: CalibrationLike, sett
 
 METHODS: dict[str, MethodFn] = {
     "vanilla": _vanilla_method,
+    "vanilla_generate": _vanilla_generate_method,
     "pride": _pride_method,
     "pride_original": _pride_original_method,
     "lad": _lad_method,

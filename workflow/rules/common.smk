@@ -185,7 +185,7 @@ def infer_flags(wildcards):
         score_mode=inference["score_mode"], image_size=inference["image_size"],
         batch_size=model.get("batch_size", inference["batch_size"]), chunk_size=inference["chunk_size"],
         dtype=inference["dtype"], device=inference["device"],
-        store_head_attention=inference["store_head_attention"],
+        store_head_attention=inference["store_head_attention"], no_greedy_reply=not inference["greedy_reply"],
     )
 
 

@@ -108,6 +108,7 @@ class CacheLayout:
     store_heads: bool = False
     generative: bool = False
     n_samples: int = 1         # > 1: self-consistency, texts [R, S]
+    greedy: bool = False       # the two greedy reply tokens and their text (the reference's Vanilla readout)
 
 
 def _result_datasets(layout: CacheLayout, n_rows: int) -> dict[str, tuple[tuple[int, ...], Any, Any]]:
@@ -122,6 +123,9 @@ def _result_datasets(layout: CacheLayout, n_rows: int) -> dict[str, tuple[tuple[
         # Table 2's latency come from all rows, however many resumed runs wrote them
         "seconds": ((r,), np.float32, np.nan),
     }
+    if layout.greedy:
+        out["greedy_tokens"] = ((r, 2), np.int32, -1)
+        out["greedy_text"] = ((r,), h5py.string_dtype("utf-8"), "")
     if layout.store_heads:
         out["attn_heads"] = ((r, lyr, layout.n_heads, n), np.float16, np.nan)
     if layout.generative:

@@ -33,6 +33,7 @@ from ladbench.data.coco import load_image_table
 from .cache import CacheLayout, CacheWriter, RowPlan, is_complete_for, plan_rows
 from .prompts import (GENERATIVE_VARIANTS, IDENTIFIER_FORMATS, PROMPT_VARIANTS, identifiers, majority_vote,
                       parse_answer_is, parse_last_identifier, prompt_sha256, prompt_text)
+from .greedy import greedy_outputs, greedy_reply_tokens, repetition_penalty, stop_token_ids
 from .scoring import SCORE_MODES, IdentifierTrie, identifier_encoder, trie_scores
 
 log = logging.getLogger(__name__)
@@ -61,6 +62,7 @@ class InferenceSettings:
     batch_size: int = 1
     chunk_size: int = 16
     store_head_attention: bool = False
+    greedy_reply: bool = True
     limit_rows: int | None = None
     sofa_sigma: float = 0.5
     sofa_every: int = 2
@@ -99,6 +101,8 @@ class InferenceSettings:
                 d.pop(k)
         if self.prompt not in GENERATIVE_VARIANTS:
             d.pop("seed")
+        else:
+            d.pop("greedy_reply")
         return d
 
 
@@ -224,17 +228,20 @@ class RowRunner:
                                        self.s.sofa_sigma, ad.model.dtype)
             sofa_ctx = SofaMask([modules[i] for i in sofa_layers(len(modules), self.s.sofa_every)], bias)
         with LastRowCapture(modules, seg, n + 2) as cap, sofa_ctx:
-            logits, state = ad.prefill(inputs, use_cache=len(self.nodes) > 1)
+            logits, state = ad.prefill(inputs, use_cache=len(self.nodes) > 1 or self.s.greedy_reply)
         mass = cap.masses()                                              # [B, L, H, N + 2]
         logits_at = {(): logits.cpu().numpy()}
         for node in self.nodes[1:]:
             logits_at[node] = ad.continue_logits(state, node).cpu().numpy()
+        greedy = greedy_reply_tokens(ad, logits, state, inputs) if self.s.greedy_reply else None
         head_mass = mass[..., :n].cpu().numpy()
         out = {"scores": trie_scores(self.trie, logits_at, self.s.score_mode).astype(np.float32),
                "attn": head_mass.mean(axis=2).astype(np.float32),
                "attn_text": mass[..., n].mean(dim=2).cpu().numpy().astype(np.float32)}
         if self.s.store_head_attention:
             out["attn_heads"] = head_mass.astype(np.float16)
+        if greedy is not None:
+            out.update(greedy_outputs(ad, greedy.cpu().numpy()))
         return out
 
     def generate_batch(self, rows: Sequence[int]) -> dict[str, np.ndarray]:
@@ -305,6 +312,7 @@ def run_inference(settings: InferenceSettings) -> str:
     generative = settings.prompt in GENERATIVE_VARIANTS
     layout = CacheLayout(n_candidates=n, n_layers=adapter.n_layers, n_heads=adapter.n_heads,
                          store_heads=settings.store_head_attention, generative=generative,
+                         greedy=settings.greedy_reply and not generative,
                          n_samples=settings.sc_samples if settings.prompt == "sc" else 1)
     attrs = {"model": settings.model_name, "model_path": settings.model_path, "revision": settings.revision or "",
              "family": settings.family, "variant": settings.prompt, "n_candidates": n,
@@ -314,6 +322,8 @@ def run_inference(settings: InferenceSettings) -> str:
              "device": device, "dtype": str(adapter.model.dtype).replace("torch.", ""),
              "benchmark": os.path.abspath(settings.benchmark),
              "calibration_source": bench.get("calibration_source", "pool")}  # read by calibrate / analyze
+    if settings.greedy_reply and not generative:
+        attrs.update(greedy_repetition_penalty=repetition_penalty(adapter), greedy_stop_ids=stop_token_ids(adapter))
     if settings.prompt == "sofa":
         attrs.update(sofa_sigma=settings.sofa_sigma, sofa_every=settings.sofa_every)
     writer = CacheWriter.open(settings.out, plan, layout, attrs)
@@ -386,6 +396,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "log-probs (published numbers); joint: always joint restricted log-probs")
     g.add_argument("--image-size", type=int, default=336, help="images are resized to this square, bicubic (336)")
     g.add_argument("--store-head-attention", action="store_true", help="also store per-head attention (attn_heads)")
+    g.add_argument("--no-greedy-reply", dest="greedy_reply", action="store_false",
+                   help="do not store the two greedy reply tokens and their text (the reference's Vanilla readout, "
+                        "method vanilla_generate; costs one KV-cache continuation step per batch)")
     g = p.add_argument_group("SoFA (--prompt sofa)")
     g.add_argument("--sofa-sigma", type=float, default=0.5, help="future image-to-image attention weight (0.5)")
     g.add_argument("--sofa-every", type=int, default=2, help="apply SoFA in every n-th decoder layer from 0 (2)")

@@ -55,7 +55,8 @@ CELL_NOTE = (
 )
 
 # Shown only when the study evaluated them.
-TABLE1_OPTIONAL_ROWS = (("PriDe (original)", "vanilla", "pride_original"),)
+TABLE1_OPTIONAL_ROWS = (("Vanilla (greedy reply, parsed)", "vanilla", "vanilla_generate"),
+                        ("PriDe (original)", "vanilla", "pride_original"))
 
 
 # --------------------------------------------------------------------------- cells
@@ -84,8 +85,10 @@ def three_cells(m: dict | None) -> list[Cell]:
 
 
 def _generative_note() -> str:
-    return ("CoT and Self-Consistency: the answer parsed from the generated text; an unparsable reply counts as "
-            "wrong, and the parse success is given in brackets when below 100%.")
+    return ("CoT, Self-Consistency and Vanilla (greedy reply, parsed; the reference's Vanilla readout: two greedy "
+            "tokens, the last integer in 1..N): the answer parsed from the generated text; an unparsable reply "
+            "counts as wrong, and the parse success is given in brackets when below 100%. Vanilla: argmax of the "
+            "candidate scores.")
 
 
 # --------------------------------------------------------------------------- Tables 1 / 6
