@@ -48,7 +48,8 @@ DISPLAY_NAMES = {
 }
 
 CELL_NOTE = (
-    "Cells: Acc = mean ± std over the T orderings (%) [95% bootstrap interval of the mean over instances]; "
+    "Cells: Acc = mean ± std over the T orderings (%; sample std, ddof = evaluation.acc_ddof, 1 by default as the "
+    "reference) [95% bootstrap interval of the mean over instances]; "
     "RStd = std over the N positions of the per-position recall (%) [interval]; "
     "Cons. = % of instances answered with the same image under every ordering [interval]. "
     "'–': not computed in this study."
@@ -133,7 +134,12 @@ def _instances_note(study: Study) -> str:
     if not sizes:
         return "No evaluation files."
     described = ", ".join(f"{i} instances x T = {t} orderings" for i, t in sizes)
-    return f"Evaluation set: {described}; |D_cal| = {study.n_cal if study.n_cal is not None else '?'}."
+    sources = sorted({e.get("calibration_source") for e in study.evaluations.values()} - {None})
+    where = {"pool": "drawn from a calibration pool disjoint from the evaluation set",
+             "evaluation_head": "the first |D_cal| evaluation instances, as the reference implementation"}
+    calibration = "; ".join(where.get(source, source) for source in sources) or "source not recorded"
+    return (f"Evaluation set: {described}; |D_cal| = {study.n_cal if study.n_cal is not None else '?'} "
+            f"calibration instances ({calibration}).")
 
 
 # --------------------------------------------------------------------------- Table 2
