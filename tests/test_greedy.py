@@ -64,3 +64,37 @@ def test_greedy_reply_equals_generate_row_by_row(family, penalty, tiny_adapter, 
             assert out["greedy_text"][b] == text
     finally:
         config.repetition_penalty = saved
+
+
+@pytest.mark.slow
+def test_reference_protocol_end_to_end_on_the_tiny_model(tiny_model, tmp_path):
+    """evaluation_head calibration flows from the benchmark through the cache to the
+    calibration and the evaluation output; vanilla_generate is evaluated from the cache."""
+    import json
+
+    from ladbench.calibration import Calibration
+    from ladbench.cli import main
+    from ladbench.inference.cache import read_cache
+
+    bench_path, images = make_demo_benchmark(tmp_path, 4, n_eval=3, n_orderings=2, n_cal=2)
+    bench = json.loads(bench_path.read_text())
+    bench["calibration"] = [{k: v for k, v in inst.items() if k != "orderings"} for inst in bench["eval"][:2]]
+    bench["calibration_source"] = "evaluation_head"
+    bench_path.write_text(json.dumps(bench))
+    cache, cal, out = tmp_path / "c.h5", tmp_path / "cal.npz", tmp_path / "eval.json"
+    main(["infer", "--benchmark", str(bench_path), "--images", str(images), "--out", str(cache), "--model-name",
+          "tiny", "--family", "qwen2_5_vl", "--model-path", tiny_model("qwen2_5_vl"), "--device", "cpu",
+          "--image-size", str(TINY_IMAGE_SIZE)])
+    assert read_cache(str(cache)).attrs["calibration_source"] == "evaluation_head"
+    main(["calibrate", "--cache", str(cache), "--n-cal", "1", "--seed", "5", "--out", str(cal)])
+    fitted = Calibration.from_npz(cal)
+    assert fitted.instances.tolist() == [0] and fitted.settings["source"] == "evaluation_head"
+    main(["evaluate", "--cache", str(cache), "--calibration", str(cal), "--layer-range", "all",
+          "--methods", "vanilla", "vanilla_generate", "lad", "--bootstrap", "50", "--out", str(out)])
+    result = json.loads(out.read_text())
+    assert result["calibration_source"] == "evaluation_head" and result["settings"]["acc_ddof"] == 1
+    generated = result["methods"]["vanilla_generate"]
+    texts = read_cache(str(cache))["greedy_text"][:6]
+    parsed = parse_reference_replies(np.array(texts, dtype=object), 4)
+    assert generated["parse_success"] == pytest.approx(100.0 * (parsed >= 0).mean())
+    assert isinstance(result["warnings"], list)
