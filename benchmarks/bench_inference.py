@@ -7,6 +7,9 @@ heads; built offline by ``ladbench demo-model --preset medium``) on CPU (and on 
 * ``bare``: one SDPA forward of the prompt (no capture): the floor.
 * ``ours``: this project's row step (``RowRunner.score_batch``): SDPA + last-row capture of
   every layer + candidate scores (for N >= 10, the prefix-trie continuation on the KV cache).
+* ``ours_no_greedy``: the same without the greedy reply (``--no-greedy-reply``): the
+  ratio ours / ours_no_greedy is the cost of storing the reference's Vanilla readout
+  (one KV-cache continuation step, plus the KV cache a single-token score would not need).
 * ``reference``: eager attention + ``generate(max_new_tokens=1, output_attentions=True)``,
   which keeps every layer's T x T attention; for N >= 10 plus one full re-forward of the
   prompt with the first answer token appended (what the reference does for two-token
@@ -70,20 +73,20 @@ def _row_function(method: str, n: int, model_dir: str, image_size: int, device: 
     from ladbench.inference.runner import InferenceSettings, RowRunner, image_paths
     from ladbench.models import load_adapter
 
-    attention = {"bare": "sdpa", "ours": "capture", "reference": "eager"}[method]
+    attention = {"bare": "sdpa", "ours": "capture", "ours_no_greedy": "capture", "reference": "eager"}[method]
     adapter = load_adapter("qwen2_5_vl", model_dir, device=device, attention=attention)
     tmp = tempfile.mkdtemp(prefix="bench_inputs_")
     bench_path, images_path = _demo_inputs(tmp, n)
     settings = InferenceSettings(benchmark=bench_path, images=images_path, out=os.path.join(tmp, "x.h5"),
                                  model_name="medium", family="qwen2_5_vl", model_path=model_dir,
-                                 image_size=image_size, device=device)
+                                 image_size=image_size, device=device, greedy_reply=method != "ours_no_greedy")
     bench = load_benchmark(bench_path)
     runner = RowRunner(adapter, settings, bench, plan_rows(bench), image_paths(load_image_table(images_path)))
     first_token = adapter.tokenizer.convert_tokens_to_ids("1")
 
     @torch.no_grad()
     def one_row() -> None:
-        if method == "ours":
+        if method in ("ours", "ours_no_greedy"):
             runner.score_batch([0])
             return
         inputs = runner.encode_rows([0])
@@ -183,6 +186,10 @@ def markdown_table(timing: list[dict], memory: list[dict]) -> str:
             line += (f"; a bare forward alone {ratio('bare'):.2f}x (tokens x"
                      f"{t[('ours', 12)]['seq_len'] / t[('ours', 9)]['seq_len']:.2f})")
         lines.append(line)
+    for n in ns:
+        if ("ours", n) in t and ("ours_no_greedy", n) in t:
+            lines.append(f"\nN = {n}: the greedy reply (vanilla_generate) costs ours / ours_no_greedy = "
+                         f"{t[('ours', n)]['min_s'] / t[('ours_no_greedy', n)]['min_s']:.3f}x per row")
     lines.append("\nTimes are the minimum over the interleaved repetitions (s per row, batch size 1).")
     return "\n".join(lines)
 
