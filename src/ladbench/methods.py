@@ -193,7 +193,7 @@ def _candidate_layers(n_layers: int, layer_range: tuple[int, int] | None) -> np.
 
 def select_layers(
     attn: np.ndarray, top_k: int, layer_range: tuple[int, int] | None = None, *,
-    ties: str = "highest", k_beyond_range: str = "lower",
+    ties: str = LAYER_TIES[0], k_beyond_range: str = K_BEYOND_RANGE[0],
 ) -> np.ndarray:
     """Indices [..., K] of the ``top_k`` strongest layers of each row (Eq. 9), strongest first.
 
@@ -216,7 +216,7 @@ def select_layers(
     return candidates[order]
 
 
-def effective_top_k(top_k: int, n_candidates: int, k_beyond_range: str = "lower",
+def effective_top_k(top_k: int, n_candidates: int, k_beyond_range: str = K_BEYOND_RANGE[0],
                     layer_range: tuple[int, int] | None = None) -> int:
     """The K actually used: ``top_k``, or the range's size when it is smaller and the rule is "lower"."""
     if top_k <= n_candidates:
@@ -230,7 +230,7 @@ def effective_top_k(top_k: int, n_candidates: int, k_beyond_range: str = "lower"
 
 def layer_selection_mask(
     attn: np.ndarray, top_k: int, layer_range: tuple[int, int] | None = None, all_layers: bool = False, *,
-    ties: str = "highest", k_beyond_range: str = "lower",
+    ties: str = LAYER_TIES[0], k_beyond_range: str = K_BEYOND_RANGE[0],
 ) -> np.ndarray:
     """Boolean mask [..., Lyr] of the layers each row averages over.
 
@@ -281,7 +281,7 @@ def _mean_over_mask(values: np.ndarray, mask: np.ndarray) -> np.ndarray:
 
 def raw_attention(
     attn: np.ndarray, top_k: int = 2, layer_range: tuple[int, int] | None = None, all_layers: bool = False, *,
-    ties: str = "highest", k_beyond_range: str = "lower",
+    ties: str = LAYER_TIES[0], k_beyond_range: str = K_BEYOND_RANGE[0],
 ) -> np.ndarray:
     """Raw attention evidence [..., N]: mean of ``a^(l)`` over the selected layers, no prior.
 
@@ -301,8 +301,8 @@ def purified_attention(
     layer_mean: Choice = "reference",
     use_prior: bool = True,
     all_layers: bool = False,
-    ties: str = "highest",
-    k_beyond_range: str = "lower",
+    ties: str = LAYER_TIES[0],
+    k_beyond_range: str = K_BEYOND_RANGE[0],
 ) -> np.ndarray:
     """``log pi~`` [..., N] (Eqs. 10-11) over the selected layers ``L*``.
 
@@ -369,8 +369,8 @@ def lad(
     all_layers: bool = False,
     layer_mean: Choice = "reference",
     mixture: Choice = "reference",
-    layer_ties: str = "highest",
-    k_beyond_range: str = "lower",
+    layer_ties: str = LAYER_TIES[0],
+    k_beyond_range: str = K_BEYOND_RANGE[0],
 ) -> np.ndarray:
     """LAD's corrected scores ``s' = s - prior(pi(attn))`` [..., N] (Eqs. 8-14)."""
     scores = np.asarray(scores, dtype=np.float64)

@@ -4,7 +4,9 @@ Per row (docs/formats.md §4): the N images in the row's order (resized to a squ
 bicubic), the prompt of the variant through the model's chat template, ONE prefill with
 the fast attention kernel capturing the last query row of every decoder layer, the
 candidate scores (METHOD §2; continuation steps reuse the prefill's KV cache), the
-attention mass per layer per image span and on the other tokens. Generative variants
+attention mass per layer per image span and on the other tokens, and (unless
+``--no-greedy-reply``) the two-token greedy reply the reference reads Vanilla from
+(``greedy.py``). Generative variants
 (cot, sc) generate replies instead and store texts and parsed answers (their ``scores``
 and ``attn`` stay NaN).
 """
@@ -31,9 +33,9 @@ from ladbench.benchmark import load_benchmark
 from ladbench.data.coco import load_image_table
 
 from .cache import CacheLayout, CacheWriter, RowPlan, is_complete_for, plan_rows
+from .greedy import greedy_outputs, greedy_reply_tokens, repetition_penalty, stop_token_ids
 from .prompts import (GENERATIVE_VARIANTS, IDENTIFIER_FORMATS, PROMPT_VARIANTS, identifiers, majority_vote,
                       parse_answer_is, parse_last_identifier, prompt_sha256, prompt_text)
-from .greedy import greedy_outputs, greedy_reply_tokens, repetition_penalty, stop_token_ids
 from .scoring import SCORE_MODES, IdentifierTrie, identifier_encoder, trie_scores
 
 log = logging.getLogger(__name__)
