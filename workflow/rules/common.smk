@@ -1,6 +1,8 @@
 # Shared by all included files: the validated config, output paths, and helpers that map
 # config entries to the inputs and command-line flags of each stage.
+import os
 import shlex
+import sys
 
 from ladbench.config import ConfigError, benchmark_parts, layer_range_arg, load_schema, validate_config
 from ladbench.stages.evaluate import METHODS_FOR_PROMPT, NEEDS_CALIBRATION
@@ -13,6 +15,13 @@ try:
     )
 except ConfigError as error:
     raise WorkflowError(f"invalid configuration: {error}")
+
+# Every rule runs `ladbench`: the one installed beside the interpreter running Snakemake
+# comes first on PATH, so `.venv/bin/snakemake` works without activating the venv (a rule's
+# conda environment, when --use-conda is given, is activated in front of it).
+_BIN = os.path.dirname(sys.executable)
+if os.path.exists(os.path.join(_BIN, "ladbench")):
+    os.environ["PATH"] = os.pathsep.join([_BIN, os.environ.get("PATH", "")])
 
 OUT = config["output_dir"].rstrip("/")
 LOGS = f"{OUT}/logs"

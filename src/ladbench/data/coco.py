@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import argparse
 import csv
+import hashlib
+import json
 import os
 import sys
 from pathlib import Path
@@ -179,6 +181,15 @@ def load_image_table(path: str | os.PathLike) -> dict:
         raise AnnotationError(f"{path}: image ids must be unique and sorted")
     table.setdefault("has_categories", any(row["categories"] for row in table["images"]))
     return table
+
+
+def table_fingerprint(table: dict) -> str:
+    """sha256 of what the later stages take from an image table: ids, file names and
+    captions (not ``image_root``: the same images moved elsewhere are the same inputs)."""
+    digest = hashlib.sha256()
+    for row in table["images"]:
+        digest.update(json.dumps([row["image_id"], row["file_name"], row["caption"]]).encode())
+    return digest.hexdigest()
 
 
 # --- Flickr8k ---------------------------------------------------------------------------

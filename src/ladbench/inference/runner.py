@@ -26,11 +26,11 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ladbench.atomic import file_digest
+from ladbench.atomic import file_digest, sampled_digest
 from ladbench.benchmark import load_benchmark
-from ladbench.data.coco import load_image_table
+from ladbench.data.coco import load_image_table, table_fingerprint
 
-from .cache import CacheLayout, CacheWriter, RowPlan, is_complete_for, plan_rows
+from .cache import CACHE_FORMAT, CacheLayout, CacheWriter, RowPlan, is_complete_for, plan_rows
 from .prompts import (GENERATIVE_VARIANTS, IDENTIFIER_FORMATS, PROMPT_VARIANTS, identifiers, majority_vote,
                       parse_answer_is, parse_last_identifier, prompt_sha256, prompt_text)
 from .scoring import SCORE_MODES, IdentifierTrie, identifier_encoder, trie_scores
@@ -72,8 +72,9 @@ class InferenceSettings:
     seed: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
 
-    # fields that do not change any stored number (only speed / how much runs now)
-    _NOT_HASHED = ("out", "batch_size", "chunk_size", "limit_rows", "model_name", "extra")
+    # fields that do not change any stored number (only speed / how much runs now), and the
+    # input paths, whose contents are hashed instead (the same inputs elsewhere give the same hash)
+    _NOT_HASHED = ("out", "batch_size", "chunk_size", "limit_rows", "model_name", "extra", "benchmark", "images")
 
     def validate(self) -> None:
         checks = [("family", self.family, FAMILY_CHOICES), ("prompt", self.prompt, PROMPT_VARIANTS),
@@ -90,6 +91,8 @@ class InferenceSettings:
     def hashed_fields(self) -> dict[str, Any]:
         """Settings that change the cache content (for ``config_sha256``); variant-irrelevant ones dropped."""
         d = {k: v for k, v in asdict(self).items() if k not in self._NOT_HASHED}
+        if os.path.isdir(self.model_path):
+            d.pop("model_path")                          # a local folder: its files are hashed
         if self.prompt != "sofa":
             d.pop("sofa_sigma"), d.pop("sofa_every")
         if self.prompt != "cot":
@@ -121,8 +124,9 @@ def check_benchmark(bench: dict, path: str, known_images: dict[int, str]) -> Non
 
 
 def model_fingerprint(model_path: str) -> dict[str, Any]:
-    """For a local model folder: its config's hash and its weight files' sizes (a rebuilt or
-    replaced model changes the cache's identity). Hub ids are identified by id + revision."""
+    """For a local model folder: the hashes of its config and of its weight files (sampled
+    blocks: a rebuilt, replaced or fine-tuned model changes the cache's identity; the folder's
+    location does not). Hub ids are identified by id + revision."""
     if not os.path.isdir(model_path):
         return {}
     out: dict[str, Any] = {}
@@ -131,15 +135,16 @@ def model_fingerprint(model_path: str) -> dict[str, Any]:
         if name == "config.json":
             out[name] = file_digest(full)
         elif name.endswith((".safetensors", ".bin")):
-            out[name] = os.path.getsize(full)
+            out[name] = sampled_digest(full)
     return out
 
 
-def config_sha256(settings: InferenceSettings, bench_path: str, images_path: str) -> str:
-    """Identity of a cache's inputs: hashed settings, benchmark and image table, model files."""
+def config_sha256(settings: InferenceSettings, bench_path: str, table: dict) -> str:
+    """Identity of a cache's inputs: hashed settings, the benchmark file, the image table's
+    content (not where the images are) and the model files."""
     payload = {"settings": settings.hashed_fields(), "benchmark_sha256": file_digest(bench_path),
-               "images_sha256": file_digest(images_path), "model": model_fingerprint(settings.model_path),
-               "cache_format": 1}
+               "images_sha256": table_fingerprint(table), "model": model_fingerprint(settings.model_path),
+               "cache_format": CACHE_FORMAT}
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 
@@ -288,11 +293,12 @@ def run_inference(settings: InferenceSettings) -> str:
     settings.validate()
     settings.device = resolve_device(settings.device)        # hashed resolved: a CPU run never resumes a GPU one
     bench = load_benchmark(settings.benchmark)
-    paths = image_paths(load_image_table(settings.images))
+    table = load_image_table(settings.images)
+    paths = image_paths(table)
     check_benchmark(bench, settings.benchmark, paths)
     n = int(bench["n_candidates"])
     plan = plan_rows(bench, shifts_per_ordering=settings.prompt == "permavg")
-    digest = config_sha256(settings, settings.benchmark, settings.images)
+    digest = config_sha256(settings, settings.benchmark, table)
 
     if is_complete_for(settings.out, digest):
         log.info("%s is complete for these inputs; nothing to do", settings.out)
