@@ -294,11 +294,13 @@ def load_benchmark(path: str | os.PathLike) -> dict:
 
 def _run(args: argparse.Namespace) -> None:
     from ladbench.features import load_features
+    from ladbench.stages.inputs import check_features_table
 
     table = load_image_table(args.images)
     features = load_features(args.features)
     if not np.array_equal(np.asarray(features["image_id"]), [row["image_id"] for row in table["images"]]):
         raise BenchmarkError(f"{args.features}: image ids differ from {args.images}; rebuild the features")
+    check_features_table(args.features, features["attrs"], args.images, table)
     doc = build_benchmark(table, features, args.setting, args.n_candidates, args.n_eval, args.n_calibration,
                           args.n_orderings, args.pool_size, args.seed, args.caption_sim_max, args.category_rule,
                           args.dataset)

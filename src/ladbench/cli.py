@@ -64,6 +64,8 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         prog="ladbench",
         description="Position bias in multimodal LLMs for multi-image retrieval, and LAD debiasing.",
     )
+    parser.add_argument("--debug", action="store_true",
+                        help="show the traceback of an error instead of one line (also: LADBENCH_DEBUG=1)")
     subparsers = parser.add_subparsers(dest="command", metavar="<subcommand>", required=True)
     _register_where(subparsers)
     modules = [SUBCOMMANDS[only]] if only in SUBCOMMANDS else sorted(set(SUBCOMMANDS.values()))
@@ -74,13 +76,15 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    parser = build_parser(only=argv[0] if argv else None)
+    parser = build_parser(only=next((arg for arg in argv if not arg.startswith("-")), None))
     args = parser.parse_args(argv)
     try:
         args.func(args)
-    except (ValueError, FileNotFoundError) as error:
-        # Bad input: one clear line naming the file or key; LADBENCH_DEBUG=1 shows the traceback.
-        if os.environ.get("LADBENCH_DEBUG"):
+    except (ValueError, OSError) as error:
+        # A bad input file or value (ValueError, raised naming the file and the remedy) or a
+        # file the system refuses (OSError: missing, permission, disk full): one line;
+        # --debug or LADBENCH_DEBUG=1 shows the traceback.
+        if args.debug or os.environ.get("LADBENCH_DEBUG"):
             raise
         print(f"ladbench {args.command}: error: {error}", file=sys.stderr)
         raise SystemExit(2) from None

@@ -230,7 +230,8 @@ def bootstrap_options():
 
 
 def evaluation_flags(wildcards):
-    return flags(**lad_options(wildcards.model), methods=variant_methods(wildcards.variant), **bootstrap_options())
+    return flags(**lad_options(wildcards.model), methods=variant_methods(wildcards.variant), **bootstrap_options(),
+                 transfer=wildcards.cal_benchmark != wildcards.benchmark)
 
 
 EVALUATIONS = [evaluation_file(m, b, v) for m in MODELS for b in BENCHMARKS for v in VARIANTS]

@@ -29,6 +29,7 @@ import numpy as np
 from ladbench.atomic import file_digest, sampled_digest
 from ladbench.benchmark import load_benchmark
 from ladbench.data.coco import load_image_table, table_fingerprint
+from ladbench.stages.inputs import check_benchmark_table
 
 from .cache import CACHE_FORMAT, CacheLayout, CacheWriter, RowPlan, is_complete_for, plan_rows
 from .prompts import (GENERATIVE_VARIANTS, IDENTIFIER_FORMATS, PROMPT_VARIANTS, identifiers, majority_vote,
@@ -296,6 +297,7 @@ def run_inference(settings: InferenceSettings) -> str:
     table = load_image_table(settings.images)
     paths = image_paths(table)
     check_benchmark(bench, settings.benchmark, paths)
+    check_benchmark_table(settings.benchmark, bench, settings.images, table)
     n = int(bench["n_candidates"])
     plan = plan_rows(bench, shifts_per_ordering=settings.prompt == "permavg")
     digest = config_sha256(settings, settings.benchmark, table)
@@ -318,7 +320,8 @@ def run_inference(settings: InferenceSettings) -> str:
              "score_mode": settings.score_mode, "prompt_sha256": prompt_sha256(settings.prompt, n, settings.identifiers),
              "config_sha256": digest, "settings": settings.hashed_fields(), "versions": library_versions(),
              "device": device, "dtype": str(adapter.model.dtype).replace("torch.", ""),
-             "benchmark": os.path.abspath(settings.benchmark)}
+             "benchmark": os.path.abspath(settings.benchmark), "benchmark_sha256": file_digest(settings.benchmark),
+             "benchmark_name": f"{bench.get('dataset')}_{bench.get('setting')}_N{n}"}
     if settings.prompt == "sofa":
         attrs.update(sofa_sigma=settings.sofa_sigma, sofa_every=settings.sofa_every)
     writer = CacheWriter.open(settings.out, plan, layout, attrs)

@@ -33,6 +33,7 @@ from ladbench.calibration import Calibration, fit_calibration, log_softmax
 from ladbench.stages.options import add_bootstrap_arguments, add_lad_arguments, lad_settings, metrics_line
 from ladbench.inference.cache import read_cache
 from ladbench.stages.arrays import CalibrationArrays, EvalArrays, calibration_arrays, eval_arrays
+from ladbench.stages.inputs import cache_identity
 
 __all__ = [
     "DEFAULT_DCAL_SIZES",
@@ -305,6 +306,7 @@ def analyze(
     ]
     document: dict[str, Any] = {
         "cache": str(cache_path),
+        "inputs": {"cache": cache_identity(cache_path, cache.attrs)},
         "model": cache.attrs.get("model"),
         "model_path": cache.attrs.get("model_path"),
         "prompt": cache.attrs.get("variant"),

@@ -4,10 +4,12 @@ calibration rows of an inference cache, for one |D_cal| draw. Pure numpy; no tor
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 
 from ladbench.calibration import fit_calibration
 from ladbench.inference.cache import read_cache
 from ladbench.stages.arrays import calibration_arrays
+from ladbench.stages.inputs import cache_identity
 
 
 def register(subparsers) -> None:
@@ -24,10 +26,11 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    cal = calibration_arrays(read_cache(args.cache))
+    cache = read_cache(args.cache)
+    cal = calibration_arrays(cache)
     calibration = fit_calibration(
         cal.scores, cal.attn, cal.target_pos, n_cal=args.n_cal, seed=args.seed, average=args.score_average
     )
-    calibration.to_npz(args.out)
+    replace(calibration, source=cache_identity(args.cache, cache.attrs)).to_npz(args.out)
     print(f"calibration from {args.n_cal} of {cal.scores.shape[0]} instances (seed {args.seed}): k = {calibration.k:.4f}")
     print(f"wrote {args.out}")
