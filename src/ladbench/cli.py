@@ -40,9 +40,12 @@ def _register_where(subparsers) -> None:
 
 
 def _where(args: argparse.Namespace) -> None:
-    from ladbench.config import load_config
+    from ladbench.config import check_environment, load_config, startup_warnings
 
     config = load_config(args.configfile)
+    check_environment(config, source=args.configfile)
+    for warning in startup_warnings(config):
+        print(f"WARNING: {args.configfile}: {warning}", file=sys.stderr)
     report = Path(config["output_dir"]) / "report"
     print(f"Config {args.configfile} is valid.")
     print(f"Tables (Markdown; also .csv, .tex, .html beside them): {report}/")

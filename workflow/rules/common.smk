@@ -4,17 +4,23 @@ import os
 import shlex
 import sys
 
-from ladbench.config import ConfigError, benchmark_parts, layer_range_arg, load_schema, validate_config
+from ladbench.config import (ConfigError, benchmark_parts, check_environment, layer_range_arg, load_schema,
+                             read_yaml, startup_warnings, study_benchmarks, validate_config)
 from ladbench.stages.evaluate import METHODS_FOR_PROMPT, NEEDS_CALIBRATION
 
+# Everything knowable at start-up is checked here, before any job runs: each config file
+# (duplicate keys, with their line), every value against the schema, the names that refer
+# to each other, and what the config names on this machine (model folders, offline caches).
+_SOURCE = " ".join(str(path) for path in workflow.overwrite_configfiles) or "config.yaml"
 try:
-    validate_config(
-        config,
-        load_schema(workflow.source_path("../schemas/config.schema.yaml")),
-        source=" ".join(str(path) for path in workflow.overwrite_configfiles) or "config.yaml",
-    )
+    for _path in workflow.overwrite_configfiles:
+        read_yaml(_path)
+    validate_config(config, load_schema(workflow.source_path("../schemas/config.schema.yaml")), source=_SOURCE)
+    check_environment(config, source=_SOURCE)
 except ConfigError as error:
     raise WorkflowError(f"invalid configuration: {error}")
+for _warning in startup_warnings(config):
+    print(f"WARNING: {_SOURCE}: {_warning}", file=sys.stderr)
 
 # Every rule runs `ladbench`: the one installed beside the interpreter running Snakemake
 # comes first on PATH, so `.venv/bin/snakemake` works without activating the venv (a rule's
@@ -26,12 +32,9 @@ if os.path.exists(os.path.join(_BIN, "ladbench")):
 OUT = config["output_dir"].rstrip("/")
 LOGS = f"{OUT}/logs"
 
-DATASETS = config["benchmarks"]["datasets"]
-SETTINGS = config["benchmarks"]["settings"]
-SIZES = config["benchmarks"]["n_candidates"]
 MODELS = list(config["models"])
 VARIANTS = list(config["inference"]["variants"])
-BENCHMARKS = [f"{d}_{s}_N{n}" for d in DATASETS for s in SETTINGS for n in SIZES]
+BENCHMARKS = study_benchmarks(config)
 CAL_SEEDS = config["calibration"]["seeds"]
 N_CAL = config["calibration"]["n_cal"]
 

@@ -364,7 +364,12 @@ def _settings_from_args(args: argparse.Namespace) -> InferenceSettings:
 
 
 def _cmd_infer(args: argparse.Namespace) -> None:
+    from ladbench.config import remote_code_warning
+
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    warning = remote_code_warning(args.model_path, args.revision, args.trust_remote_code, "--revision")
+    if warning:
+        log.warning(warning)
     print(run_inference(_settings_from_args(args)))
 
 
