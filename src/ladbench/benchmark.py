@@ -44,6 +44,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
+from ladbench.cli import output_file
 from ladbench.atomic import atomic_write_text, json_one_item_per_line, read_json
 from ladbench.data.coco import load_image_table
 
@@ -329,5 +330,5 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="Adversarial: reference = skip candidates whose categories contain the target's; "
                              "paper = skip only identical category sets.")
     parser.add_argument("--dataset", default=None, help="Dataset name recorded in the file (default: the table's).")
-    parser.add_argument("--out", required=True, help="Output benchmark JSON.")
+    parser.add_argument("--out", required=True, type=output_file(".json"), help="Output benchmark JSON.")
     parser.set_defaults(func=_run)

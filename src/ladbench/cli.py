@@ -31,6 +31,19 @@ SUBCOMMANDS = {
 }
 
 
+def output_file(*suffixes: str):
+    """An argparse ``type`` for an output file: its name must end in one of ``suffixes``,
+    the format the command writes. Anything else is refused before any work: the file would
+    not be what its name says, and a file written beside it (``x.json`` -> ``x.npz``) could
+    overwrite another output."""
+    def check(text: str) -> str:
+        if not text.endswith(suffixes):
+            raise argparse.ArgumentTypeError(
+                f"{text!r}: this command writes {' or '.join(suffixes)}; give a file name ending in it")
+        return text
+    return check
+
+
 def _register_where(subparsers) -> None:
     parser = subparsers.add_parser(
         "where", help="validate a study config and print where its tables and figures are"

@@ -42,6 +42,7 @@ import torch
 from PIL import Image
 from tqdm import tqdm
 
+from ladbench.cli import output_file
 from ladbench.atomic import atomic_path, atomic_write_json, file_digest
 from ladbench.data.coco import load_image_table, table_fingerprint
 from ladbench.hdf5 import CHECKSUMS, open_h5, reading
@@ -424,7 +425,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="L2-normalised float16 open_clip embeddings of every image and caption of an image "
                     "table (docs/formats.md §2); resumable after an interruption.")
     parser.add_argument("--images", required=True, help="Image table (images.json from `ladbench captions`).")
-    parser.add_argument("--out", required=True, help="Output HDF5 file.")
+    parser.add_argument("--out", required=True, type=output_file(".h5"), help="Output HDF5 file.")
     parser.add_argument("--model", default=DEFAULT_MODEL, help=f"open_clip model name (default {DEFAULT_MODEL}).")
     parser.add_argument("--pretrained", default=DEFAULT_PRETRAINED,
                         help=f"open_clip pretrained tag or a local checkpoint file (default {DEFAULT_PRETRAINED}).")

@@ -29,6 +29,7 @@ import sys
 from pathlib import Path
 from typing import Any, Iterable
 
+from ladbench.cli import output_file
 from ladbench.atomic import atomic_write_json, atomic_write_text, json_one_item_per_line, read_json
 
 _MAX_LISTED = 5  # how many offending ids/files an error message lists
@@ -291,7 +292,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="Instances file in the MS-COCO format (e.g. instances_val2014.json); omit for datasets without categories (Flickr8k).")
     parser.add_argument("--image-root", required=True, help="Folder holding the images' file_name paths.")
     parser.add_argument("--dataset", required=True, help="Dataset name recorded in the table.")
-    parser.add_argument("--out", required=True, help="Output images.json.")
+    parser.add_argument("--out", required=True, type=output_file(".json"), help="Output images.json.")
     parser.add_argument("--skip-missing", action="store_true", help="Leave out images whose files are missing (count reported) instead of stopping.")
     parser.add_argument("--no-check-files", action="store_true", help="Do not check that the image files exist.")
     parser.set_defaults(func=_run_captions)
@@ -301,5 +302,5 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Convert Flickr8k.token.txt (or Kaggle's captions.txt) to the MS-COCO captions format.")
     flickr.add_argument("--captions", required=True, help="Flickr8k.token.txt or captions.txt.")
     flickr.add_argument("--image-root", default=None, help="Image folder; captions of missing files are dropped.")
-    flickr.add_argument("--out", required=True, help="Output captions JSON.")
+    flickr.add_argument("--out", required=True, type=output_file(".json"), help="Output captions JSON.")
     flickr.set_defaults(func=_run_flickr8k)

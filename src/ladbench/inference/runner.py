@@ -26,6 +26,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from ladbench.cli import output_file
 from ladbench.atomic import file_digest, sampled_digest
 from ladbench.benchmark import load_benchmark
 from ladbench.data.coco import load_image_table, table_fingerprint
@@ -193,8 +194,10 @@ class RowRunner:
         try:
             with Image.open(path) as im:
                 return resize_square(im, self.s.image_size)
-        except OSError as exc:
-            raise OSError(f"cannot read image {image_id} at {path}: {exc}") from None
+        except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:  # what PIL raises
+            raise ValueError(f"{path}: cannot read image {image_id} ({exc}); restore the file (it was readable when "
+                             "the features were computed), or rebuild the features and benchmarks without it "
+                             "(`ladbench features --skip-bad-images`)") from None
 
     def _row_inputs(self, r: int) -> tuple[str, list]:
         split = "eval" if self.plan.split[r] == 0 else "calibration"
@@ -380,7 +383,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     g = p.add_argument_group("inputs and output")
     g.add_argument("--benchmark", required=True, help="benchmark JSON (docs/formats.md §3)")
     g.add_argument("--images", required=True, help="image table JSON (docs/formats.md §1)")
-    g.add_argument("--out", required=True, help="cache HDF5 to write or resume (docs/formats.md §4)")
+    g.add_argument("--out", required=True, type=output_file(".h5"), help="cache HDF5 to write or resume (docs/formats.md §4)")
     g = p.add_argument_group("model")
     g.add_argument("--model-name", required=True, help="short model name stored in the cache (e.g. qwen2_5_vl_3b)")
     g.add_argument("--family", required=True, choices=FAMILY_CHOICES, help="model family (selects the adapter)")

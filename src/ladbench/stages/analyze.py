@@ -27,6 +27,7 @@ from typing import Any, Sequence
 import numpy as np
 from tqdm import tqdm
 
+from ladbench.cli import output_file
 from ladbench import divergence, methods, metrics
 from ladbench.atomic import atomic_path, atomic_write_json
 from ladbench.calibration import Calibration, fit_calibration, log_softmax
@@ -350,7 +351,7 @@ def register(subparsers) -> None:
     sweeps.add_argument("--dcal-draws", type=int, default=5, help="calibration draws (seeds 0..n-1) per |D_cal| size")
     sweeps.add_argument("--taus", type=float, nargs="+", default=list(DEFAULT_TAUS), help="tau values of the sweep")
     add_bootstrap_arguments(parser.add_argument_group("confidence intervals"), default_resamples=1000)
-    parser.add_argument("--out", required=True, help="output .json (per-row arrays go to the same name .npz)")
+    parser.add_argument("--out", required=True, type=output_file(".json"), help="output .json (per-row arrays go to the same name .npz)")
     parser.set_defaults(func=run)
 
 

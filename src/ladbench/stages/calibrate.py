@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import replace
 
+from ladbench.cli import output_file
 from ladbench.calibration import fit_calibration
 from ladbench.inference.cache import read_cache
 from ladbench.stages.arrays import calibration_arrays
@@ -21,7 +22,7 @@ def register(subparsers) -> None:
         "--score-average", choices=["reference", "paper"], default="reference",
         help="reference: average raw scores; paper: average probabilities, then log",
     )
-    parser.add_argument("--out", required=True, help="output .npz")
+    parser.add_argument("--out", required=True, type=output_file(".npz"), help="output .npz")
     parser.set_defaults(func=run)
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ladbench.cli import output_file
 from ladbench import methods, metrics
 from ladbench.atomic import atomic_path, atomic_write_json
 from ladbench.calibration import Calibration
@@ -39,7 +40,7 @@ def register(subparsers) -> None:
     parser.add_argument("--transfer", action="store_true",
                         help="the calibrations were fitted on another benchmark (calibration transfer); "
                         "without it they must come from this cache's benchmark")
-    parser.add_argument("--out", required=True, help="output .json (predictions go to the same name .npz)")
+    parser.add_argument("--out", required=True, type=output_file(".json"), help="output .json (predictions go to the same name .npz)")
     parser.set_defaults(func=run)
 
 
