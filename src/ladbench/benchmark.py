@@ -44,8 +44,8 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from ladbench.cli import output_file
 from ladbench.atomic import atomic_write_text, json_one_item_per_line, read_json
+from ladbench.cli import output_file
 from ladbench.data.coco import load_image_table
 
 SETTINGS = ("random", "adversarial")

@@ -42,8 +42,8 @@ import torch
 from PIL import Image
 from tqdm import tqdm
 
-from ladbench.cli import output_file
 from ladbench.atomic import atomic_path, atomic_write_json, file_digest
+from ladbench.cli import output_file
 from ladbench.data.coco import load_image_table, table_fingerprint
 from ladbench.hdf5 import CHECKSUMS, open_h5, reading
 

@@ -29,8 +29,8 @@ import sys
 from pathlib import Path
 from typing import Any, Iterable
 
-from ladbench.cli import output_file
 from ladbench.atomic import atomic_write_json, atomic_write_text, json_one_item_per_line, read_json
+from ladbench.cli import output_file
 
 _MAX_LISTED = 5  # how many offending ids/files an error message lists
 

@@ -26,9 +26,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ladbench.cli import output_file
 from ladbench.atomic import file_digest, sampled_digest
 from ladbench.benchmark import load_benchmark
+from ladbench.cli import output_file
 from ladbench.data.coco import load_image_table, table_fingerprint
 from ladbench.stages.inputs import check_benchmark_table
 

@@ -27,10 +27,10 @@ from typing import Any, Sequence
 import numpy as np
 from tqdm import tqdm
 
-from ladbench.cli import output_file
 from ladbench import divergence, methods, metrics
 from ladbench.atomic import atomic_path, atomic_write_json
 from ladbench.calibration import Calibration, fit_calibration, log_softmax
+from ladbench.cli import output_file
 from ladbench.stages.options import add_bootstrap_arguments, add_lad_arguments, lad_settings, metrics_line
 from ladbench.inference.cache import read_cache
 from ladbench.stages.arrays import CalibrationArrays, EvalArrays, calibration_arrays, eval_arrays

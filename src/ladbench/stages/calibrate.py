@@ -6,8 +6,8 @@ from __future__ import annotations
 import argparse
 from dataclasses import replace
 
-from ladbench.cli import output_file
 from ladbench.calibration import fit_calibration
+from ladbench.cli import output_file
 from ladbench.inference.cache import read_cache
 from ladbench.stages.arrays import calibration_arrays
 from ladbench.stages.inputs import cache_identity

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ladbench.cli import output_file
 from ladbench import methods, metrics
 from ladbench.atomic import atomic_path, atomic_write_json
 from ladbench.calibration import Calibration
+from ladbench.cli import output_file
 from ladbench.stages.options import add_bootstrap_arguments, add_lad_arguments, lad_settings, metrics_line
 from ladbench.inference.cache import read_cache
 from ladbench.stages.arrays import EvalArrays, eval_arrays
