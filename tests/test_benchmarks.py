@@ -37,3 +37,7 @@ def test_bench_inference_runs_on_the_tiny_model(tmp_path):
                      "--json", str(tmp_path / "raw.json"))
     assert "| 4 |" in out                                  # one table row per N, every method measured
     assert (tmp_path / "raw.json").is_file()
+
+
+def test_bench_checksums_runs():
+    assert "with Fletcher-32" in run_script("bench_checksums.py", "--n", "4", "--reps", "1")
