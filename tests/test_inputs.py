@@ -262,3 +262,23 @@ def test_an_unreadable_image_at_inference_is_one_line_naming_it(tiny_model, tmp_
             "--model-name", "tiny", "--family", "qwen2_5_vl", "--model-path", tiny_model("qwen2_5_vl"),
             "--device", "cpu", "--image-size", str(TINY_IMAGE_SIZE)]
     refused(capsys, lambda: main(argv), str(bad), f"cannot read image {shown}", "restore the file")
+
+
+def test_the_report_refuses_an_evaluation_made_from_another_cache(tmp_path):
+    from ladbench.report.study import load_study
+    from ladbench.stages.inputs import MismatchError
+    folder = tmp_path / "eval" / "toy" / "scenes_random_N4" / "vanilla"
+    folder.mkdir(parents=True)
+    # the layout the report indexes by: .../{model}/{benchmark}/{variant}.h5
+    cache_dir = tmp_path / "cache" / "toy" / "scenes_random_N4"
+    cache_dir.mkdir(parents=True)
+    cache = write_cache(cache_dir / "vanilla.h5")
+    evaluation = folder / "cal-scenes_random_N4.json"
+    evaluate(cache, calibrate(cache, tmp_path / "cal.npz"), out=str(evaluation))
+    study = dict(models=["toy"], benchmarks=["scenes_random_N4"], variants={"vanilla": "vanilla"},
+                 evaluations=[evaluation], caches=[cache])
+    load_study(**study)
+    write_cache(cache_dir / "vanilla.h5", seed=1)   # the cache was rebuilt; the evaluation was not
+    with pytest.raises(MismatchError, match="evaluation of toy/scenes_random_N4/vanilla/scenes_random_N4 was made "
+                                            "from .* but the cache given for it has"):
+        load_study(**study)

@@ -70,6 +70,22 @@ def calibration_record(path: str, calibration: Any) -> dict[str, Any]:
     return {"path": str(path), "sha256": file_digest(path), "cache_config_sha256": calibration.source.get("config_sha256")}
 
 
+def check_made_from_caches(documents: Mapping[tuple, Mapping[str, Any]], caches: Mapping[tuple, Mapping[str, Any]],
+                           what: str) -> None:
+    """Refuse evaluation or analysis documents (keyed by (model, benchmark, variant, ...)) made
+    from another cache than the one now given for that key: they are stale. Documents that
+    record no inputs (older versions) are not checked."""
+    for key, document in documents.items():
+        recorded = (document.get("inputs") or {}).get("cache") or {}
+        attrs = caches.get(tuple(key[:3]))
+        if not recorded or attrs is None or recorded.get("config_sha256") == attrs.get("config_sha256"):
+            continue
+        raise MismatchError(
+            f"the {what} of {'/'.join(key)} was made from {recorded.get('path')} (config_sha256 "
+            f"{recorded.get('config_sha256')}), but the cache given for it has {attrs.get('config_sha256')}; "
+            f"rerun the {what} (the workflow does when its cache changed)")
+
+
 def check_features_table(features_path: str, feature_attrs: Mapping[str, Any], table_path: str, table: dict) -> None:
     """Refuse CLIP features computed from another image table (other ids, files or captions)."""
     from ladbench.data.coco import table_fingerprint
