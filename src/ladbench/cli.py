@@ -31,6 +31,16 @@ SUBCOMMANDS = {
 }
 
 
+def put_ladbench_on_path() -> None:
+    """Put the folder of the running interpreter first on PATH when it holds the ``ladbench``
+    command, so that the workflow's jobs run the ``ladbench`` of the Python that runs
+    Snakemake: ``.venv/bin/snakemake`` works without activating the venv. (With
+    ``--use-conda`` a job's conda environment is activated in front of it.)"""
+    folder = os.path.dirname(sys.executable)
+    if os.path.exists(os.path.join(folder, "ladbench")):
+        os.environ["PATH"] = os.pathsep.join([folder, os.environ.get("PATH", "")])
+
+
 def output_file(*suffixes: str):
     """An argparse ``type`` for an output file: its name must end in one of ``suffixes``,
     the format the command writes. Anything else is refused before any work: the file would

@@ -1,11 +1,11 @@
 # Shared by all included files: the validated config, output paths, and helpers that map
 # config entries to the inputs and command-line flags of each stage.
-import os
 import shlex
 import sys
 
 from ladbench.config import (ConfigError, benchmark_parts, check_environment, layer_range_arg, load_schema,
                              read_yaml, startup_warnings, study_benchmarks, validate_config)
+from ladbench.cli import put_ladbench_on_path
 from ladbench.stages.evaluate import METHODS_FOR_PROMPT, NEEDS_CALIBRATION
 
 # Everything knowable at start-up is checked here, before any job runs: each config file
@@ -22,12 +22,8 @@ except ConfigError as error:
 for _warning in startup_warnings(config):
     print(f"WARNING: {_SOURCE}: {_warning}", file=sys.stderr)
 
-# Every rule runs `ladbench`: the one installed beside the interpreter running Snakemake
-# comes first on PATH, so `.venv/bin/snakemake` works without activating the venv (a rule's
-# conda environment, when --use-conda is given, is activated in front of it).
-_BIN = os.path.dirname(sys.executable)
-if os.path.exists(os.path.join(_BIN, "ladbench")):
-    os.environ["PATH"] = os.pathsep.join([_BIN, os.environ.get("PATH", "")])
+# The jobs run `ladbench`, found beside the Python running Snakemake (no venv activation).
+put_ladbench_on_path()
 
 OUT = config["output_dir"].rstrip("/")
 LOGS = f"{OUT}/logs"
