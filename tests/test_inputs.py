@@ -252,7 +252,8 @@ def test_an_output_named_for_another_format_is_refused_and_nothing_is_overwritte
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()} == before
 
 
-def test_an_unreadable_image_at_inference_is_one_line_naming_it(tiny_model, tmp_path, capsys):
+@pytest.mark.parametrize("workers", ["0", "1"])  # inline, and in a DataLoader worker (as on a GPU)
+def test_an_unreadable_image_at_inference_is_one_line_naming_it(tiny_model, tmp_path, capsys, workers):
     from conftest_models import TINY_IMAGE_SIZE, make_demo_benchmark
     bench, images = make_demo_benchmark(tmp_path, 4, n_eval=1, n_orderings=1, n_cal=1)
     shown = json.loads(bench.read_text())["eval"][0]["candidates"][0]
@@ -260,7 +261,7 @@ def test_an_unreadable_image_at_inference_is_one_line_naming_it(tiny_model, tmp_
     bad.write_bytes(b"\x89PNG\r\n\x1a\n but the rest is gone")
     argv = ["infer", "--benchmark", str(bench), "--images", str(images), "--out", str(tmp_path / "c.h5"),
             "--model-name", "tiny", "--family", "qwen2_5_vl", "--model-path", tiny_model("qwen2_5_vl"),
-            "--device", "cpu", "--image-size", str(TINY_IMAGE_SIZE)]
+            "--device", "cpu", "--image-size", str(TINY_IMAGE_SIZE), "--workers", workers]
     refused(capsys, lambda: main(argv), str(bad), f"cannot read image {shown}", "restore the file")
 
 

@@ -84,6 +84,15 @@ def _where(args: argparse.Namespace) -> None:
           f"--configfile {args.configfile}")
 
 
+def one_line(error: BaseException) -> str:
+    """The error's message on one line. An error raised in a DataLoader worker arrives
+    re-raised with the worker's traceback in its message: its own last line is kept."""
+    lines = str(error).strip().splitlines() or [type(error).__name__]
+    if len(lines) > 1 and "Original Traceback" in str(error):
+        return lines[-1].split(": ", 1)[-1]
+    return " ".join(line.strip() for line in lines)
+
+
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The argument parser; with ``only``, import just the module defining that subcommand."""
     parser = argparse.ArgumentParser(
@@ -112,7 +121,7 @@ def main(argv: list[str] | None = None) -> None:
         # --debug or LADBENCH_DEBUG=1 shows the traceback.
         if args.debug or os.environ.get("LADBENCH_DEBUG"):
             raise
-        print(f"ladbench {args.command}: error: {error}", file=sys.stderr)
+        print(f"ladbench {args.command}: error: {one_line(error)}", file=sys.stderr)
         raise SystemExit(2) from None
 
 

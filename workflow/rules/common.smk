@@ -180,6 +180,18 @@ def benchmark_flags(wildcards):
 
 
 # ---- infer ----
+def infer_on_gpu(wildcards):
+    return not config["models"][wildcards.model]["tiny"] and config["inference"]["device"] != "cpu"
+
+
+def infer_threads(wildcards):
+    """2 on the CPU; on a GPU one for the model's process plus one per DataLoader worker (default 8)."""
+    if not infer_on_gpu(wildcards):
+        return 2
+    workers = config["inference"].get("workers")
+    return 1 + (8 if workers is None else workers)
+
+
 def infer_flags(wildcards):
     model = config["models"][wildcards.model]
     inference = config["inference"]
@@ -191,6 +203,8 @@ def infer_flags(wildcards):
         prompt=variant["prompt"], identifiers=variant["identifiers"],
         score_mode=inference["score_mode"], image_size=inference["image_size"],
         batch_size=model.get("batch_size", inference["batch_size"]), chunk_size=inference["chunk_size"],
+        workers=inference.get("workers"), vision_tower=inference["vision_tower"],
+        group_by_length=inference["group_by_length"],
         dtype=inference["dtype"], device=inference["device"],
         store_head_attention=inference["store_head_attention"],
     )

@@ -12,9 +12,9 @@ rule infer:
         f"{OUT}/cache/{{model}}/{{benchmark}}/{{variant}}.h5",
     params:
         options=infer_flags,
-    threads: 2
+    threads: infer_threads
     resources:
-        gpu=lambda w: 0 if config["models"][w.model]["tiny"] or config["inference"]["device"] == "cpu" else 1,
+        gpu=lambda w: int(infer_on_gpu(w)),
         mem_mb=32000,
         runtime=720,
     log:
