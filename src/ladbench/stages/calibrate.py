@@ -6,11 +6,16 @@ from __future__ import annotations
 import argparse
 from dataclasses import replace
 
-from ladbench.calibration import fit_calibration
+from ladbench.calibration import PRIDE_ORIGINAL_LOGS, fit_calibration
 from ladbench.cli import output_file
 from ladbench.inference.cache import read_cache
 from ladbench.stages.arrays import calibration_arrays
 from ladbench.stages.inputs import cache_identity
+
+
+def add_pride_argument(parser) -> None:
+    parser.add_argument("--pride-original-logs", choices=PRIDE_ORIGINAL_LOGS, default=PRIDE_ORIGINAL_LOGS[0],
+                        help="pride_original: log(p + 1e-10) as the original code (floor, default) or exact logs")
 
 
 def register(subparsers) -> None:
@@ -22,6 +27,7 @@ def register(subparsers) -> None:
         "--score-average", choices=["reference", "paper"], default="reference",
         help="reference: average raw scores; paper: average probabilities, then log",
     )
+    add_pride_argument(parser)
     parser.add_argument("--out", required=True, type=output_file(".npz"), help="output .npz")
     parser.set_defaults(func=run)
 
@@ -30,8 +36,12 @@ def run(args: argparse.Namespace) -> None:
     cache = read_cache(args.cache)
     cal = calibration_arrays(cache)
     calibration = fit_calibration(
-        cal.scores, cal.attn, cal.target_pos, n_cal=args.n_cal, seed=args.seed, average=args.score_average
+        cal.scores, cal.attn, cal.target_pos, n_cal=args.n_cal, seed=args.seed, average=args.score_average,
+        source=cal.source,  # from the benchmark, through the cache
+        pride_original_logs=args.pride_original_logs,
     )
     replace(calibration, source=cache_identity(args.cache, cache.attrs)).to_npz(args.out)
-    print(f"calibration from {args.n_cal} of {cal.scores.shape[0]} instances (seed {args.seed}): k = {calibration.k:.4f}")
+    how = "the first" if cal.source == "evaluation_head" else f"seed {args.seed},"
+    print(f"calibration from {args.n_cal} of {cal.scores.shape[0]} instances ({how} source {cal.source}): "
+          f"k = {calibration.k:.4f}")
     print(f"wrote {args.out}")
