@@ -147,7 +147,7 @@ def organism_flags(wildcards):
     """The organism learns the study's prompt at its sizes and image resolution, on scenes
     drawn like the synthetic dataset's; its own section sets the rest (steps, seed, pull...)."""
     scene_sizes = [d["image_size"] for d in config["datasets"].values() if d["source"] == "synthetic"]
-    return flags(n_candidates=SIZES, image_size=config["inference"]["image_size"],
+    return flags(n_candidates=config["benchmarks"]["n_candidates"], image_size=config["inference"]["image_size"],
                  scene_size=scene_sizes[0] if scene_sizes else None, **config["models"][wildcards.model]["organism"])
 
 

@@ -19,4 +19,4 @@ rule train_organism:
     conda:
         "../../envs/gpu.yaml"
     shell:
-        "ladbench train-organism --out {output} {params.options} > {log} 2>&1"
+        "ladbench train-organism --out {output:q} {params.options} > {log:q} 2>&1"
