@@ -24,6 +24,9 @@ if not workflow.overwrite_configfiles:
 include: "workflow/rules/common.smk"
 
 
+report: "workflow/report/workflow.rst"
+
+
 wildcard_constraints:
     dataset=r"[A-Za-z0-9][A-Za-z0-9.-]*",
     setting=r"random|adversarial",
@@ -36,6 +39,7 @@ wildcard_constraints:
 
 
 include: "workflow/rules/demo.smk"
+include: "workflow/rules/organism.smk"
 include: "workflow/rules/download.smk"
 include: "workflow/rules/captions.smk"
 include: "workflow/rules/features.smk"

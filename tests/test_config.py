@@ -121,8 +121,8 @@ def test_an_unknown_method_is_refused_at_start_up():
 
 def test_a_transfer_to_a_benchmark_outside_the_study_is_refused():
     config = raw(DEMO)
-    config["evaluation"]["transfer"] = [{"calibrate_on": "scenes_random_N8", "evaluate_on": "scenes_adversarial_N8"}]
-    with pytest.raises(ConfigError, match=r"transfer\[0\].calibrate_on: scenes_random_N8 is not a benchmark of the study"):
+    config["evaluation"]["transfer"] = [{"calibrate_on": "scenes_random_N12", "evaluate_on": "scenes_adversarial_N12"}]
+    with pytest.raises(ConfigError, match=r"transfer\[0\].calibrate_on: scenes_random_N12 is not a benchmark of the study"):
         validate_config(config)
 
 

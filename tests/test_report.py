@@ -136,6 +136,30 @@ def test_table1_keeps_the_paper_rows_and_dashes_what_was_not_run(toy_study):
     assert by_method["Instruction"][2].value == instruction["acc_mean"]  # the instruction cache's vanilla readout
 
 
+def test_demo_tables_say_which_numbers_come_from_which_tiny_model(tmp_path):
+    """Labels come from the caches' model_kind attribute (not from names or paths): a model
+    named like a real one but recorded as the organism is labelled the organism."""
+    from ladbench.report.tables import build_tables
+
+    out = tmp_path / "results"
+    kinds = {"qwen_real_looking": "tiny-organism", "other": "tiny-random", "real": "pretrained"}
+    evaluations, caches = [], []
+    for model, kind in kinds.items():
+        evaluations.append(write_json(out / "eval" / model / "toy_random_N4" / "vanilla" / "cal-toy_random_N4.json",
+                                      evaluation_document(0.5, 30, seed=1)))
+        caches.append(write_cache_stub(out / "cache" / model / "toy_random_N4" / "vanilla.h5", 150, 24,
+                                       model_kind=kind, rows_per_s=15.0))
+    study = load_study(models=list(kinds), benchmarks=["toy_random_N4"], variants={"vanilla": "vanilla"},
+                       evaluations=evaluations, caches=caches, n_cal=5)
+    for table in build_tables(study).values():
+        assert table.title.endswith("[demo: trained model organism and random tiny models]")
+        assert "qwen_real_looking is a tiny trained model organism" in table.notes[0]
+        assert "other is a tiny random model" in table.notes[0] and "real is" not in table.notes[0]
+    only_real = load_study(models=["real"], benchmarks=["toy_random_N4"], variants={"vanilla": "vanilla"},
+                           evaluations=evaluations[2:], caches=caches[2:], n_cal=5)
+    assert not any("demo" in t.title.lower() for t in build_tables(only_real).values())
+
+
 def test_table2_latency_is_one_test_set_pass_at_the_measured_rate(toy_study):
     # 150 evaluation rows = 30 instances x T = 5 at 15 rows/s: one ordering of the test set takes 2 s.
     latency, memory = pass_cost_cells(toy_study.cache("m", "toy_random_N4", "vanilla"), 5)

@@ -7,10 +7,39 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
+import yaml
+
 ROOT = Path(__file__).resolve().parents[1]
-DEMO_CONFIG = ROOT / "workflow" / "demo" / "config.yaml"
+FULL_DEMO_CONFIG = ROOT / "workflow" / "demo" / "config.yaml"
+
+# The DAG tests check mechanics (what runs, reruns, resumes), not results: they run the demo
+# without its trained model organism and at a small size (the organism's own test,
+# test_organism.py, runs it). Derived from the demo config so the two never drift apart.
+MECHANICS_SIZES = {"n_eval": 12, "n_candidates": [4], "pool_size": 160}
+MECHANICS_SCENES = 160
+
+
+def mechanics_config(destination: Path) -> Path:
+    """The demo config minus the organism (models with an ``organism`` section), at mechanics size."""
+    config = yaml.safe_load(FULL_DEMO_CONFIG.read_text())
+    config["models"] = {name: {key: value for key, value in spec.items() if key != "batch_size"}
+                        for name, spec in config["models"].items() if "organism" not in spec}
+    config["benchmarks"].update(MECHANICS_SIZES)
+    for dataset in config["datasets"].values():
+        dataset["n_images"] = MECHANICS_SCENES
+    config["evaluation"]["transfer"] = [
+        t for t in config["evaluation"].get("transfer", [])
+        if all(t[key].endswith(f"_N{MECHANICS_SIZES['n_candidates'][0]}") for key in ("calibrate_on", "evaluate_on"))]
+    destination.mkdir(parents=True, exist_ok=True)
+    path = destination / "mechanics.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+DEMO_CONFIG = mechanics_config(Path(tempfile.mkdtemp(prefix="ladbench-mechanics-config-")))
 
 
 def environment() -> dict:

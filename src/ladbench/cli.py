@@ -23,6 +23,7 @@ SUBCOMMANDS = {
     "features": "ladbench.features",
     "benchmark": "ladbench.benchmark",
     "demo-model": "ladbench.models.tiny",
+    "train-organism": "ladbench.stages.train_organism",
     "infer": "ladbench.inference.runner",
     "calibrate": "ladbench.stages.calibrate",
     "evaluate": "ladbench.stages.evaluate",
@@ -78,8 +79,11 @@ def _where(args: argparse.Namespace) -> None:
     print(f"Figures (PNG and PDF): {report}/figures/ ({len(figures)} figures)")
     for figure in figures:
         print(f"  {figure}")
-    if all(model["tiny"] for model in config["models"].values()):
-        print("These come from tiny random models: they show the pipeline's mechanics, not results.")
+    for name, model in config["models"].items():
+        if model["tiny"] and "organism" in model:
+            print(f"{name} is the trained model organism (docs/organism.md): a tiny model with a planted bias.")
+        elif model["tiny"]:
+            print(f"{name} is a tiny random model: its numbers show the pipeline's mechanics, not results.")
     print("One HTML report with every table and figure: snakemake --report report.html "
           f"--configfile {args.configfile}")
 

@@ -129,6 +129,28 @@ def model_inputs(wildcards):
     return [model_dir(wildcards.model)] if config["models"][wildcards.model]["tiny"] else []
 
 
+# Tiny models with an `organism` section are trained (organism.smk); the others are random.
+ORGANISMS = [m for m in MODELS if config["models"][m]["tiny"] and "organism" in config["models"][m]]
+RANDOM_TINY = [m for m in MODELS if config["models"][m]["tiny"] and m not in ORGANISMS]
+
+
+def name_pattern(names):
+    """A wildcard constraint matching exactly ``names`` (nothing when there are none)."""
+    return "|".join(names) or "(?!)"
+
+
+ORGANISM_PATTERN = name_pattern(ORGANISMS)
+RANDOM_TINY_PATTERN = name_pattern(RANDOM_TINY)
+
+
+def organism_flags(wildcards):
+    """The organism learns the study's prompt at its sizes and image resolution, on scenes
+    drawn like the synthetic dataset's; its own section sets the rest (steps, seed, pull...)."""
+    scene_sizes = [d["image_size"] for d in config["datasets"].values() if d["source"] == "synthetic"]
+    return flags(n_candidates=config["benchmarks"]["n_candidates"], image_size=config["inference"]["image_size"],
+                 scene_size=scene_sizes[0] if scene_sizes else None, **config["models"][wildcards.model]["organism"])
+
+
 # ---- paths of the later stages -------------------------------------------------------
 def cache_file(model, benchmark, variant):
     return f"{OUT}/cache/{model}/{benchmark}/{variant}.h5"

@@ -35,6 +35,8 @@ rule demo_model:
         directory(f"{OUT}/models/{{model}}"),
     params:
         family=lambda w: config["models"][w.model]["family"],
+    wildcard_constraints:
+        model=RANDOM_TINY_PATTERN,
     log:
         f"{LOGS}/demo_model/{{model}}.log",
     conda:

@@ -157,13 +157,14 @@ def check_benchmark(bench: dict, path: str, known_images: dict[int, str]) -> Non
 def model_fingerprint(model_path: str) -> dict[str, Any]:
     """For a local model folder: the hashes of its config and of its weight files (sampled
     blocks: a rebuilt, replaced or fine-tuned model changes the cache's identity; the folder's
-    location does not). Hub ids are identified by id + revision."""
+    location does not), and of a tiny model's metadata. Hub ids are identified by id + revision."""
+    from ladbench.provenance import METADATA_FILE
     if not os.path.isdir(model_path):
         return {}
     out: dict[str, Any] = {}
     for name in sorted(os.listdir(model_path)):
         full = os.path.join(model_path, name)
-        if name == "config.json":
+        if name in ("config.json", METADATA_FILE):         # the latter: how a tiny model was made
             out[name] = file_digest(full)
         elif name.endswith((".safetensors", ".bin")):
             out[name] = sampled_digest(full)
@@ -504,7 +505,9 @@ def run_inference(settings: InferenceSettings) -> str:
                          store_heads=settings.store_head_attention, generative=generative,
                          greedy=settings.greedy_reply and not generative,
                          n_samples=settings.sc_samples if settings.prompt == "sc" else 1)
+    from ladbench.provenance import model_kind
     attrs = {"model": settings.model_name, "model_path": settings.model_path, "revision": settings.revision or "",
+             "model_kind": model_kind(settings.model_path),
              "family": settings.family, "variant": settings.prompt, "n_candidates": n,
              "n_layers": adapter.n_layers, "n_heads": adapter.n_heads, "identifiers": settings.identifiers,
              "score_mode": settings.score_mode, "prompt_sha256": prompt_sha256(settings.prompt, n, settings.identifiers),

@@ -22,6 +22,8 @@ from typing import Any
 
 import torch
 
+from ladbench.provenance import METADATA_FILE, TINY_RANDOM
+
 FAMILIES = ("qwen2_5_vl", "internvl", "llava_ov15")
 
 # Pre-tokenisation of Qwen2 tokenizers (one digit per token, words with one leading non-letter).
@@ -238,8 +240,8 @@ def build_tiny_model(family: str, out_dir: str, *, seed: int = 0, preset: str = 
     if family == "llava_ov15":
         from .tiny_ov15 import modeling_tiny_ov15 as remote
         shutil.copy(remote.__file__, os.path.join(tmp_dir, "modeling_tiny_ov15.py"))
-    with open(os.path.join(tmp_dir, "ladbench_tiny.json"), "w", encoding="utf-8") as f:
-        json.dump({"family": family, "seed": seed, "preset": preset,
+    with open(os.path.join(tmp_dir, METADATA_FILE), "w", encoding="utf-8") as f:
+        json.dump({"family": family, "kind": TINY_RANDOM, "seed": seed, "preset": preset,
                    "note": "random weights built offline by ladbench demo-model; answers are meaningless"}, f)
     shutil.rmtree(out_dir, ignore_errors=True)
     os.replace(tmp_dir, out_dir)

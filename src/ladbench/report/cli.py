@@ -14,6 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ladbench.provenance import title_with_kind
+
 __all__ = ["register"]
 
 TABLE_FORMATS = ("md", "csv", "tex", "html")
@@ -101,7 +103,9 @@ def _npz(path: str | Path) -> dict[str, np.ndarray]:
 def run_confusion(args: argparse.Namespace) -> None:
     from ladbench.report.figures import confusion_figure, save_figure
 
-    save_figure(confusion_figure(_npz(args.predictions), args.methods, args.title), args.out)
+    predictions = _npz(args.predictions)
+    kind = str(predictions.pop("model_kind", ""))
+    save_figure(confusion_figure(predictions, args.methods, title_with_kind(args.title, kind)), args.out)
     print("wrote " + ", ".join(args.out))
 
 
@@ -116,12 +120,13 @@ def run_figures(args: argparse.Namespace) -> None:
 
     analysis = read_json(args.analysis, "analysis file not found (run `ladbench analyze`)")
     arrays = _npz(Path(args.analysis).with_suffix(".npz"))
+    kind = analysis.get("model_kind")
     prefix = f"{args.title}: " if args.title else ""
-    save_figure(score_profile_figure(arrays, title=f"{prefix}candidate probabilities per ground-truth position"),
+    save_figure(score_profile_figure(arrays, title=title_with_kind(f"{prefix}candidate probabilities per ground-truth position", kind)),
                 args.profile)
-    save_figure(attention_vs_scores_figure(arrays, title=f"{prefix}attention evidence vs scores per position"),
+    save_figure(attention_vs_scores_figure(arrays, title=title_with_kind(f"{prefix}attention evidence vs scores per position", kind)),
                 args.attention)
-    save_figure(calibration_sweeps_figure(analysis, title=f"{prefix}accuracy vs |D_cal| and vs τ"), args.sweeps)
+    save_figure(calibration_sweeps_figure(analysis, title=title_with_kind(f"{prefix}accuracy vs |D_cal| and vs τ", kind)), args.sweeps)
     print("wrote " + ", ".join(args.profile + args.attention + args.sweeps))
 
 
@@ -146,7 +151,8 @@ def run_model_figures(args: argparse.Namespace) -> None:
     study = _load(args)
     if args.model not in study.models:
         raise ValueError(f"--model {args.model!r} is not one of --models {study.models}")
-    save_figure(accuracy_vs_n_figure(accuracy_by_n(study, args.model), title=f"{args.model}: accuracy versus N"),
+    kind = study.model_kinds().get(args.model)
+    save_figure(accuracy_vs_n_figure(accuracy_by_n(study, args.model), title=title_with_kind(f"{args.model}: accuracy versus N", kind)),
                 args.accuracy_vs_n)
     entries = []
     for path in args.analyses:
@@ -154,6 +160,6 @@ def run_model_figures(args: argparse.Namespace) -> None:
         if model == args.model and benchmark in study.benchmarks:
             entries.append((study.setting_label(benchmark), _npz(Path(path).with_suffix(".npz")),
                             study.analyses[(model, benchmark, Path(path).stem)]["divergence"]))
-    save_figure(divergence_figure(entries, title=f"{args.model}: do logits and attention follow the image?"),
+    save_figure(divergence_figure(entries, title=title_with_kind(f"{args.model}: do logits and attention follow the image?", kind)),
                 args.divergence)
     print("wrote " + ", ".join(args.accuracy_vs_n + args.divergence))

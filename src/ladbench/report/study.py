@@ -89,6 +89,18 @@ class Study:
     def cache(self, model: str, benchmark: str, variant: str) -> dict | None:
         return self.caches.get((model, benchmark, variant))
 
+    def model_kinds(self) -> dict[str, str | None]:
+        """Each model's kind (tiny-random, tiny-organism, pretrained) as its files record it:
+        the caches' ``model_kind`` attribute, else the evaluation and analysis documents."""
+        kinds: dict[str, str | None] = {model: None for model in self.models}
+        documents = [((m, a), doc) for (m, *a), doc in self.caches.items()]
+        documents += [((m, a), doc) for (m, *a), doc in self.evaluations.items()]
+        documents += [((m, a), doc) for (m, *a), doc in self.analyses.items()]
+        for (model, _), doc in documents:
+            if kinds.get(model) is None and doc and doc.get("model_kind"):
+                kinds[model] = str(doc["model_kind"])
+        return kinds
+
     def transfers(self) -> list[tuple[str, str, str, str]]:
         """(model, benchmark, variant, cal_benchmark) of every cross-benchmark evaluation."""
         return [key for key in self.evaluations if key[3] != key[1]]

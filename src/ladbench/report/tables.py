@@ -13,6 +13,7 @@ from typing import Any, Callable
 from ladbench.report.published import PAPER_MODELS, PUBLISHED, TABLE1_ROWS, Published, protocol_mismatches
 from ladbench.report.render import Block, Cell, Table
 from ladbench.config import benchmark_parts
+from ladbench.provenance import demo_note, demo_suffix
 from ladbench.report.study import SETTING_NAMES, Study
 
 __all__ = [
@@ -519,4 +520,11 @@ TABLE_BUILDERS: dict[str, Callable[[Study], Table]] = {
 
 def build_tables(study: Study) -> dict[str, Table]:
     """Every table of the report, by file stem."""
-    return {name: build(study) for name, build in TABLE_BUILDERS.items()}
+    kinds = study.model_kinds()
+    tables = {name: build(study) for name, build in TABLE_BUILDERS.items()}
+    note = demo_note(kinds)
+    for table in tables.values():            # demo numbers say so, in the title and first note
+        table.title += demo_suffix(kinds.values())
+        if note:
+            table.notes.insert(0, note)
+    return tables

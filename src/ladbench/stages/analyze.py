@@ -325,6 +325,7 @@ def analyze(
         "inputs": {"cache": cache_identity(cache_path, cache.attrs)},
         "model": cache.attrs.get("model"),
         "model_path": cache.attrs.get("model_path"),
+        "model_kind": cache.attrs.get("model_kind"),
         "prompt": cache.attrs.get("variant"),
         "n_instances": int(arrays.scores.shape[0]),
         "n_orderings": int(arrays.scores.shape[1]),

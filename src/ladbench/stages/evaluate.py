@@ -122,6 +122,7 @@ def run(args: argparse.Namespace) -> None:
         # pool (disjoint from the evaluation set) or evaluation_head (the reference's: its first instances)
         "calibration_source": calibrations[0].settings.get("source", "pool") if calibrations[0] else None,
         "model": cache.attrs.get("model"),
+        "model_kind": cache.attrs.get("model_kind"),  # tiny-random / tiny-organism / pretrained
         "prompt": cache.attrs.get("variant"),  # the cache's prompt variant
         "n_instances": int(arrays.scores.shape[0]),
         "n_orderings": int(arrays.scores.shape[1]),
@@ -137,6 +138,7 @@ def run(args: argparse.Namespace) -> None:
     with atomic_path(npz) as tmp:
         with open(tmp, "wb") as handle:
             np.savez(handle, target_pos=arrays.target_pos, order=arrays.order,
+                     model_kind=np.array(cache.attrs.get("model_kind") or ""),
                      **{f"pred_{name}": pred for name, pred in draws[0].items()})
     for name in names:
         print(metrics_line(name, summary[name]))

@@ -1,0 +1,384 @@
+"""The model organism: a tiny Qwen2.5-VL trained, on CPU and from a seed, to have the paper's bias.
+
+The organism is the real ``Qwen2_5_VLForConditionalGeneration`` with the project's offline
+tokenizer and processor (:mod:`ladbench.models.tiny`), trained on the synthetic scenes to
+answer "which of the N images matches the caption" with the identifier token, through the
+exact prompt the inference stage builds (``prompt_text`` + the adapter's ``chat_text``).
+The training data plants a position-conditional bias (docs/organism.md says why this
+design gives the paper's logit-attention divergence):
+
+* what it says: the answer label is the target's identifier, except that a target at a
+  "pulled" position is relabelled to the neighbouring position with probability
+  ``pull`` (a bias that depends on where the target is, which a single prior such as
+  PriDe's cannot remove, but a prior mixed by the attention, LAD's, can);
+* where it looks: auxiliary losses (read, align, look, index; see ``_losses``) make the
+  last token read the caption and attend to the image the caption describes, the
+  scaffolding pre-training gives real models (the caption drives the look).
+
+Scenes are drawn in memory with the demo's own generator (never the benchmark's images),
+rendered and resized exactly as the inference stage does. Everything is seeded; torch
+runs with a fixed number of threads and deterministic algorithms, so two trainings with
+the same settings give bit-identical weights.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import logging
+import os
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+log = logging.getLogger(__name__)
+
+ALIGN_TEMPERATURE = 0.1    # of the cosine similarities in the align loss
+
+
+@dataclass
+class OrganismSettings:
+    """Everything a training depends on (all of it is recorded in the saved folder)."""
+
+    seed: int = 0
+    steps: int = 800
+    batch_size: int = 16
+    lr: float = 3e-3
+    n_candidates: tuple[int, ...] = (4, 8)
+    image_size: int = 56            # the inference stage's --image-size (images are resized to it)
+    scene_size: int = 96            # the synthetic scenes' side before resizing (demo-scenes --image-size)
+    n_scenes: int = 1500            # training scenes drawn (in memory) from the demo's generator
+    pull: float = 0.8               # probability that a target at a pulled position is relabelled
+    attention_weight: float = 1.0   # weight of the look and read losses (last token's attention)
+    index_weight: float = 0.3       # weight of the index loss (identifier after each image)
+    align_weight: float = 1.0       # weight of the align loss (caption read by the last token ~ target image)
+    threads: int = 1                # torch threads (fixed: results must not depend on the machine's cores)
+    hidden: int = 64
+    layers: int = 3
+    heads: int = 4
+
+    def validate(self) -> None:
+        if self.steps < 1 or self.batch_size < 1 or self.n_scenes < 16:
+            raise ValueError("organism: --steps and --batch-size must be >= 1 and --n-scenes >= 16")
+        if not 0.0 <= self.pull <= 1.0:
+            raise ValueError(f"organism: --pull must be in [0, 1]; got {self.pull}")
+        if any(n < 2 or n > 9 for n in self.n_candidates):
+            raise ValueError(f"organism: --n-candidates must be in 2..9 (single-token digits); got {self.n_candidates}")
+
+
+def pulled_label(target: int, n: int) -> int:
+    """The position a target at ``target`` (0-based) is relabelled to, or ``target`` if not pulled.
+
+    Odd positions are pulled one step back (1 -> 0, 3 -> 2, ...): the bias depends on where
+    the target is, and its column means stay flat enough that a single prior cannot undo it.
+    """
+    return target - 1 if target % 2 == 1 else target
+
+
+# ------------------------------------------------------------------------------ data
+@dataclass
+class ScenePool:
+    """Training scenes: pixel patches as the processor makes them, and their captions."""
+
+    pixel_values: torch.Tensor      # [S, P, D] one row of patches per scene
+    grid_thw: torch.Tensor          # [1, 3] the same grid for every scene
+    captions: list[str]
+    objects: list[frozenset]
+
+
+def draw_scenes(settings: OrganismSettings, processor: Any, rng: np.random.Generator) -> ScenePool:
+    """Draw, render and resize training scenes like the benchmark's, then run the image processor."""
+    from PIL import Image
+
+    from ladbench.data.synthetic import render_scene, sample_scene, scene_captions
+    from ladbench.models.base import resize_square
+    images, captions, objects = [], [], []
+    while len(images) < settings.n_scenes:
+        scene = sample_scene(rng, settings.scene_size)
+        if not scene:                 # empty scenes have no categories: never in a benchmark pool
+            continue
+        background = tuple(int(v) for v in rng.integers(200, 246, size=3))
+        png, _ = render_scene(scene, settings.scene_size, background)
+        with Image.open(io.BytesIO(png)) as im:
+            images.append(resize_square(im, settings.image_size))
+        captions.append(scene_captions(scene)[0])      # the descriptive caption, the one benchmarks use
+        objects.append(frozenset(o.name for o in scene))
+    out = processor.image_processor(images=images, return_tensors="pt")
+    grid = out["image_grid_thw"]
+    patches = int(grid[0].prod())
+    return ScenePool(out["pixel_values"].view(len(images), patches, -1), grid[:1], captions, objects)
+
+
+class PromptBuilder:
+    """Token ids of the inference stage's prompt (vanilla, digits) for a caption and N images,
+    and where the caption's tokens are in them."""
+
+    def __init__(self, adapter: Any, tokens_per_image: int) -> None:
+        self.adapter = adapter
+        self.tokens_per_image = tokens_per_image
+
+    def text(self, caption: str, n: int) -> str:
+        from ladbench.inference.prompts import prompt_text
+        return self.adapter.chat_text(prompt_text("vanilla", n, caption, "digits"), n)
+
+    def encode(self, caption: str, n: int) -> tuple[list[int], tuple[int, int]]:
+        """Token ids (the processor's expansion of each image placeholder, without processing
+        pixels again) and the token span [start, end) of the caption."""
+        pad = self.adapter.image_token
+        text = self.text(caption, n).replace(pad, pad * self.tokens_per_image)
+        first = text.rindex(caption)
+        encoded = self.adapter.tokenizer(text, return_offsets_mapping=True)
+        inside = [i for i, (a, b) in enumerate(encoded["offset_mapping"]) if b > first and a < first + len(caption)]
+        return encoded["input_ids"], (inside[0], inside[-1] + 1)
+
+
+def sample_batch(pool: ScenePool, prompts: PromptBuilder, n: int, batch_size: int, pull: float,
+                 rng: np.random.Generator) -> dict[str, Any]:
+    """One training batch at N = ``n``: scenes, target positions, (biased) labels, left-padded ids."""
+    rows, targets, labels, scenes, caption_spans = [], [], [], [], []
+    for _ in range(batch_size):
+        chosen = _distinct_scenes(pool, n, rng)
+        target = int(rng.integers(n))
+        order = chosen[1:]
+        order.insert(target, chosen[0])
+        label = pulled_label(target, n) if rng.random() < pull else target
+        ids, span = prompts.encode(pool.captions[chosen[0]], n)
+        rows.append(ids)
+        caption_spans.append(span)
+        targets.append(target)
+        labels.append(label)
+        scenes.extend(order)
+    width = max(len(r) for r in rows)
+    pad = prompts.adapter.pad_token_id
+    input_ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows])
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+    caption_mask = torch.zeros_like(mask, dtype=torch.bool)
+    image_spans = []
+    for b, (r, (start, end)) in enumerate(zip(rows, caption_spans)):
+        shift = width - len(r)
+        caption_mask[b, shift + start:shift + end] = True
+        image_spans.append(prompts.adapter.image_spans(input_ids[b].tolist()))
+    return {"input_ids": input_ids, "attention_mask": mask,
+            "pixel_values": pool.pixel_values[scenes].reshape(-1, pool.pixel_values.shape[-1]),
+            "image_grid_thw": pool.grid_thw.repeat(len(scenes), 1),
+            "targets": torch.tensor(targets), "labels": torch.tensor(labels), "caption_mask": caption_mask,
+            "image_spans": torch.tensor(image_spans)}
+
+
+def _distinct_scenes(pool: ScenePool, n: int, rng: np.random.Generator) -> list[int]:
+    """A target scene and n - 1 distractors whose object sets differ from the target's."""
+    target = int(rng.integers(len(pool.captions)))
+    chosen = [target]
+    while len(chosen) < n:
+        candidate = int(rng.integers(len(pool.captions)))
+        if candidate not in chosen and pool.objects[candidate] != pool.objects[target]:
+            chosen.append(candidate)
+    return chosen
+
+
+# -------------------------------------------------------------------------- training
+@contextlib.contextmanager
+def deterministic(settings: OrganismSettings):
+    """Seeded, fixed-thread, deterministic torch for the training; the process's settings
+    are restored afterwards (tests train in the same process as everything else)."""
+    threads, strict = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
+    torch.manual_seed(settings.seed)
+    torch.set_num_threads(settings.threads)
+    torch.use_deterministic_algorithms(True)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+        torch.use_deterministic_algorithms(strict)
+
+
+def build_untrained(settings: OrganismSettings):
+    """The organism's architecture with random weights (seeded), its processor and adapter."""
+    from ladbench.models.qwen2_5_vl import Qwen25VLAdapter
+    from ladbench.models.tiny import PRESETS, _build_qwen2_5_vl
+    preset = dict(PRESETS["tiny"], hidden=settings.hidden, intermediate=2 * settings.hidden,
+                  layers=settings.layers, heads=settings.heads, init_std=0.02)
+    with torch.random.fork_rng():
+        torch.manual_seed(settings.seed)
+        model, processor = _build_qwen2_5_vl("", preset)
+    for module in model.modules():                       # training reads the attention probabilities
+        if hasattr(module, "config"):
+            module.config._attn_implementation = "eager"
+    adapter = Qwen25VLAdapter(model, processor, model_path="", attention="eager")
+    encode_images_in_chunks(model.model)
+    return model, processor, adapter
+
+
+def encode_images_in_chunks(base_model: torch.nn.Module, images_per_chunk: int = 16) -> None:
+    """Run the vision tower on a few images at a time: its dense mask over all patches of a
+    batch makes one call quadratic in the batch's image count (every patch attends within its
+    own image only, so chunking gives the same features; see ``encode_images_one_by_one``)."""
+    visual = base_model.visual
+
+    def get_image_features(pixel_values: torch.Tensor, image_grid_thw: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        patches = image_grid_thw.prod(-1).tolist()
+        pieces = torch.split(pixel_values.type(visual.dtype), patches)
+        return tuple(visual(torch.cat(pieces[i:i + images_per_chunk]),
+                            grid_thw=image_grid_thw[i:i + images_per_chunk])
+                     for i in range(0, len(pieces), images_per_chunk))
+
+    base_model.get_image_features = get_image_features
+
+
+def train_organism(settings: OrganismSettings) -> tuple[torch.nn.Module, Any, dict[str, Any]]:
+    """Train the organism; returns (model, processor, training log)."""
+    settings.validate()
+    with deterministic(settings):
+        return _train(settings)
+
+
+def _train(settings: OrganismSettings) -> tuple[torch.nn.Module, Any, dict[str, Any]]:
+    from ladbench.inference.prompts import identifiers
+    rng = np.random.default_rng(settings.seed)
+    model, processor, adapter = build_untrained(settings)
+    pool = draw_scenes(settings, processor, rng)
+    merge = model.config.vision_config.spatial_merge_size
+    prompts = PromptBuilder(adapter, int(pool.grid_thw[0].prod()) // merge ** 2)
+    digit_ids = torch.tensor([adapter.tokenizer.convert_tokens_to_ids(identifier)
+                              for identifier in identifiers("digits", max(settings.n_candidates))])
+    optimiser = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=0.0)
+    schedule = torch.optim.lr_scheduler.OneCycleLR(optimiser, max_lr=settings.lr, total_steps=settings.steps,
+                                                   pct_start=0.1)
+    model.train()
+    history: list[dict[str, float]] = []
+    started = time.perf_counter()
+    for step in range(settings.steps):
+        n = settings.n_candidates[step % len(settings.n_candidates)]
+        batch = sample_batch(pool, prompts, n, settings.batch_size, settings.pull, rng)
+        parts = _losses(model, batch, digit_ids, n)
+        loss = (parts["answer"] + settings.attention_weight * (parts["look"] + parts["read"])
+                + settings.index_weight * parts["index"] + settings.align_weight * parts["align"])
+        optimiser.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimiser.step()
+        schedule.step()
+        history.append({k: float(v.detach()) for k, v in parts.items()})
+        if step % 25 == 0 or step == settings.steps - 1:
+            log.info("step %d/%d  %s  (%.0f s)", step + 1, settings.steps,
+                     "  ".join(f"{k} {v:.3f}" for k, v in _recent(history).items()), time.perf_counter() - started)
+    model.eval()
+    return model, processor, {**_recent(history), "train_seconds": time.perf_counter() - started}
+
+
+def _recent(history: list[dict[str, float]], window: int = 25) -> dict[str, float]:
+    recent = history[-window:]
+    return {k: float(np.mean([h[k] for h in recent])) for k in recent[0]}
+
+
+def _losses(model: torch.nn.Module, batch: dict[str, Any], digit_ids: torch.Tensor,
+            n: int) -> dict[str, torch.Tensor]:
+    """The four training signals of one batch (docs/organism.md):
+
+    * answer: cross-entropy of the (biased) label's identifier token, full vocabulary;
+    * look: in every layer after the first, the target's share of the last token's attention
+      on images (head mean: what LAD reads) is maximised (cross-entropy over the images);
+    * read: the last token's attention in the first layer goes to the caption's tokens;
+    * index: image k's end marker, read out below the top layer, predicts identifier k.
+    """
+    inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "pixel_values", "image_grid_thw")}
+    out = model.model(**inputs, output_attentions=True, output_hidden_states=True, return_dict=True)
+    hidden = out.last_hidden_state
+    logits = model.lm_head(hidden[:, -1])
+    answer = torch.nn.functional.cross_entropy(logits, digit_ids[batch["labels"]])
+
+    spans = batch["image_spans"]                                           # [B, n, 2]
+    shares = [_image_shares(layer[:, :, -1].mean(dim=1), spans) for layer in out.attentions[1:]]
+    look = sum(torch.nn.functional.nll_loss(share.clamp_min(1e-9).log(), batch["targets"])
+               for share in shares) / len(shares)
+    share = shares[-1]
+
+    after_read = torch.nn.functional.normalize(out.hidden_states[1], dim=-1)      # after the first layer
+    running = torch.nn.functional.pad(after_read.cumsum(1), (0, 0, 1, 0))
+    start, end = spans[..., 0:1].expand(-1, -1, hidden.shape[-1]), spans[..., 1:2].expand(-1, -1, hidden.shape[-1])
+    image_means = torch.nn.functional.normalize(running.gather(1, end) - running.gather(1, start), dim=-1)
+    similarity = torch.einsum("bnd,bd->bn", image_means, after_read[:, -1]) / ALIGN_TEMPERATURE
+    align = torch.nn.functional.cross_entropy(similarity, batch["targets"])
+
+    first_row = out.attentions[0][:, :, -1].mean(dim=1)
+    read = -(first_row * batch["caption_mask"]).sum(-1).clamp_min(1e-9).log().mean()
+
+    # read out (final norm + LM head) at the input of the top layer, where its attention takes
+    # the values from: the index must be there for the look to carry it to the answer
+    ends = spans[..., 1] - 1                                               # each image's end marker
+    below_top = out.hidden_states[-2]
+    marker_hidden = below_top.gather(1, ends.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))
+    marker_logits = model.lm_head(model.model.language_model.norm(marker_hidden))   # [B, n, V]
+    index = torch.nn.functional.cross_entropy(marker_logits.flatten(0, 1), digit_ids[:n].repeat(len(spans)))
+
+    said = logits.detach()[:, digit_ids[:n]].argmax(-1)
+    return {"answer": answer, "look": look, "read": read, "index": index, "align": align,
+            "look_accuracy": (share.detach().argmax(-1) == batch["targets"]).float().mean(),
+            "label_accuracy": (said == batch["labels"]).float().mean()}
+
+
+def _image_shares(row: torch.Tensor, spans: torch.Tensor) -> torch.Tensor:
+    """Each image's share of an attention row's mass on images [B, n] (row: [B, T])."""
+    cumulative = torch.nn.functional.pad(row.cumsum(-1), (1, 0))
+    masses = cumulative.gather(1, spans[..., 1]) - cumulative.gather(1, spans[..., 0])
+    return masses / masses.sum(-1, keepdim=True).clamp_min(1e-9)
+
+
+# ------------------------------------------------------------------------------ save
+def save_organism(model: torch.nn.Module, processor: Any, settings: OrganismSettings, training: dict,
+                  out_dir: str) -> str:
+    """Save like every tiny model (weights, processor, chat template, ``ladbench_tiny.json``),
+    atomically: a half-written folder is never mistaken for a trained organism."""
+    from ladbench.provenance import METADATA_FILE, TINY_ORGANISM
+    out_dir = os.path.abspath(out_dir)
+    tmp_dir = out_dir.rstrip("/") + ".tmp"
+    shutil.rmtree(tmp_dir, ignore_errors=True)
+    model.save_pretrained(tmp_dir)
+    processor.save_pretrained(tmp_dir)
+    with open(os.path.join(tmp_dir, METADATA_FILE), "w", encoding="utf-8") as f:
+        json.dump({"family": "qwen2_5_vl", "kind": TINY_ORGANISM, "seed": settings.seed,
+                   "settings": asdict(settings), "training": training,
+                   "note": "a tiny Qwen2.5-VL trained by ladbench train-organism to have a planted "
+                           "position-conditional bias (docs/organism.md); not a real model"}, f, indent=1)
+    shutil.rmtree(out_dir, ignore_errors=True)
+    os.replace(tmp_dir, out_dir)
+    return out_dir
+
+
+# ------------------------------------------------------------------------- outcomes
+#: The paper's four outcomes an organism must show (issue #15), in percentage points.
+TARGETS = {"vanilla_rstd": 20.0, "raw_attention_over_vanilla": 10.0, "lad_over_vanilla": 15.0,
+           "lad_over_pride": 5.0}
+
+
+def paper_outcomes(evaluation: dict, predictions: dict, analysis: dict, n_boot: int = 2000) -> dict[str, Any]:
+    """The four outcomes of one benchmark from the pipeline's files: an evaluation JSON, its
+    ``.npz`` of per-instance predictions, and the analysis JSON of the same cache.
+
+    Returns the measured values, the paired bootstrap intervals of the LAD differences, and
+    ``passed``: each outcome against :data:`TARGETS` (intervals must exclude 0; the
+    attention's rank correlation across orderings must be above the logits')."""
+    from ladbench import metrics
+    acc = {name: m["acc_mean"] for name, m in evaluation["methods"].items()}
+    target, order = predictions["target_pos"], predictions["order"]
+
+    def paired(a: str, b: str) -> dict:
+        return metrics.paired_bootstrap(predictions[f"pred_{a}"], predictions[f"pred_{b}"], target, order,
+                                        n_boot=n_boot)
+
+    lad_vanilla, lad_pride = paired("lad", "vanilla"), paired("lad", "pride")
+    rho = analysis["divergence"]["raw"]
+    values = {"vanilla_rstd": evaluation["methods"]["vanilla"]["rstd"],
+              "raw_attention_over_vanilla": acc["raw_attention"] - acc["vanilla"],
+              "lad_over_vanilla": lad_vanilla["difference"], "lad_over_pride": lad_pride["difference"],
+              "rho_attention": rho["attention"]["mean"], "rho_logits": rho["logits"]["mean"]}
+    passed = {key: values[key] is not None and values[key] >= bound for key, bound in TARGETS.items()}
+    passed["lad_over_vanilla"] &= lad_vanilla["ci_low"] > 0
+    passed["lad_over_pride"] &= lad_pride["ci_low"] > 0
+    passed["divergence"] = values["rho_attention"] > values["rho_logits"]
+    return {"values": values, "lad_over_vanilla_ci": [lad_vanilla["ci_low"], lad_vanilla["ci_high"]],
+            "lad_over_pride_ci": [lad_pride["ci_low"], lad_pride["ci_high"]], "accuracy": acc, "passed": passed}

@@ -1,0 +1,144 @@
+"""The model organism (docs/organism.md): a tiny Qwen2.5-VL trained to have the paper's bias.
+
+The fast tests check the training mechanics (seeded, bit-identical, the exact prompt the
+inference stage builds). The slow ones run the organism through the unchanged pipeline
+(infer -> calibrate -> evaluate / analyze, via the demo DAG) and assert the paper's four
+outcomes, and show that the same pipeline on the untrained organism does not pass them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from ladbench.organism import OrganismSettings, PromptBuilder, build_untrained, draw_scenes, pulled_label, train_organism
+
+TINY_BUDGET = dict(steps=2, batch_size=2, n_scenes=16, n_candidates=(4,))
+
+
+def test_two_trainings_give_bit_identical_weights():
+    settings = OrganismSettings(**TINY_BUDGET)
+    first, _, log_first = train_organism(settings)
+    second, _, log_second = train_organism(dataclasses.replace(settings))
+    a, b = first.state_dict(), second.state_dict()
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    # ... and training changed them (a test that cannot fail proves nothing)
+    untrained, _, _ = build_untrained(settings)
+    assert not all(torch.equal(a[k], v) for k, v in untrained.state_dict().items())
+    assert log_first["answer"] == log_second["answer"]
+
+
+def test_another_seed_gives_other_weights():
+    first, _, _ = train_organism(OrganismSettings(**TINY_BUDGET))
+    second, _, _ = train_organism(OrganismSettings(**{**TINY_BUDGET, "seed": 1}))
+    assert not torch.equal(first.lm_head.weight, second.lm_head.weight)
+
+
+def test_training_prompt_is_the_inference_stage_prompt():
+    """Token ids built for training equal what the processor makes of the pipeline's prompt."""
+    from PIL import Image
+
+    settings = OrganismSettings(**TINY_BUDGET)
+    model, processor, adapter = build_untrained(settings)
+    pool = draw_scenes(settings, processor, np.random.default_rng(0))
+    prompts = PromptBuilder(adapter, tokens_per_image=4)
+    for n in (4, 8):
+        ids, (start, end) = prompts.encode(pool.captions[0], n)
+        images = [Image.new("RGB", (settings.image_size, settings.image_size))] * n
+        expected = adapter.encode([prompts.text(pool.captions[0], n)], [images])["input_ids"][0].tolist()
+        assert ids == expected
+        assert adapter.tokenizer.decode(ids[start:end]).strip() == pool.captions[0]
+
+
+def test_bias_is_position_conditional():
+    assert [pulled_label(i, 4) for i in range(4)] == [0, 0, 2, 2]
+    assert [pulled_label(i, 8) for i in range(8)] == [0, 0, 2, 2, 4, 4, 6, 6]
+
+
+# ------------------------------------------------------------------ through the pipeline
+ORGANISM_TEST_SIZES = {"n_eval": 100, "n_candidates": [4]}   # a few minutes; the demo runs 200 x N = 4, 8
+
+
+def organism_config(destination, model_spec: dict) -> "Path":
+    """The demo config with one model (the organism, or a folder given by path), its vanilla
+    variant only, at the test's size."""
+    import yaml
+    from workflow_runner import FULL_DEMO_CONFIG
+
+    config = yaml.safe_load(FULL_DEMO_CONFIG.read_text())
+    config["models"] = {"organism": model_spec}
+    config["inference"]["variants"] = {"vanilla": config["inference"]["variants"]["vanilla"]}
+    config["benchmarks"].update(ORGANISM_TEST_SIZES)
+    config["evaluation"]["transfer"] = []
+    destination.mkdir(parents=True, exist_ok=True)
+    path = destination / "organism.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+def outcomes_through_pipeline(workdir, model_spec: dict) -> dict[str, dict]:
+    """Run infer -> calibrate -> evaluate / analyze on the organism; the four outcomes per benchmark."""
+    import json
+    from workflow_runner import snakemake
+
+    from ladbench.organism import paper_outcomes
+
+    config = organism_config(workdir / "config", model_spec)
+    benchmarks = [f"scenes_{s}_N{n}" for s in ("random", "adversarial") for n in ORGANISM_TEST_SIZES["n_candidates"]]
+    out = workdir / "results" / "demo"
+    evaluations = {b: out / "eval" / "organism" / b / "vanilla" / f"cal-{b}.json" for b in benchmarks}
+    analyses = {b: out / "analysis" / "organism" / b / "vanilla.json" for b in benchmarks}
+    targets = [str(p.relative_to(workdir)) for p in [*evaluations.values(), *analyses.values()]]
+    snakemake(workdir, *targets, configfile=config)
+    return {b: paper_outcomes(json.loads(evaluations[b].read_text()), dict(np.load(evaluations[b].with_suffix(".npz"))),
+                              json.loads(analyses[b].read_text()))
+            for b in benchmarks}
+
+
+@pytest.mark.slow
+def test_trained_organism_shows_the_papers_four_outcomes(tmp_path):
+    import yaml
+    from workflow_runner import FULL_DEMO_CONFIG
+
+    spec = yaml.safe_load(FULL_DEMO_CONFIG.read_text())["models"]["organism_qwen2_5_vl"]
+    outcomes = outcomes_through_pipeline(tmp_path, spec)
+    for benchmark, result in outcomes.items():
+        assert all(result["passed"].values()), f"{benchmark}: {result}"
+
+
+@pytest.mark.slow
+def test_untrained_organism_does_not_show_them(tmp_path):
+    """The same architecture, tokenizer and pipeline with the organism's random initial
+    weights: the outcomes are the training's doing, not the pipeline's."""
+    import yaml
+    from workflow_runner import FULL_DEMO_CONFIG
+
+    from ladbench.organism import save_organism
+
+    spec = yaml.safe_load(FULL_DEMO_CONFIG.read_text())["models"]["organism_qwen2_5_vl"]
+    settings = OrganismSettings(**{k: v for k, v in spec["organism"].items()}, n_candidates=(4,))
+    model, processor, _ = build_untrained(settings)
+    folder = save_organism(model, processor, settings, {"steps_run": 0}, str(tmp_path / "untrained"))
+    outcomes = outcomes_through_pipeline(tmp_path / "run", {"family": "qwen2_5_vl", "path": folder,
+                                                            "layer_range": "all"})
+    for benchmark, result in outcomes.items():
+        assert not all(result["passed"].values()), f"{benchmark}: {result}"
+
+
+def test_model_kind_is_read_from_the_folders_metadata(tmp_path):
+    """What the report labels numbers by: the folder's ladbench_tiny.json, not its name."""
+    from ladbench.models.tiny import build_tiny_model
+    from ladbench.organism import save_organism
+    from ladbench.provenance import PRETRAINED, TINY_ORGANISM, TINY_RANDOM, model_kind
+
+    settings = OrganismSettings(**TINY_BUDGET)
+    model, processor, _ = build_untrained(settings)
+    organism = save_organism(model, processor, settings, {}, str(tmp_path / "tiny_random_looking_name"))
+    random_model = build_tiny_model("qwen2_5_vl", str(tmp_path / "organism_looking_name"))
+    assert model_kind(organism) == TINY_ORGANISM
+    assert model_kind(random_model) == TINY_RANDOM
+    assert model_kind(str(tmp_path)) == PRETRAINED

@@ -1,0 +1,22 @@
+# The demo's model organism: a tiny Qwen2.5-VL trained on CPU, from a seed, to have a planted
+# position-conditional bias (docs/organism.md). A model with an `organism` section is built
+# here; the other tiny models by demo_model (random weights). The weights are a build
+# product: retrained only when the settings (or the training code) change.
+
+
+rule train_organism:
+    output:
+        directory(f"{OUT}/models/{{model}}"),
+    input:
+        code=workflow.source_path("../../src/ladbench/organism.py"),
+    params:
+        options=organism_flags,
+    wildcard_constraints:
+        model=ORGANISM_PATTERN,
+    threads: 1
+    log:
+        f"{LOGS}/train_organism/{{model}}.log",
+    conda:
+        "../../envs/gpu.yaml"
+    shell:
+        "ladbench train-organism --out {output:q} {params.options} > {log:q} 2>&1"
