@@ -172,6 +172,13 @@ def benchmark_flags(wildcards):
 
 
 # ---- infer ----
+def infer_gpus(wildcards):
+    """GPUs of one infer job (its `gpu` resource): the model's gpus_per_job, 0 on the CPU.
+    The job claims that many distinct devices itself (`ladbench infer --gpus`)."""
+    model = config["models"][wildcards.model]
+    return 0 if model["tiny"] or config["inference"]["device"] == "cpu" else model["gpus_per_job"]
+
+
 def infer_flags(wildcards):
     model = config["models"][wildcards.model]
     inference = config["inference"]

@@ -14,7 +14,7 @@ rule infer:
         options=infer_flags,
     threads: 2
     resources:
-        gpu=lambda w: 0 if config["models"][w.model]["tiny"] or config["inference"]["device"] == "cpu" else 1,
+        gpu=infer_gpus,
         mem_mb=32000,
         runtime=720,
     log:
@@ -22,5 +22,5 @@ rule infer:
     conda:
         "../../envs/gpu.yaml"
     shell:
-        "OMP_NUM_THREADS={threads} ladbench infer --benchmark {input.benchmark} --images {input.images} "
-        "{params.options} --out {output} > {log} 2>&1"
+        "OMP_NUM_THREADS={threads} ladbench infer --benchmark {input.benchmark:q} --images {input.images:q} "
+        "{params.options} --gpus {resources.gpu} --out {output:q} > {log:q} 2>&1"

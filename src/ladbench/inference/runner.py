@@ -356,6 +356,10 @@ def _settings_from_args(args: argparse.Namespace) -> InferenceSettings:
 
 def _cmd_infer(args: argparse.Namespace) -> None:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    if args.gpus and args.device != "cpu":
+        from .devices import claim_gpus
+        claim = claim_gpus(args.gpus)            # before torch initialises CUDA; held until exit
+        log.info("running on GPU(s) %s", ",".join(claim.devices))
     print(run_inference(_settings_from_args(args)))
 
 
@@ -396,6 +400,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     g.add_argument("--sc-max-new-tokens", type=int, default=512, help="self-consistency: reply length limit (512)")
     g.add_argument("--seed", type=int, default=0, help="sampling seed (row r uses seed + r)")
     g = p.add_argument_group("execution")
+    g.add_argument("--gpus", type=int, default=0,
+                   help="claim this many GPUs no other ladbench job on this machine holds and show CUDA only "
+                        "those (0: no claim; a CUDA_VISIBLE_DEVICES already set for the job is respected)")
     g.add_argument("--batch-size", type=int, default=1, help="rows per forward pass (left padded)")
     g.add_argument("--chunk-size", type=int, default=16, help="rows per write to the cache (the most a kill can lose)")
     g.add_argument("--limit-rows", type=int, default=None,
