@@ -24,6 +24,7 @@ SUBCOMMANDS = {
     "benchmark": "ladbench.benchmark",
     "demo-model": "ladbench.models.tiny",
     "infer": "ladbench.inference.runner",
+    "merge-shards": "ladbench.stages.merge_shards",
     "calibrate": "ladbench.stages.calibrate",
     "evaluate": "ladbench.stages.evaluate",
     "analyze": "ladbench.stages.analyze",

@@ -126,6 +126,18 @@ def cache_file(model, benchmark, variant):
     return f"{OUT}/cache/{model}/{benchmark}/{variant}.h5"
 
 
+# inference.shards > 1: each cache is merged from this many shard caches (infer jobs).
+SHARDS = config["inference"]["shards"]
+
+
+def shard_file(model, benchmark, variant, shard):
+    return f"{OUT}/shards/{model}/{benchmark}/{variant}/{shard}-of-{SHARDS}.h5"
+
+
+def shard_files(wildcards):
+    return [shard_file(wildcards.model, wildcards.benchmark, wildcards.variant, i) for i in range(SHARDS)]
+
+
 def calibration_file(model, benchmark, variant, seed, n_cal=None):
     n_cal = N_CAL if n_cal is None else n_cal
     return f"{OUT}/calibration/{model}/{benchmark}/{variant}/dcal{n_cal}_seed{seed}.npz"
@@ -192,6 +204,7 @@ def infer_flags(wildcards):
         batch_size=model.get("batch_size", inference["batch_size"]), chunk_size=inference["chunk_size"],
         dtype=inference["dtype"], device=inference["device"],
         store_head_attention=inference["store_head_attention"],
+        shard_index=wildcards.get("shard"), shard_count=SHARDS if SHARDS > 1 else None,
     )
 
 

@@ -31,6 +31,7 @@ from ladbench.benchmark import load_benchmark
 from ladbench.data.coco import load_image_table
 
 from .cache import CacheLayout, CacheWriter, RowPlan, is_complete_for, plan_rows
+from .merge import select_shard
 from .prompts import (GENERATIVE_VARIANTS, IDENTIFIER_FORMATS, PROMPT_VARIANTS, identifiers, majority_vote,
                       parse_answer_is, parse_last_identifier, prompt_sha256, prompt_text)
 from .scoring import SCORE_MODES, IdentifierTrie, identifier_encoder, trie_scores
@@ -70,10 +71,14 @@ class InferenceSettings:
     sc_top_k: int = 40
     sc_max_new_tokens: int = 512
     seed: int = 0
+    shard_index: int = 0
+    shard_count: int = 1
     extra: dict[str, Any] = field(default_factory=dict)
 
-    # fields that do not change any stored number (only speed / how much runs now)
-    _NOT_HASHED = ("out", "batch_size", "chunk_size", "limit_rows", "model_name", "extra")
+    # fields that do not change any stored number (only speed / how much runs now; a
+    # shard's rows are identified by its cache's own config_sha256, see merge.select_shard)
+    _NOT_HASHED = ("out", "batch_size", "chunk_size", "limit_rows", "model_name", "extra", "shard_index",
+                   "shard_count")
 
     def validate(self) -> None:
         checks = [("family", self.family, FAMILY_CHOICES), ("prompt", self.prompt, PROMPT_VARIANTS),
@@ -81,7 +86,7 @@ class InferenceSettings:
         for name, value, allowed in checks:
             if value not in allowed:
                 raise ValueError(f"--{name.replace('_', '-')} {value!r} is not one of {', '.join(allowed)}")
-        for name in ("image_size", "batch_size", "chunk_size", "sofa_every", "sc_samples"):
+        for name in ("image_size", "batch_size", "chunk_size", "sofa_every", "sc_samples", "shard_count"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1; got {getattr(self, name)}")
         if not 0.0 <= self.sofa_sigma <= 1.0:
@@ -249,7 +254,7 @@ class RowRunner:
         all_texts, votes, samples = [], [], []
         for r in rows:                       # one row at a time: its samples form the batch; seed per row
             inputs = self.encode_rows([r])
-            torch.manual_seed(s.seed + int(r))
+            torch.manual_seed(s.seed + self.plan.first_row + int(r))   # the row in the whole plan
             texts = self.adapter.generate(inputs, max_new_tokens=s.sc_max_new_tokens, do_sample=True,
                                           temperature=s.sc_temperature, top_k=s.sc_top_k,
                                           num_return_sequences=s.sc_samples)
@@ -262,14 +267,6 @@ class RowRunner:
 
 
 # --------------------------------------------------------------------------- driver
-def _throughput(row_seconds: np.ndarray) -> dict[str, float]:
-    """Rows per second over every row written so far, by this run or an interrupted earlier one."""
-    timed = row_seconds[np.isfinite(row_seconds)]
-    total = float(timed.sum())
-    return {"rows_per_s": len(timed) / total if total > 0 else float("nan"), "timed_rows": len(timed),
-            "timed_s": total}
-
-
 def _peak_memory(writer: CacheWriter, device: str) -> dict[str, float]:
     """Peak CPU RSS and CUDA memory (MB) of this run, or of an earlier run of the same cache
     if higher (one that ended and recorded its peak; a killed run records none)."""
@@ -293,6 +290,7 @@ def run_inference(settings: InferenceSettings) -> str:
     n = int(bench["n_candidates"])
     plan = plan_rows(bench, shifts_per_ordering=settings.prompt == "permavg")
     digest = config_sha256(settings, settings.benchmark, settings.images)
+    plan, digest, shard_attrs = select_shard(plan, digest, settings.shard_index, settings.shard_count)
 
     if is_complete_for(settings.out, digest):
         log.info("%s is complete for these inputs; nothing to do", settings.out)
@@ -312,7 +310,7 @@ def run_inference(settings: InferenceSettings) -> str:
              "score_mode": settings.score_mode, "prompt_sha256": prompt_sha256(settings.prompt, n, settings.identifiers),
              "config_sha256": digest, "settings": settings.hashed_fields(), "versions": library_versions(),
              "device": device, "dtype": str(adapter.model.dtype).replace("torch.", ""),
-             "benchmark": os.path.abspath(settings.benchmark)}
+             "benchmark": os.path.abspath(settings.benchmark), **shard_attrs}
     if settings.prompt == "sofa":
         attrs.update(sofa_sigma=settings.sofa_sigma, sofa_every=settings.sofa_every)
     writer = CacheWriter.open(settings.out, plan, layout, attrs)
@@ -339,7 +337,7 @@ def run_inference(settings: InferenceSettings) -> str:
                 bar.update(len(batch))
             writer.write(chunk, {k: np.concatenate([p[k] for p in parts]) for k in parts[0]})
             done_now += len(chunk)
-    final = {**_throughput(writer.read("seconds")), **_peak_memory(writer, device),
+    final = {**writer.throughput(), **_peak_memory(writer, device),
              "last_run_rows": done_now, "last_run_s": time.perf_counter() - started}
     if len(writer.pending_rows()):
         writer.set_attrs(final)
@@ -405,6 +403,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "those (0: no claim; a CUDA_VISIBLE_DEVICES already set for the job is respected)")
     g.add_argument("--batch-size", type=int, default=1, help="rows per forward pass (left padded)")
     g.add_argument("--chunk-size", type=int, default=16, help="rows per write to the cache (the most a kill can lose)")
+    g.add_argument("--shard-index", type=int, default=0, help="run only shard i (0-based) of --shard-count")
+    g.add_argument("--shard-count", type=int, default=1,
+                   help="split the rows into this many contiguous shards (each its own cache; "
+                        "`ladbench merge-shards` joins them)")
     g.add_argument("--limit-rows", type=int, default=None,
                    help="debugging: process at most this many pending rows, leave the cache incomplete")
     p.set_defaults(func=_cmd_infer)
