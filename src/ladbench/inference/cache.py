@@ -245,7 +245,10 @@ class CacheWriter:
             for key, values in results.items():
                 if key not in f:
                     raise KeyError(f"{self.path}: no dataset {key!r} to write")
-                f[key][idx] = np.asarray(values)[order]
+                values = np.asarray(values)[order]
+                if values.dtype == object:         # HDF5 strings cannot hold NUL (a sampled reply can)
+                    values = np.vectorize(lambda t: t.replace("\0", "\ufffd"), otypes=[object])(values)
+                f[key][idx] = values
             f["done"][idx] = True
 
     def finish(self, attrs: Mapping[str, Any]) -> None:

@@ -104,6 +104,9 @@ class InferenceSettings:
                 d.pop(k)
         if self.prompt not in GENERATIVE_VARIANTS:
             d.pop("seed")
+        if self.prompt == "sc":
+            from .sampling import SAMPLER
+            d["sampler"] = SAMPLER
         return d
 
 
@@ -195,12 +198,16 @@ class RowRunner:
         except OSError as exc:
             raise OSError(f"cannot read image {image_id} at {path}: {exc}") from None
 
+    def _instance(self, r: int) -> dict:
+        return self.bench["eval" if self.plan.split[r] == 0 else "calibration"][int(self.plan.instance[r])]
+
+    def _row_text(self, r: int) -> str:
+        caption = self._instance(r)["caption"]
+        return self.adapter.chat_text(prompt_text(self.s.prompt, self.n, caption, self.s.identifiers), self.n)
+
     def _row_inputs(self, r: int) -> tuple[str, list]:
-        split = "eval" if self.plan.split[r] == 0 else "calibration"
-        inst = self.bench[split][int(self.plan.instance[r])]
-        shown = [int(inst["candidates"][j]) for j in self.plan.order[r]]
-        text = self.adapter.chat_text(prompt_text(self.s.prompt, self.n, inst["caption"], self.s.identifiers), self.n)
-        return text, [self._image(i) for i in shown]
+        shown = [int(self._instance(r)["candidates"][j]) for j in self.plan.order[r]]
+        return self._row_text(r), [self._image(i) for i in shown]
 
     def encode_rows(self, rows: Sequence[int]) -> dict:
         """Model inputs of a batch of rows (images in each row's order, prompt, left padding)."""
@@ -242,28 +249,41 @@ class RowRunner:
             out["attn_heads"] = head_mass.astype(np.float16)
         return out
 
+    def by_prompt_length(self, rows: np.ndarray) -> np.ndarray:
+        """``rows`` ordered by prompt length, longest first (a batch of similar lengths pads
+        little; the largest batch comes first, so memory trouble shows at once). Images
+        add the same number of tokens to every row, so the text's tokens decide."""
+        lengths = [len(self.adapter.tokenizer(self._row_text(int(r))).input_ids) for r in rows]
+        return np.asarray(rows)[np.argsort(-np.asarray(lengths), kind="stable")]
+
     def generate_batch(self, rows: Sequence[int]) -> dict[str, np.ndarray]:
-        """Replies and parsed answers (CoT: greedy, one reply; SC: sampled, majority vote)."""
-        import torch
+        """Replies and parsed answers of a batch of rows, generated together, each sequence
+        stopping at its end token. CoT: one greedy reply per row. SC: the S samples of
+        every row of the batch in one batch, each drawn with its own key (sampling.py), so
+        the samples do not depend on the batch size, chunking or shards."""
+        from .sampling import KeyedSampler, sequence_keys
         s = self.s
+        inputs = self.encode_rows(rows)
         if s.prompt == "cot":
-            inputs = self.encode_rows(rows)
-            texts = self.adapter.generate(inputs, max_new_tokens=s.cot_max_new_tokens, do_sample=False)
+            texts, counts = self.adapter.generate(inputs, max_new_tokens=s.cot_max_new_tokens, do_sample=False)
             parsed = [parse_last_identifier(t, self.n, s.identifiers) for t in texts]
-            return {"text": np.array(texts, dtype=object), "parsed": np.array(parsed, dtype=np.int16)}
-        all_texts, votes, samples = [], [], []
-        for r in rows:                       # one row at a time: its samples form the batch; seed per row
-            inputs = self.encode_rows([r])
-            torch.manual_seed(s.seed + self.plan.first_row + int(r))   # the row in the whole plan
-            texts = self.adapter.generate(inputs, max_new_tokens=s.sc_max_new_tokens, do_sample=True,
-                                          temperature=s.sc_temperature, top_k=s.sc_top_k,
-                                          num_return_sequences=s.sc_samples)
-            parsed = [parse_answer_is(t, self.n, s.identifiers) for t in texts]
-            all_texts.append(texts)
-            samples.append(parsed)
-            votes.append(majority_vote(parsed))
-        return {"text": np.array(all_texts, dtype=object), "parsed": np.array(votes, dtype=np.int16),
-                "sample_parsed": np.array(samples, dtype=np.int16)}
+            return {"text": np.array(texts, dtype=object), "parsed": np.array(parsed, dtype=np.int16),
+                    "n_generated": counts.cpu().numpy().astype(np.int32)}
+        import torch
+        plan_rows_of_batch = torch.as_tensor(np.asarray(rows, dtype=np.int64) + self.plan.first_row)
+        sampler = KeyedSampler(sequence_keys(s.seed, plan_rows_of_batch, s.sc_samples),
+                               prompt_length=inputs["input_ids"].shape[1], temperature=s.sc_temperature,
+                               top_k=s.sc_top_k)
+        # The sampler leaves one finite logit per sequence: transformers' own sampling then
+        # takes it whatever its warpers (disabled here) would do.
+        texts, counts = self.adapter.generate(inputs, max_new_tokens=s.sc_max_new_tokens, do_sample=True,
+                                              temperature=1.0, top_k=0, top_p=1.0,
+                                              num_return_sequences=s.sc_samples, logits_processor=[sampler])
+        texts = np.array(texts, dtype=object).reshape(len(rows), s.sc_samples)
+        samples = np.array([[parse_answer_is(t, self.n, s.identifiers) for t in row] for row in texts], np.int16)
+        return {"text": texts, "parsed": np.array([majority_vote(row) for row in samples], dtype=np.int16),
+                "sample_parsed": samples,
+                "n_generated": counts.view(len(rows), s.sc_samples).sum(-1).cpu().numpy().astype(np.int32)}
 
 
 # --------------------------------------------------------------------------- driver
@@ -320,6 +340,8 @@ def run_inference(settings: InferenceSettings) -> str:
     if settings.limit_rows is not None:
         pending = pending[: settings.limit_rows]
     runner = RowRunner(adapter, settings, bench, plan, paths)
+    if generative:
+        pending = runner.by_prompt_length(pending)
     step = runner.generate_batch if generative else runner.score_batch
 
     started, done_now = time.perf_counter(), 0
@@ -396,7 +418,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     g.add_argument("--sc-temperature", type=float, default=0.7, help="self-consistency: temperature (0.7)")
     g.add_argument("--sc-top-k", type=int, default=40, help="self-consistency: top-k (40)")
     g.add_argument("--sc-max-new-tokens", type=int, default=512, help="self-consistency: reply length limit (512)")
-    g.add_argument("--seed", type=int, default=0, help="sampling seed (row r uses seed + r)")
+    g.add_argument("--seed", type=int, default=0, help="self-consistency: sampling seed (each row's samples are keyed by the seed, "
+                        "the row and the sample: see inference/sampling.py)")
     g = p.add_argument_group("execution")
     g.add_argument("--gpus", type=int, default=0,
                    help="claim this many GPUs no other ladbench job on this machine holds and show CUDA only "
