@@ -13,11 +13,10 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
-import yaml
 
 from ladbench.inference.cache import CacheLayout, CacheWriter, plan_rows, read_cache
 from ladbench.inference.merge import merge_shards, select_shard, shard_bounds
-from workflow_runner import DEMO_CONFIG, copy_run, environment, planned_jobs, snakemake, snakemake_command
+from workflow_runner import copy_run, demo_config_with, environment, planned_jobs, snakemake, snakemake_command
 
 from test_cache import BENCH
 
@@ -86,14 +85,6 @@ SHARDS = 3
 MODEL = "tiny_qwen2_5_vl"
 
 
-def sharded_config(tmp_path: Path, shards: int = SHARDS) -> Path:
-    config = yaml.safe_load(DEMO_CONFIG.read_text())
-    config["inference"]["shards"] = shards
-    path = tmp_path / f"demo-shards{shards}.yaml"
-    path.write_text(yaml.safe_dump(config))
-    return path
-
-
 def demo_caches(workdir: Path) -> list[Path]:
     return sorted((workdir / "results/demo/cache").rglob("*.h5"))
 
@@ -118,7 +109,7 @@ def assert_same_cache(merged: Path, reference: Path) -> None:
 
 @pytest.mark.slow
 def test_sharded_demo_equals_unsharded_and_a_killed_shard_reruns_alone(demo_run, tmp_path):
-    config = sharded_config(tmp_path)
+    config = demo_config_with(tmp_path, shards=SHARDS)
     workdir = copy_run(demo_run, tmp_path)
     caches = [p.relative_to(demo_run) for p in demo_caches(demo_run)]
     plan = planned_jobs(workdir, configfile=config)
