@@ -5,8 +5,8 @@ A shard is an ordinary inference cache of rows ``shard_start:shard_stop`` of the
 row plan, resumable on its own. Its ``config_sha256`` is the whole job's hash combined
 with the shard's place (so a shard of another split is rebuilt, never resumed), and
 ``job_config_sha256`` keeps the whole job's hash, which the merged cache gets back: a
-merged cache is indistinguishable from an unsharded one, down to being "complete for
-these inputs" when the study later runs unsharded.
+merged cache is indistinguishable from an unsharded one, down to ``ladbench infer`` finding
+it complete for the same inputs.
 """
 from __future__ import annotations
 
