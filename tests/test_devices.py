@@ -92,3 +92,15 @@ def test_devices_chosen_for_the_job_are_kept(tmp_path):
 def test_a_machine_without_enough_gpus_is_a_clear_error(tmp_path):
     with pytest.raises(NoFreeGpu, match="needs 2 GPU"):
         claim_gpus(2, devices=["0"], folder=str(tmp_path), environ={})
+
+
+def test_what_infer_claims_for_its_device(monkeypatch):
+    from ladbench.inference import devices
+    monkeypatch.delenv(VISIBLE, raising=False)
+    monkeypatch.setattr(devices, "machine_gpus", lambda: [])
+    assert devices.claim_for_device(1, "cpu") is None and devices.claim_for_device(0, "cuda") is None
+    assert devices.claim_for_device(1, "auto") is None          # no GPU here: auto runs on the CPU
+    with pytest.raises(NoFreeGpu, match="the machine shows 0"):
+        devices.claim_for_device(1, "cuda")
+    monkeypatch.setenv(VISIBLE, "3")                             # chosen for the job (SLURM)
+    assert devices.claim_for_device(1, "auto").devices == ["3"]

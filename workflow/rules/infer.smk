@@ -17,6 +17,9 @@ rule infer:
         ),
     params:
         options=infer_flags,
+        # what the job claims: the model's gpus_per_job (not the `gpu` resource, which a
+        # SLURM profile may override; a job given fewer devices stops with an error)
+        gpus=infer_gpus,
     threads: 2
     resources:
         gpu=infer_gpus,
@@ -30,7 +33,7 @@ rule infer:
         "../../envs/gpu.yaml"
     shell:
         "OMP_NUM_THREADS={threads} ladbench infer --benchmark {input.benchmark:q} --images {input.images:q} "
-        "{params.options} --gpus {resources.gpu} --out {output:q} > {log:q} 2>&1"
+        "{params.options} --gpus {params.gpus} --out {output:q} > {log:q} 2>&1"
 
 
 if SHARDS > 1:

@@ -30,8 +30,8 @@ log = logging.getLogger(__name__)
 VISIBLE = "CUDA_VISIBLE_DEVICES"
 
 
-class NoFreeGpu(RuntimeError):
-    """Fewer devices are free than the job needs."""
+class NoFreeGpu(ValueError):
+    """Fewer devices are free than the job needs (a ValueError: the CLI prints it as one line)."""
 
 
 def lock_folder() -> str:
@@ -114,3 +114,14 @@ def claim_gpus(count: int, *, devices: Sequence[str] | None = None, folder: str 
     claim.release()
     raise NoFreeGpu(f"only {len(claim.devices)} of the GPUs {','.join(devices)} are free, the job needs {count}: "
                     f"run snakemake with --resources gpu=<number of GPUs> (locks held in {folder})")
+
+
+def claim_for_device(count: int, device: str) -> GpuClaim | None:
+    """:func:`claim_gpus` for ``ladbench infer --gpus count --device device``: nothing for
+    ``cpu`` or ``count == 0``, nor for ``auto`` on a machine without GPUs (it runs on the CPU)."""
+    if count == 0 or device == "cpu":
+        return None
+    if device == "auto" and VISIBLE not in os.environ and not machine_gpus():
+        log.info("no GPU on this machine: --device auto runs on the CPU")
+        return None
+    return claim_gpus(count)

@@ -71,7 +71,8 @@ def _shard_attributes(paths: Sequence[str]) -> list[dict[str, Any]]:
                          f"({first['path']} is one of {first['shard_count']})")
     for before, after in zip(shards, shards[1:]):
         if after["job_config_sha256"] != first["job_config_sha256"]:
-            raise ValueError(f"{after['path']}: a shard of another job than {first['path']} (job_config_sha256 differs)")
+            raise ValueError(f"{after['path']}: a shard of another job than {first['path']} "
+                             "(job_config_sha256 differs)")
         if after["shard_count"] != first["shard_count"]:
             raise ValueError(f"{after['path']}: one of {after['shard_count']} shards, {first['path']} "
                              f"one of {first['shard_count']}")

@@ -376,11 +376,10 @@ def _settings_from_args(args: argparse.Namespace) -> InferenceSettings:
 
 def _cmd_infer(args: argparse.Namespace) -> None:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    if args.gpus and args.device != "cpu":
-        from .devices import claim_gpus
-        claim = claim_gpus(args.gpus)            # before torch initialises CUDA; held until exit
-        log.info("running on GPU(s) %s", ",".join(claim.devices))
+    from .devices import claim_for_device
+    claim = claim_for_device(args.gpus, args.device)   # before torch initialises CUDA; held until exit
     print(run_inference(_settings_from_args(args)))
+    del claim
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -418,8 +417,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     g.add_argument("--sc-temperature", type=float, default=0.7, help="self-consistency: temperature (0.7)")
     g.add_argument("--sc-top-k", type=int, default=40, help="self-consistency: top-k (40)")
     g.add_argument("--sc-max-new-tokens", type=int, default=512, help="self-consistency: reply length limit (512)")
-    g.add_argument("--seed", type=int, default=0, help="self-consistency: sampling seed (each row's samples are keyed by the seed, "
-                        "the row and the sample: see inference/sampling.py)")
+    g.add_argument("--seed", type=int, default=0,
+                   help="self-consistency: sampling seed (each sample is keyed by the seed, its row and its "
+                        "index: see inference/sampling.py)")
     g = p.add_argument_group("execution")
     g.add_argument("--gpus", type=int, default=0,
                    help="claim this many GPUs no other ladbench job on this machine holds and show CUDA only "

@@ -180,7 +180,8 @@ def report(jobs: list[Job], gpus: int) -> str:
 def register(subparsers) -> None:
     parser = subparsers.add_parser("plan", help="list a study's inference jobs with estimated GPU hours and wall time")
     parser.add_argument("--configfile", default="config.yaml", help="study config (YAML)")
-    parser.add_argument("--gpus", type=int, default=1, help="GPUs the study runs on at once (snakemake --resources gpu=G)")
+    parser.add_argument("--gpus", type=int, default=1,
+                        help="GPUs the study runs on at once (snakemake --resources gpu=G)")
     parser.set_defaults(func=run)
 
 
