@@ -5,15 +5,19 @@ alone while the other shards are kept."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import time
+from collections import Counter
 from pathlib import Path
 
 import h5py
 import numpy as np
 import pytest
+import yaml
 
+from ladbench.config import REPO_ROOT as ROOT, load_config
 from ladbench.inference.cache import CacheLayout, CacheWriter, plan_rows, read_cache
 from ladbench.inference.merge import merge_shards, select_shard, shard_bounds
 from workflow_runner import copy_run, demo_config_with, environment, planned_jobs, snakemake, snakemake_command
@@ -154,3 +158,19 @@ def rows_done(partial: Path) -> int:
             return int(f["done"][()].sum())
     except (OSError, KeyError):
         return 0
+
+
+def test_paper_dry_run_plans_shard_jobs_each_with_its_models_gpus(tmp_path):
+    config = load_config(ROOT / "config.yaml")
+    config["inference"]["shards"] = 4
+    config["models"]["internvl3_8b"]["gpus_per_job"] = 2
+    path = tmp_path / "paper.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    jobs = planned_jobs(tmp_path, configfile=path)
+    assert jobs["infer"] == 4 * 72 and jobs["merge_shards"] == 72
+    output = snakemake(tmp_path, "--dry-run", "--resources", "gpu=8", configfile=path)
+    gpus = Counter()
+    for block in output.split("rule infer:")[1:]:
+        model = re.search(r"wildcards: model=(\w+)", block).group(1)
+        gpus[model, int(re.search(r"resources: .*\bgpu=(\d+)", block).group(1))] += 1
+    assert gpus == {("qwen2_5_vl_3b", 1): 96, ("llava_ov15_8b", 1): 96, ("internvl3_8b", 2): 96}
