@@ -37,3 +37,10 @@ def test_bench_inference_runs_on_the_tiny_model(tmp_path):
                      "--json", str(tmp_path / "raw.json"))
     assert "| 4 |" in out                                  # one table row per N, every method measured
     assert (tmp_path / "raw.json").is_file()
+
+
+@pytest.mark.slow
+def test_bench_scaleout_runs_on_the_tiny_model():
+    out = run_script("bench_scaleout.py", "--device", "cpu", "--n", "4", "--instances", "2", "--orderings", "2",
+                     "--image-size", "56", "--shards", "2", "--batch-sizes", "1", "2", "--cot-max-new-tokens", "4")
+    assert "| 2 shards |" in out and "| 2 |" in out
