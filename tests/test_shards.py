@@ -113,7 +113,8 @@ def assert_same_cache(merged: Path, reference: Path) -> None:
 
 @pytest.mark.slow
 def test_sharded_demo_equals_unsharded_and_a_killed_shard_reruns_alone(demo_run, tmp_path):
-    config = demo_config_with(tmp_path, shards=SHARDS)
+    # chunks of 4 rows: a shard (28 rows) is written in 7 steps, so the kill below lands mid-shard
+    config = demo_config_with(tmp_path, shards=SHARDS, chunk_size=4)
     workdir = copy_run(demo_run, tmp_path)
     caches = [p.relative_to(demo_run) for p in demo_caches(demo_run)]
     plan = planned_jobs(workdir, configfile=config)
@@ -135,7 +136,7 @@ def test_sharded_demo_equals_unsharded_and_a_killed_shard_reruns_alone(demo_run,
     try:
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline and process.poll() is None and rows_done(partial) == 0:
-            time.sleep(0.05)
+            time.sleep(0.01)
     finally:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
