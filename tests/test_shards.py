@@ -124,15 +124,18 @@ def test_sharded_demo_equals_unsharded_and_a_killed_shard_reruns_alone(demo_run,
     for cache in caches:
         assert_same_cache(workdir / cache, demo_run / cache)
 
-    # Kill the workflow while it recomputes one shard: only that shard reruns, resuming.
+    # Shards 0 and 2 of a cache finished, shard 1 is killed mid-run (so nothing is merged
+    # yet): the rerun runs shard 1 alone, resuming it, and merges.
     cache = caches[0]
     shard = workdir / "results/demo/shards" / cache.relative_to("results/demo/cache").with_suffix("") / "1-of-3.h5"
     others = {p: p.stat().st_mtime_ns for p in shard.parent.glob("*.h5") if p != shard}
     shard.unlink()
+    (workdir / cache).unlink()
     partial = Path(f"{shard}.partial")
-    process = subprocess.Popen(snakemake_command(workdir, "--cores", "1", str(cache), configfile=config),
-                               env=environment(), start_new_session=True,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    log = tmp_path / "killed-run.log"
+    with open(log, "w") as out:
+        process = subprocess.Popen(snakemake_command(workdir, "--cores", "1", str(cache), configfile=config),
+                                   env=environment(), start_new_session=True, stdout=out, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline and process.poll() is None and rows_done(partial) == 0:
@@ -142,7 +145,7 @@ def test_sharded_demo_equals_unsharded_and_a_killed_shard_reruns_alone(demo_run,
             os.killpg(process.pid, signal.SIGKILL)
         process.wait()
     kept = rows_done(partial)
-    assert 0 < kept and not shard.exists(), "the kill did not land while the shard was being written"
+    assert 0 < kept and not shard.exists(), f"the kill did not land mid-shard:\n{log.read_text()[-3000:]}"
     snakemake(workdir, "--unlock", configfile=config)
     rerun = planned_jobs(workdir, configfile=config)
     assert rerun["infer"] == 1 and rerun["merge_shards"] == 1, rerun
