@@ -1,51 +1,81 @@
-"""Speed and memory of one cached inference pass vs the reference approach (rerunnable; not a test).
+"""Speed of the ``infer`` stage: per-row time vs the reference, host syncs, and GPU throughput (rerunnable; not a test).
 
-Compares, per row, on a random "medium" Qwen2.5-VL (hidden 512, 8 layers, 8 heads / 2 KV
-heads; built offline by ``ladbench demo-model --preset medium``) on CPU (and on a GPU when
-``--device cuda`` and one is present):
+Three parts; each prints a Markdown table (``--json`` also writes the raw numbers).
 
-* ``bare``: one SDPA forward of the prompt (no capture): the floor.
-* ``ours``: this project's row step (``RowRunner.score_batch``): SDPA + last-row capture of
-  every layer + candidate scores (for N >= 10, the prefix-trie continuation on the KV cache).
-* ``reference``: eager attention + ``generate(max_new_tokens=1, output_attentions=True)``,
-  which keeps every layer's T x T attention; for N >= 10 plus one full re-forward of the
-  prompt with the first answer token appended (what the reference does for two-token
-  answers). The reference runs this once per method (Vanilla, PriDe, LAD: 3 passes per
-  evaluation row); the project runs ``ours`` once and serves every method from the cache.
+1. CPU time per row (default): a random "medium" Qwen2.5-VL (hidden 512, 8 layers, 8 heads / 2
+   KV heads; ``ladbench demo-model --preset medium``) at batch size 1:
 
-Times: all methods of one N in one process, interleaved repetition by repetition, minimum
-reported (robust on a shared machine). Memory: every (method, N) in its own process.
-Prints a Markdown table; ``--json`` also writes the raw numbers.
+   * ``bare``: one SDPA forward of the prompt (no capture): the floor.
+   * ``ours``: this project's row step (``RowRunner.score_batch``): batched vision tower, SDPA +
+     last-row capture of every layer + candidate scores (for N >= 10 the prefix-trie
+     continuation on the KV cache), input preparation included.
+   * ``ours_no_greedy`` (ask with ``--methods``): ``ours`` without the greedy reply
+     (``--no-greedy-reply``); ours / ours_no_greedy is the cost of storing the reference's
+     Vanilla readout (one one-token KV-cache step, and the KV cache single-token scores skip).
+   * ``reference``: eager attention + ``generate(max_new_tokens=1, output_attentions=True)``
+     (every layer's T x T attention kept); for N >= 10 plus a full re-forward with the first
+     answer token appended. The reference runs this once per method (Vanilla, PriDe, LAD).
+   * ``today`` (with ``--baseline-src DIR``, a checkout of an earlier commit's ``src``): that
+     commit's ``ours``, in alternating worker processes with ours (paired).
 
-    python benchmarks/bench_inference.py --n 4 8 9 12 --reps 5
+   All in-process methods of one N are timed interleaved, repetition by repetition, minimum reported;
+   also the process CPU time (all threads), which load from other processes on a shared
+   machine inflates far less than wall time (use ``--threads 1`` to compare ours with today).
+
+2. Proxies of GPU efficiency that a CPU can measure (``--proxies``): per row of one batch's
+   DEVICE step (``score_batch`` of a batch already prepared on the host, as the DataLoader
+   workers hand it over), counted with ``torch.profiler`` and by wrapping ``Tensor`` methods:
+   host syncs (``aten::_local_scalar_dense``, i.e. ``.item()`` / ``bool()`` / ``int()`` of a
+   tensor, plus every ``Tensor.tolist`` and ``Tensor.cpu`` call, each a device-to-host copy on a
+   GPU; counted even where the tensor is on the host, so an upper bound) and aten operations
+   (each one kernel launch or more on a GPU). For the tiny and medium models, batch 8, our
+   batched tower and transformers' native one, and ``today`` with ``--baseline-src``.
+
+3. On a GPU (``--device cuda --arch qwen2_5_vl_3b internvl3_8b``): the real architectures at
+   full size with random weights and the real vocabulary (configs below), bfloat16:
+   ``ladbench infer`` rows/s at batch 1 / 8 / 32 with the mean GPU utilisation (``nvidia-smi``
+   sampled every 250 ms); the per-row split at batch 8 (host preparation, vision tower, decoder
+   with capture, scoring); one forward pass ours / bare SDPA / the reference's eager path, at
+   N = 4, 8, 12. ``--arch-scale small`` shrinks the architectures to check the mechanics on a CPU.
+
+    python benchmarks/bench_inference.py --n 4 8 9 12 --reps 5 --proxies --baseline-src /tmp/old/src
+    python benchmarks/bench_inference.py --device cuda --arch qwen2_5_vl_3b internvl3_8b --n 4 8 12
 """
 from __future__ import annotations
 
 import argparse
+import collections
+import contextlib
 import json
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 REFERENCE_PASSES_PER_ROW = 3      # Vanilla, PriDe, LAD each re-run inference in the reference
 
 
-def _demo_inputs(folder: str, n: int) -> tuple[str, str]:
-    """One evaluation instance with ``n`` distinct random-noise images (+ a calibration one)."""
+# ------------------------------------------------------------------------------ inputs
+def _demo_inputs(folder: str, n: int, *, n_eval: int = 1, n_images: int | None = None) -> tuple[str, str]:
+    """``n_eval`` evaluation instances over ``n`` of ``n_images`` distinct random-noise images (+ one
+    calibration instance)."""
     import numpy as np
     from PIL import Image
     rng = np.random.default_rng(0)
+    n_images = max(n, n_images or n)
     os.makedirs(os.path.join(folder, "img"), exist_ok=True)
     table = []
-    for i in range(n):
+    for i in range(n_images):
         Image.fromarray(rng.integers(0, 255, (400, 500, 3), dtype=np.uint8)).save(os.path.join(folder, "img", f"{i}.png"))
         table.append({"image_id": i, "file_name": f"{i}.png", "caption": f"image {i}", "categories": []})
+    candidates = [[int(c) for c in rng.choice(n_images, n, replace=False)] for _ in range(n_eval)]
+    evaluation = [{"id": k, "caption": "a small dog running on the grass next to a red ball" + " again" * (k % 3),
+                   "target": c[0], "candidates": c, "orderings": [list(range(n))]} for k, c in enumerate(candidates)]
     bench = {"dataset": "bench", "setting": "random", "n_candidates": n, "seed": 0, "n_orderings": 1,
-             "eval": [{"id": 0, "caption": "a small dog running on the grass next to a red ball", "target": 0,
-                       "candidates": list(range(n)), "orderings": [list(range(n))]}],
+             "eval": evaluation,
              "calibration": [{"id": 0, "caption": "a cat", "target": 1, "candidates": list(range(n))}]}
     bench_path, images_path = os.path.join(folder, "bench.json"), os.path.join(folder, "images.json")
     with open(bench_path, "w") as f:
@@ -55,35 +85,52 @@ def _demo_inputs(folder: str, n: int) -> tuple[str, str]:
     return bench_path, images_path
 
 
-def _rss_mb() -> float:
-    import psutil
-    return psutil.Process().memory_info().rss / 2 ** 20
+def _family(model_dir: str) -> str:
+    with open(os.path.join(model_dir, "config.json")) as f:
+        return {"internvl": "internvl"}.get(json.load(f).get("model_type"), "qwen2_5_vl")
 
 
-def _row_function(method: str, n: int, model_dir: str, image_size: int, device: str):
-    """Load the model for ``method`` and return (callable running one row, sequence length)."""
-    import torch
-
+def _runner(model_dir: str, n: int, *, attention: str, image_size: int, device: str, n_eval: int = 1,
+            vision: str = "batched", greedy_reply: bool = True):
     from ladbench.benchmark import load_benchmark
     from ladbench.data.coco import load_image_table
     from ladbench.inference.cache import plan_rows
     from ladbench.inference.runner import InferenceSettings, RowRunner, image_paths
     from ladbench.models import load_adapter
 
-    attention = {"bare": "sdpa", "ours": "capture", "reference": "eager"}[method]
-    adapter = load_adapter("qwen2_5_vl", model_dir, device=device, attention=attention)
+    family = _family(model_dir)
+    kwargs = {"vision": vision} if vision != "batched" else {}          # (an older checkout has no such option)
+    adapter = load_adapter(family, model_dir, device=device, attention=attention, **kwargs)
     tmp = tempfile.mkdtemp(prefix="bench_inputs_")
-    bench_path, images_path = _demo_inputs(tmp, n)
+    bench_path, images_path = _demo_inputs(tmp, n, n_eval=n_eval)
     settings = InferenceSettings(benchmark=bench_path, images=images_path, out=os.path.join(tmp, "x.h5"),
-                                 model_name="medium", family="qwen2_5_vl", model_path=model_dir,
-                                 image_size=image_size, device=device)
+                                 model_name="bench", family=family, model_path=model_dir, image_size=image_size,
+                                 device=device, **({} if greedy_reply else {"greedy_reply": False}))
     bench = load_benchmark(bench_path)
-    runner = RowRunner(adapter, settings, bench, plan_rows(bench), image_paths(load_image_table(images_path)))
+    return RowRunner(adapter, settings, bench, plan_rows(bench), image_paths(load_image_table(images_path)))
+
+
+def _sync(device: str) -> None:
+    import torch
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+# ------------------------------------------------------------------- 1. time per row
+def _row_function(method: str, n: int, model_dir: str, image_size: int, device: str):
+    """Load the model for ``method`` and return (callable running one row, sequence length)."""
+    import torch
+
+    attention = {"bare": "sdpa", "ours": "capture", "ours_no_greedy": "capture", "today": "capture",
+                 "reference": "eager"}[method]
+    runner = _runner(model_dir, n, attention=attention, image_size=image_size, device=device,
+                     greedy_reply=method != "ours_no_greedy")
+    adapter = runner.adapter
     first_token = adapter.tokenizer.convert_tokens_to_ids("1")
 
     @torch.no_grad()
     def one_row() -> None:
-        if method == "ours":
+        if method in ("ours", "ours_no_greedy", "today"):
             runner.score_batch([0])
             return
         inputs = runner.encode_rows([0])
@@ -103,12 +150,6 @@ def _row_function(method: str, n: int, model_dir: str, image_size: int, device: 
     return one_row, int(runner.encode_rows([0])["input_ids"].shape[1])
 
 
-def _sync(device: str) -> None:
-    import torch
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-
-
 def time_worker(n: int, methods: list[str], model_dir: str, reps: int, image_size: int, device: str) -> list[dict]:
     """Time every method in ONE process, interleaved rep by rep, so that load from other
     processes on a shared machine hits all methods alike; the minimum is the robust figure."""
@@ -117,73 +158,334 @@ def time_worker(n: int, methods: list[str], model_dir: str, reps: int, image_siz
         rows[m], seq_len = _row_function(m, n, model_dir, image_size, device)
         rows[m]()                                                          # warm-up
     times: dict[str, list[float]] = {m: [] for m in methods}
+    cpu: dict[str, list[float]] = {m: [] for m in methods}
     for _ in range(reps):
         for m in methods:
             _sync(device)
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             rows[m]()
             _sync(device)
             times[m].append(time.perf_counter() - t0)
-    return [{"method": m, "n": n, "seq_len": seq_len, "min_s": min(t), "median_s": statistics.median(t)}
-            for m, t in times.items()]
+            cpu[m].append(time.process_time() - c0)
+    return [{"method": m, "n": n, "seq_len": seq_len, "min_s": min(t), "median_s": statistics.median(t),
+             "cpu_min_s": min(cpu[m])} for m, t in times.items()]
 
 
-def memory_worker(method: str, n: int, model_dir: str, image_size: int, device: str) -> dict:
-    """Peak memory of one method alone in this process: RSS (and CUDA peak on GPU)."""
-    import resource
+# --------------------------------------------------------------------------- 2. proxies
+SYNC_OPS = ("aten::_local_scalar_dense",)
+HOST_COPY_METHODS = ("tolist", "cpu")
 
+
+@contextlib.contextmanager
+def count_tensor_calls(names: tuple[str, ...]):
+    """Count calls of ``torch.Tensor`` methods (Python-level wrappers, restored afterwards)."""
     import torch
-    one_row, _ = _row_function(method, n, model_dir, image_size, device)
-    loaded_rss = _rss_mb()
-    if device.startswith("cuda"):
-        torch.cuda.reset_peak_memory_stats()
-    one_row()
-    one_row()
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    return {"method": method, "n": n, "peak_rss_mb": peak, "activation_rss_mb": peak - loaded_rss,
-            "peak_cuda_mb": torch.cuda.max_memory_allocated() / 2 ** 20 if device.startswith("cuda") else None}
+    counts: collections.Counter = collections.Counter()
+    originals = {name: getattr(torch.Tensor, name) for name in names}
+
+    def wrap(name, fn):
+        def counted(self, *args, **kwargs):
+            counts[name] += 1
+            return fn(self, *args, **kwargs)
+        return counted
+    for name, fn in originals.items():
+        setattr(torch.Tensor, name, wrap(name, fn))
+    try:
+        yield counts
+    finally:
+        for name, fn in originals.items():
+            setattr(torch.Tensor, name, fn)
 
 
-def _run_worker(kind: str, n: int, args: argparse.Namespace) -> list[dict]:
-    cmd = [sys.executable, os.path.abspath(__file__), "--worker", kind, "--n", str(n), "--model-dir", args.model_dir,
+def proxy_worker(n: int, model_dir: str, batch: int, image_size: int, vision: str) -> dict:
+    """Syncs and aten operations per row of the device step of one prepared batch."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    runner = _runner(model_dir, n, attention="capture", image_size=image_size, device="cpu", n_eval=batch,
+                     vision=vision)
+    rows = list(range(batch))
+    if hasattr(runner, "prepare"):
+        step_input = runner.prepare(rows)
+    else:                                  # an older checkout: encoding happened inside score_batch
+        encoded = runner.encode_rows(rows)
+        runner.encode_rows = lambda _rows: encoded
+        step_input = rows
+    runner.score_batch(step_input)                                         # warm-up, plans cached
+    with count_tensor_calls(HOST_COPY_METHODS) as calls, profile(activities=[ProfilerActivity.CPU]) as prof:
+        t0 = time.perf_counter()
+        runner.score_batch(step_input)
+        seconds = time.perf_counter() - t0
+    ops = collections.Counter(e.name for e in prof.events())
+    syncs = sum(ops[k] for k in SYNC_OPS)
+    return {"n": n, "batch": batch, "vision": vision, "syncs_per_row": (syncs + sum(calls.values())) / batch,
+            "item_per_row": syncs / batch, "tolist_cpu_per_row": sum(calls.values()) / batch,
+            "aten_ops_per_row": sum(v for k, v in ops.items() if k.startswith("aten::")) / batch,
+            "step_s_per_row": seconds / batch, "threads": torch.get_num_threads()}
+
+
+def proxy_table(rows: list[dict]) -> str:
+    lines = ["| model | N | batch | code | host syncs / row | of which item / tolist+cpu | aten ops / row |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['preset']} | {r['n']} | {r['batch']} | {r['code']} | {r['syncs_per_row']:.1f} | "
+                     f"{r['item_per_row']:.1f} / {r['tolist_cpu_per_row']:.1f} | {r['aten_ops_per_row']:.0f} |")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------ 3. GPU
+def architecture(arch: str, small: bool) -> dict:
+    """The published configs' sizes (Qwen2.5-VL-3B-Instruct, InternVL3-8B-hf); ``small`` shrinks depth and
+    width (mechanics only). Vocabulary: the real size, so the LM head costs what it really costs."""
+    if arch == "qwen2_5_vl_3b":
+        return dict(vocab=151936, hidden=256 if small else 2048, intermediate=512 if small else 11008,
+                    layers=2 if small else 36, heads=2 if small else 16, kv_heads=2, vision_depth=4 if small else 32,
+                    vision_hidden=128 if small else 1280, vision_intermediate=256 if small else 3420,
+                    vision_heads=16, full_attention=[1, 3] if small else [7, 15, 23, 31])
+    if arch == "internvl3_8b":
+        return dict(vocab=151674, hidden=224 if small else 3584, intermediate=512 if small else 18944,
+                    layers=2 if small else 28, heads=28, kv_heads=4, vision_depth=2 if small else 24,
+                    vision_hidden=128 if small else 1024, vision_intermediate=256 if small else 4096,
+                    vision_heads=16, tile=448)
+    raise ValueError(f"unknown --arch {arch!r}")
+
+
+def build_architecture(arch: str, out_dir: str, *, small: bool, device: str) -> str:
+    """Save a random-weight model of ``arch`` with the offline tokenizer and the family's processor."""
+    import torch
+    from transformers import (InternVLConfig, InternVLForConditionalGeneration, Qwen2_5_VLConfig,
+                              Qwen2_5_VLForConditionalGeneration)
+
+    from ladbench.models import tiny
+    a = architecture(arch, small)
+    dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+    tok = tiny.internvl_tokenizer() if arch == "internvl3_8b" else tiny.build_tokenizer()
+    ids = {t: tok.convert_tokens_to_ids(t) for t in tiny.QWEN_SPECIAL_TOKENS + tiny.INTERNVL_SPECIAL_TOKENS}
+    special = dict(bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"], pad_token_id=ids["<|endoftext|>"])
+    text = dict(vocab_size=a["vocab"], hidden_size=a["hidden"], intermediate_size=a["intermediate"],
+                num_hidden_layers=a["layers"], num_attention_heads=a["heads"], num_key_value_heads=a["kv_heads"],
+                max_position_embeddings=128000, rope_theta=1e6, rms_norm_eps=1e-6, **special)
+    if arch == "qwen2_5_vl_3b":
+        cfg = Qwen2_5_VLConfig(
+            text_config=dict(text, tie_word_embeddings=True, rope_scaling={"type": "mrope", "mrope_section": [16, 24, 24]}),
+            vision_config=dict(depth=a["vision_depth"], hidden_size=a["vision_hidden"],
+                               intermediate_size=a["vision_intermediate"], num_heads=a["vision_heads"],
+                               out_hidden_size=a["hidden"], patch_size=14, spatial_merge_size=2, temporal_patch_size=2,
+                               window_size=112, fullatt_block_indexes=a["full_attention"], hidden_act="silu",
+                               tokens_per_second=2),
+            image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+            vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
+            tie_word_embeddings=True, **special)
+        model_class, processor = Qwen2_5_VLForConditionalGeneration, tiny.qwen_processor(tok, 12845056)
+    else:
+        tokens_per_tile = (a["tile"] // 14) ** 2 // 4
+        cfg = InternVLConfig(
+            vision_config=dict(hidden_size=a["vision_hidden"], num_hidden_layers=a["vision_depth"],
+                               num_attention_heads=a["vision_heads"], intermediate_size=a["vision_intermediate"],
+                               image_size=a["tile"], patch_size=14, norm_type="layer_norm", use_qk_norm=False,
+                               use_mean_pooling=True),
+            text_config=dict(model_type="qwen2", **text), image_token_id=ids["<IMG_CONTEXT>"],
+            image_seq_length=tokens_per_tile, downsample_ratio=0.5, projector_hidden_act="gelu",
+            vision_feature_layer=-1, vision_feature_select_strategy="default", tie_word_embeddings=False,
+            eos_token_id=ids["<|im_end|>"], pad_token_id=ids["<|endoftext|>"])
+        model_class, processor = InternVLForConditionalGeneration, tiny.internvl_processor(tok, a["tile"], tokens_per_tile)
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = model_class._from_config(cfg, torch_dtype=dtype)
+    model.save_pretrained(out_dir)
+    processor.save_pretrained(out_dir)
+    return out_dir
+
+
+class UtilisationSampler:
+    """Mean GPU utilisation (%) from ``nvidia-smi`` sampled every 250 ms (NaN without nvidia-smi)."""
+
+    def __enter__(self):
+        self.samples: list[float] = []
+        try:
+            self.proc = subprocess.Popen(["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits",
+                                          "-lms", "250"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        except FileNotFoundError:
+            self.proc = None
+            return self
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+        return self
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            with contextlib.suppress(ValueError):
+                self.samples.append(float(line.split(",")[0]))
+
+    def __exit__(self, *exc) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait()
+            self.reader.join(timeout=5)
+
+    @property
+    def mean(self) -> float:
+        return statistics.fmean(self.samples) if self.samples else float("nan")
+
+
+def infer_throughput(model_dir: str, n: int, batch: int, rows: int, image_size: int, device: str) -> dict:
+    """``ladbench infer`` end to end (its own process): rows/s from the cache and mean GPU utilisation."""
+    import h5py
+    folder = tempfile.mkdtemp(prefix="bench_infer_")
+    bench_path, images_path = _demo_inputs(folder, n, n_eval=rows, n_images=4 * n)
+    out = os.path.join(folder, "cache.h5")
+    cmd = [sys.executable, "-m", "ladbench", "infer", "--benchmark", bench_path, "--images", images_path, "--out", out,
+           "--model-name", "bench", "--family", _family(model_dir), "--model-path", model_dir, "--device", device,
+           "--image-size", str(image_size), "--batch-size", str(batch), "--chunk-size", str(max(64, batch))]
+    with UtilisationSampler() as util:
+        t0 = time.perf_counter()
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        wall = time.perf_counter() - t0
+    if done.returncode:
+        raise RuntimeError(f"ladbench infer failed:\n{done.stderr[-2000:]}")
+    with h5py.File(out, "r") as f:
+        return {"n": n, "batch": batch, "rows": int(f["done"][()].sum()), "rows_per_s": float(f.attrs["rows_per_s"]),
+                "wall_s": wall, "gpu_util_mean": util.mean, "batch_size_used": int(f.attrs["batch_size_used"]),
+                "peak_cuda_mb": float(f.attrs["peak_cuda_mb"])}
+
+
+def split_worker(n: int, model_dir: str, batch: int, image_size: int, device: str, reps: int) -> dict:
+    """Per-row split of one batch: host preparation, vision tower, decoder with capture, the rest of scoring."""
+    import torch
+    runner = _runner(model_dir, n, attention="capture", image_size=image_size, device=device, n_eval=batch)
+    adapter, rows = runner.adapter, list(range(batch))
+
+    def timed(fn) -> float:
+        fn()
+        best = float("inf")
+        for _ in range(reps):
+            _sync(device)
+            t0 = time.perf_counter()
+            fn()
+            _sync(device)
+            best = min(best, time.perf_counter() - t0)
+        return best / batch
+    prepared = runner.prepare(rows)
+    inputs = adapter.to_device(prepared.inputs, for_prefill=True)
+    base = adapter.model.model
+    with torch.no_grad():
+        if "image_grid_thw" in inputs:
+            vision = timed(lambda: base.get_image_features(inputs["pixel_values"], inputs["image_grid_thw"]))
+        else:
+            vision = timed(lambda: base.get_image_features(inputs["pixel_values"], vision_feature_layer=-1,
+                                                          vision_feature_select_strategy="default"))
+        prefill = timed(lambda: adapter.prefill(inputs, use_cache=False))
+        step = timed(lambda: runner.score_batch(prepared))
+    prepare = timed(lambda: runner.prepare(rows))
+    return {"n": n, "batch": batch, "prepare_ms": 1e3 * prepare, "vision_ms": 1e3 * vision,
+            "decoder_ms": 1e3 * (prefill - vision), "capture_and_scoring_ms": 1e3 * (step - prefill),
+            "device_step_ms": 1e3 * step}
+
+
+# ------------------------------------------------------------------------------ driver
+def _run_worker(kind: str, n: int, args: argparse.Namespace, *, model_dir: str, src: str | None = None,
+                extra: tuple[str, ...] = ()) -> list[dict]:
+    cmd = [sys.executable, os.path.abspath(__file__), "--worker", kind, "--n", str(n), "--model-dir", model_dir,
            "--reps", str(args.reps), "--image-size", str(args.image_size), "--device", args.device,
-           "--threads", str(args.threads), "--methods", *args.methods]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True)
+           "--threads", str(args.threads), *extra]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [src, os.environ.get("PYTHONPATH")])))
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if out.returncode:
+        raise RuntimeError(f"worker {kind} N={n} failed:\n{out.stderr[-3000:]}")
     result = json.loads(out.stdout.strip().splitlines()[-1])
     return result if isinstance(result, list) else [result]
 
 
-def markdown_table(timing: list[dict], memory: list[dict]) -> str:
+def markdown_table(timing: list[dict]) -> str:
     t = {(r["method"], r["n"]): r for r in timing}
-    mem = {(r["method"], r["n"]): r for r in memory}
     ns = sorted({r["n"] for r in timing})
-    lines = ["| N | tokens | bare SDPA s | ours s/row | capture overhead | reference s/pass | "
-             f"reference s/row (x{REFERENCE_PASSES_PER_ROW} methods) | speed-up per pass | speed-up per row | "
-             "peak RSS MB ours / ref | activation MB ours / ref |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| N | tokens | bare SDPA s | ours s/row | capture overhead | today s/row | ours / today (CPU time) | "
+             f"reference s/pass | reference s/row (x{REFERENCE_PASSES_PER_ROW} methods) | speed-up per row |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    nan_s = float("nan")
+    nan = {"min_s": nan_s}
     for n in ns:
-        bare, ours, ref = t.get(("bare", n)), t.get(("ours", n)), t.get(("reference", n))
-        if not (bare and ours and ref):
+        bare, ours, ref, today = (t.get((m, n), nan) for m in ("bare", "ours", "reference", "today"))
+        if ours is nan:
             continue
-        mo, mr = mem.get(("ours", n), {}), mem.get(("reference", n), {})
         lines.append(
             f"| {n} | {ours['seq_len']} | {bare['min_s']:.3f} | {ours['min_s']:.3f} | "
-            f"{ours['min_s'] / bare['min_s'] - 1:+.1%} | {ref['min_s']:.3f} | "
-            f"{ref['min_s'] * REFERENCE_PASSES_PER_ROW:.3f} | {ref['min_s'] / ours['min_s']:.2f}x | "
-            f"{ref['min_s'] * REFERENCE_PASSES_PER_ROW / ours['min_s']:.2f}x | "
-            f"{mo.get('peak_rss_mb', float('nan')):.0f} / {mr.get('peak_rss_mb', float('nan')):.0f} | "
-            f"{mo.get('activation_rss_mb', float('nan')):.0f} / {mr.get('activation_rss_mb', float('nan')):.0f} |")
-    if ("ours", 9) in t and ("ours", 12) in t:
-        def ratio(m: str) -> float:
-            return t[(m, 12)]["min_s"] / t[(m, 9)]["min_s"]
-        line = f"\nN = 12 vs N = 9 time: ours {ratio('ours'):.2f}x"
-        if ("reference", 9) in t and ("reference", 12) in t:
-            line += f", reference {ratio('reference'):.2f}x"
-        if ("bare", 9) in t and ("bare", 12) in t:
-            line += (f"; a bare forward alone {ratio('bare'):.2f}x (tokens x"
-                     f"{t[('ours', 12)]['seq_len'] / t[('ours', 9)]['seq_len']:.2f})")
-        lines.append(line)
-    lines.append("\nTimes are the minimum over the interleaved repetitions (s per row, batch size 1).")
+            f"{ours['min_s'] / bare['min_s'] - 1:+.1%} | {today['min_s']:.3f} | "
+            f"{ours['min_s'] / today['min_s']:.2f} ({ours.get('cpu_min_s', nan_s) / today.get('cpu_min_s', nan_s):.2f}) | "
+            f"{ref['min_s']:.3f} | {ref['min_s'] * REFERENCE_PASSES_PER_ROW:.3f} | "
+            f"{ref['min_s'] * REFERENCE_PASSES_PER_ROW / ours['min_s']:.2f}x |")
+    for n in ns:
+        if ("ours", n) in t and ("ours_no_greedy", n) in t:
+            lines.append(f"\nN = {n}: the greedy reply (vanilla_generate) costs ours / ours_no_greedy = "
+                         f"{t[('ours', n)]['min_s'] / t[('ours_no_greedy', n)]['min_s']:.3f}x per row")
+    lines.append("\nTimes are the minimum over the repetitions (s per row, batch size 1).")
+    return "\n".join(lines)
+
+
+def cpu_timing(args: argparse.Namespace, model_dir: str) -> list[dict]:
+    timing = []
+    for n in args.n:
+        rows = _run_worker("time", n, args, model_dir=model_dir, extra=("--methods", *args.methods))
+        if args.baseline_src:                # paired: ours and today in alternating processes, minimum of each
+            for _ in range(args.pairs):
+                rows += _run_worker("time", n, args, model_dir=model_dir, extra=("--methods", "ours"))
+                rows += [dict(r, method="today") for r in _run_worker("time", n, args, model_dir=model_dir,
+                                                                       src=args.baseline_src,
+                                                                       extra=("--methods", "today"))]
+        best: dict[str, dict] = {}
+        for r in rows:                       # minimum over every process of a method, wall and CPU time apart
+            b = best.setdefault(r["method"], dict(r))
+            b.update(min_s=min(b["min_s"], r["min_s"]), cpu_min_s=min(b["cpu_min_s"], r["cpu_min_s"]))
+        timing += best.values()
+        for r in best.values():
+            print(f"N={n:2d} {r['method']:9s} min {r['min_s']:.3f} s  median {r['median_s']:.3f} s  "
+                  f"CPU time min {r['cpu_min_s']:.3f} s", file=sys.stderr)
+    return timing
+
+
+def proxies(args: argparse.Namespace, model_dirs: dict[str, str]) -> list[dict]:
+    rows = []
+    for preset, model_dir in model_dirs.items():
+        for n in args.n:
+            codes = [("ours", None, "batched"), ("ours, native tower", None, "native")]
+            if args.baseline_src:
+                codes.append(("today", args.baseline_src, "batched"))
+            for code, src, vision in codes:
+                r = _run_worker("proxy", n, args, model_dir=model_dir, src=src,
+                                extra=("--batch", str(args.proxy_batch), "--vision", vision))[0]
+                rows.append(dict(r, preset=preset, code=code))
+                print(f"proxy {preset} N={n} {code}: {r['syncs_per_row']:.1f} syncs/row, "
+                      f"{r['aten_ops_per_row']:.0f} aten ops/row", file=sys.stderr)
+    return rows
+
+
+def gpu(args: argparse.Namespace) -> dict:
+    results: dict[str, dict] = {}
+    for arch in args.arch:
+        model_dir = build_architecture(arch, os.path.join(tempfile.mkdtemp(), arch), small=args.arch_scale == "small",
+                                       device=args.device)
+        r: dict = {"throughput": [], "split": [], "pass": []}
+        for n in args.n:
+            for batch in args.batches:
+                r["throughput"].append(infer_throughput(model_dir, n, batch, args.gpu_rows, args.image_size, args.device))
+                print(arch, r["throughput"][-1], file=sys.stderr)
+            r["split"] += _run_worker("split", n, args, model_dir=model_dir, extra=("--batch", str(args.proxy_batch)))
+            r["pass"] += _run_worker("time", n, args, model_dir=model_dir, extra=("--methods", "bare", "ours", "reference"))
+        results[arch] = r
+    return results
+
+
+def gpu_tables(results: dict) -> str:
+    lines = []
+    for arch, r in results.items():
+        lines += [f"\n**{arch}**", "", "| N | batch | rows/s | mean GPU util % | batch used |", "|---|---|---|---|---|"]
+        lines += [f"| {t['n']} | {t['batch']} | {t['rows_per_s']:.2f} | {t['gpu_util_mean']:.0f} | {t['batch_size_used']} |"
+                  for t in r["throughput"]]
+        lines += ["", "| N | batch | prepare ms/row (host, hidden by workers) | vision ms/row | decoder ms/row | "
+                  "capture + scoring ms/row |", "|---|---|---|---|---|---|"]
+        lines += [f"| {s['n']} | {s['batch']} | {s['prepare_ms']:.1f} | {s['vision_ms']:.1f} | {s['decoder_ms']:.1f} | "
+                  f"{s['capture_and_scoring_ms']:.1f} |" for s in r["split"]]
+        lines += ["", markdown_table(r["pass"])]
     return "\n".join(lines)
 
 
@@ -198,6 +500,18 @@ def main() -> None:
     p.add_argument("--preset", default="medium", help="size of the random model built when --model-dir is "
                    "omitted (medium; tiny only checks that the script runs)")
     p.add_argument("--methods", nargs="+", default=["bare", "ours", "reference"])
+    p.add_argument("--baseline-src", default=None,
+                   help="an earlier commit's src/ folder: also time and count its row step ('today'), paired")
+    p.add_argument("--pairs", type=int, default=3, help="alternating ours/today worker pairs (3)")
+    p.add_argument("--proxies", action="store_true", help="also count host syncs and aten ops per row (tiny + --preset)")
+    p.add_argument("--proxy-batch", "--batch", dest="proxy_batch", type=int, default=8,
+                   help="batch size of the proxies and of the GPU split (8)")
+    p.add_argument("--vision", default="batched", help=argparse.SUPPRESS)
+    p.add_argument("--arch", nargs="+", default=[], choices=["qwen2_5_vl_3b", "internvl3_8b"],
+                   help="GPU part: full-size random architectures to run")
+    p.add_argument("--arch-scale", default="full", choices=["full", "small"], help="small: mechanics check only")
+    p.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32], help="GPU part: infer batch sizes (1 8 32)")
+    p.add_argument("--gpu-rows", type=int, default=128, help="GPU part: rows per infer run (128)")
     p.add_argument("--json", default=None, help="also write the raw results here")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -207,26 +521,31 @@ def main() -> None:
         torch.set_num_threads(args.threads)
         if args.worker == "time":
             result = time_worker(args.n[0], args.methods, args.model_dir, args.reps, args.image_size, args.device)
+        elif args.worker == "proxy":
+            result = proxy_worker(args.n[0], args.model_dir, args.proxy_batch, args.image_size, args.vision)
         else:
-            result = memory_worker(args.worker.split(":", 1)[1], args.n[0], args.model_dir, args.image_size,
-                                   args.device)
+            result = split_worker(args.n[0], args.model_dir, args.proxy_batch, args.image_size, args.device, args.reps)
         print(json.dumps(result))
         return
-    if args.model_dir is None:
+    raw: dict = {"threads": args.threads, "device": args.device, "date": time.strftime("%Y-%m-%d")}
+    if args.arch:
+        raw["gpu"] = gpu(args)
+        print(gpu_tables(raw["gpu"]))
+    else:
         from ladbench.models.tiny import build_tiny_model
-        args.model_dir = build_tiny_model("qwen2_5_vl", os.path.join(tempfile.mkdtemp(), f"{args.preset}_qwen2_5_vl"),
-                                          seed=0, preset=args.preset)
-    timing, memory = [], []
-    for n in args.n:
-        timing += _run_worker("time", n, args)
-        for method in args.methods:
-            memory += _run_worker(f"memory:{method}", n, args)
-        for r in timing[-len(args.methods):]:
-            print(f"N={n:2d} {r['method']:9s} min {r['min_s']:.3f} s  median {r['median_s']:.3f} s", file=sys.stderr)
+        root = tempfile.mkdtemp()
+        model_dir = args.model_dir or build_tiny_model("qwen2_5_vl", os.path.join(root, f"{args.preset}_qwen2_5_vl"),
+                                                       seed=0, preset=args.preset)
+        raw["timing"] = cpu_timing(args, model_dir)
+        print(markdown_table(raw["timing"]))
+        if args.proxies:
+            dirs = {"tiny": build_tiny_model("qwen2_5_vl", os.path.join(root, "tiny_qwen2_5_vl"), seed=0, preset="tiny")}
+            dirs[args.preset] = model_dir
+            raw["proxies"] = proxies(args, dirs)
+            print("\n" + proxy_table(raw["proxies"]))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"timing": timing, "memory": memory, "threads": args.threads, "device": args.device}, f, indent=1)
-    print(markdown_table(timing, memory))
+            json.dump(raw, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -34,8 +34,9 @@ def test_bench_hard_negatives_runs_at_a_toy_size():
 @pytest.mark.slow
 def test_bench_inference_runs_on_the_tiny_model(tmp_path):
     out = run_script("bench_inference.py", "--preset", "tiny", "--n", "4", "--reps", "1", "--image-size", "56",
-                     "--json", str(tmp_path / "raw.json"))
+                     "--proxies", "--json", str(tmp_path / "raw.json"))
     assert "| 4 |" in out                                  # one table row per N, every method measured
+    assert "| tiny | 4 | 8 | ours |" in out                # the host-sync proxies
     assert (tmp_path / "raw.json").is_file()
 
 

@@ -76,27 +76,43 @@ def test_demo_model_cli_is_deterministic_and_offline(hf_offline, tmp_path):
         assert (tmp_path / "a" / f).exists(), f
 
 
-def test_qwen_vision_tower_one_image_at_a_time_equals_the_joint_encoding(tiny_adapter):
-    """The adapter encodes each image separately (linear in N); the features must equal
-    the native joint encoding over all the row's patches (one block-diagonal mask)."""
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "llava_ov15"])
+def test_batched_vision_tower_equals_the_native_joint_encoding(family, tiny_adapter):
+    """All images of a batch through the tower together, one attention call per layer (padded
+    and masked where windows or images differ in length): the features must equal the native
+    joint encoding in float32, on unequal grids with partial edge windows."""
     import numpy as np
     import torch
     from PIL import Image
 
-    adapter = tiny_adapter("qwen2_5_vl", "sdpa")
-    base = adapter.model.model
-    assert "get_image_features" in vars(base)                         # the adapter's per-image override
-    assert "get_image_features" not in vars(tiny_adapter("qwen2_5_vl", "eager").model.model)   # reference path
+    visual = tiny_adapter(family, "sdpa").model.model.visual
+    assert "forward" in vars(visual)                                     # the adapter's batched tower
+    assert "forward" not in vars(tiny_adapter(family, "eager").model.model.visual)    # reference path: native
     rng = np.random.default_rng(0)
-    sizes = [(200, 150), (90, 260), (170, 130), (260, 200)]          # several windows, unequal grids
+    sizes = [(200, 150), (90, 260), (170, 130), (260, 200), (120, 120)]
     images = [Image.fromarray(rng.integers(0, 255, (h, w, 3), dtype=np.uint8)) for w, h in sizes]
     # larger than the tiny preset's images, so that each spans several 8 x 8-patch windows
-    inputs = adapter.processor.image_processor(images, max_pixels=300 * 300, return_tensors="pt")
+    inputs = tiny_adapter(family, "sdpa").processor.image_processor(images, max_pixels=300 * 300,
+                                                                    return_tensors="pt")
     grid = inputs["image_grid_thw"]
-    assert len(set(map(tuple, grid.tolist()))) == len(images) and bool((grid[:, 1:].amax(-1) > 8).all())
+    window = visual.window_size // visual.patch_size                    # window side in patches (8)
+    assert len(set(map(tuple, grid.tolist()))) == len(images)            # unequal grids
+    assert bool((grid[:, 1:] % window != 0).any()) and int((grid[:, 1:].amax(-1) > window).sum()) >= 4   # partial edge windows
+    pixels = inputs["pixel_values"]
     with torch.no_grad():
-        separate = base.get_image_features(inputs["pixel_values"], grid)
-        joint = type(base).get_image_features(base, inputs["pixel_values"], grid)
-    assert [t.shape for t in separate] == [t.shape for t in joint]
-    for a, b in zip(separate, joint):
-        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+        batched = visual(pixels, grid_thw=grid)
+        native = type(visual).forward(visual, pixels, grid_thw=grid)
+        again = visual(pixels, grid_thw=grid)                            # from the cached plan
+        single = visual(pixels[: int(grid[0].prod())], grid_thw=grid[:1])
+    assert batched.shape == native.shape
+    torch.testing.assert_close(batched, native, atol=1e-5, rtol=0)
+    torch.testing.assert_close(again, batched, atol=0, rtol=0)
+    torch.testing.assert_close(single, native[: single.shape[0]], atol=1e-5, rtol=0)
+
+
+def test_native_vision_tower_stays_selectable(tiny_model):
+    from ladbench.models import load_adapter
+    adapter = load_adapter("qwen2_5_vl", tiny_model("qwen2_5_vl"), device="cpu", vision="native")
+    assert "forward" not in vars(adapter.model.model.visual) and adapter.host_input_keys == ()
+    with pytest.raises(ValueError, match="vision tower must be one of"):
+        load_adapter("qwen2_5_vl", tiny_model("qwen2_5_vl"), device="cpu", vision="fast")

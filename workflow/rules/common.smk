@@ -180,15 +180,27 @@ def benchmark_flags(wildcards):
         n_eval=bench["n_eval"], n_calibration=bench["n_calibration_pool"],
         n_orderings=bench["n_orderings"], pool_size=bench["pool_size"], seed=bench["seed"],
         caption_sim_max=bench["caption_sim_max"], category_rule=bench["category_rule"],
+        orderings=bench["orderings"], calibration_source=config["calibration"]["source"],
     )
 
 
 # ---- infer ----
+def infer_on_gpu(wildcards):
+    return not config["models"][wildcards.model]["tiny"] and config["inference"]["device"] != "cpu"
+
+
+def infer_threads(wildcards):
+    """2 on the CPU; on a GPU one for the model's process plus one per DataLoader worker (default 8)."""
+    if not infer_on_gpu(wildcards):
+        return 2
+    workers = config["inference"].get("workers")
+    return 1 + (8 if workers is None else workers)
+
+
 def infer_gpus(wildcards):
     """GPUs of one infer job (its `gpu` resource): the model's gpus_per_job, 0 on the CPU.
     The job claims that many distinct devices itself (`ladbench infer --gpus`)."""
-    model = config["models"][wildcards.model]
-    return 0 if model["tiny"] or config["inference"]["device"] == "cpu" else model["gpus_per_job"]
+    return config["models"][wildcards.model]["gpus_per_job"] if infer_on_gpu(wildcards) else 0
 
 
 def infer_flags(wildcards):
@@ -202,8 +214,10 @@ def infer_flags(wildcards):
         prompt=variant["prompt"], identifiers=variant["identifiers"],
         score_mode=inference["score_mode"], image_size=inference["image_size"],
         batch_size=model.get("batch_size", inference["batch_size"]), chunk_size=inference["chunk_size"],
+        workers=inference.get("workers"), vision_tower=inference["vision_tower"],
+        group_by_length=inference["group_by_length"],
         dtype=inference["dtype"], device=inference["device"],
-        store_head_attention=inference["store_head_attention"],
+        store_head_attention=inference["store_head_attention"], no_greedy_reply=not inference["greedy_reply"],
         shard_index=wildcards.get("shard"), shard_count=SHARDS if SHARDS > 1 else None,
     )
 
@@ -232,12 +246,14 @@ def lad_options(model):
     """LAD's test-time settings for ``model`` (shared by evaluate and analyze)."""
     lad = config["lad"]
     return dict(layer_range=layer_range_arg(config["models"][model]["layer_range"]), top_k=lad["top_k"],
-                tau=lad["tau"], layer_mean=lad["layer_mean"], mixture=lad["mixture"])
+                tau=lad["tau"], layer_mean=lad["layer_mean"], mixture=lad["mixture"], layer_ties=lad["layer_ties"],
+                k_beyond_range=lad["k_beyond_range"])
 
 
 def bootstrap_options():
     evaluation = config["evaluation"]
-    return dict(bootstrap=evaluation["bootstrap"], ci=evaluation["ci"], seed=evaluation["seed"])
+    return dict(bootstrap=evaluation["bootstrap"], ci=evaluation["ci"], seed=evaluation["seed"],
+                acc_ddof=evaluation["acc_ddof"])
 
 
 def evaluation_flags(wildcards):
@@ -276,6 +292,7 @@ def analysis_flags(wildcards):
     return flags(
         **lad_options(wildcards.model),
         n_cal=N_CAL, seeds=CAL_SEEDS, score_average=config["calibration"]["score_average"],
+        pride_original_logs=config["calibration"]["pride_original_logs"],
         dcal_sizes=sweeps["dcal_sizes"], dcal_draws=sweeps["dcal_draws"], taus=sweeps["taus"],
         **bootstrap_options(),
     )

@@ -20,7 +20,7 @@ rule infer:
         # what the job claims: the model's gpus_per_job (not the `gpu` resource, which a
         # SLURM profile may override; a job given fewer devices stops with an error)
         gpus=infer_gpus,
-    threads: 2
+    threads: infer_threads
     resources:
         gpu=infer_gpus,
         mem_mb=32000,

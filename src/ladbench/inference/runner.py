@@ -4,7 +4,9 @@ Per row (docs/formats.md §4): the N images in the row's order (resized to a squ
 bicubic), the prompt of the variant through the model's chat template, ONE prefill with
 the fast attention kernel capturing the last query row of every decoder layer, the
 candidate scores (METHOD §2; continuation steps reuse the prefill's KV cache), the
-attention mass per layer per image span and on the other tokens. Generative variants
+attention mass per layer per image span and on the other tokens, and (unless
+``--no-greedy-reply``) the two-token greedy reply the reference reads Vanilla from
+(``greedy.py``). Generative variants
 (cot, sc) generate replies instead and store texts and parsed answers (their ``scores``
 and ``attn`` stay NaN).
 """
@@ -22,7 +24,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
-from typing import Any, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -32,6 +34,7 @@ from ladbench.data.coco import load_image_table
 
 from .cache import CacheLayout, CacheWriter, RowPlan, is_complete_for, plan_rows
 from .merge import select_shard
+from .greedy import greedy_outputs, greedy_reply_tokens, repetition_penalty, stop_token_ids
 from .prompts import (GENERATIVE_VARIANTS, IDENTIFIER_FORMATS, PROMPT_VARIANTS, identifiers, majority_vote,
                       parse_answer_is, parse_last_identifier, prompt_sha256, prompt_text)
 from .scoring import SCORE_MODES, IdentifierTrie, identifier_encoder, trie_scores
@@ -62,6 +65,7 @@ class InferenceSettings:
     batch_size: int = 1
     chunk_size: int = 16
     store_head_attention: bool = False
+    greedy_reply: bool = True
     limit_rows: int | None = None
     sofa_sigma: float = 0.5
     sofa_every: int = 2
@@ -71,17 +75,22 @@ class InferenceSettings:
     sc_top_k: int = 40
     sc_max_new_tokens: int = 512
     seed: int = 0
+    workers: int | None = None
+    vision_tower: str = "batched"
+    group_by_length: bool = False
     shard_index: int = 0
     shard_count: int = 1
     extra: dict[str, Any] = field(default_factory=dict)
 
     # fields that do not change any stored number (only speed / how much runs now; a
     # shard's rows are identified by its cache's own config_sha256, see merge.select_shard)
-    _NOT_HASHED = ("out", "batch_size", "chunk_size", "limit_rows", "model_name", "extra", "shard_index",
-                   "shard_count")
+    _NOT_HASHED = ("out", "batch_size", "chunk_size", "limit_rows", "model_name", "workers", "vision_tower",
+                   "group_by_length", "shard_index", "shard_count", "extra")
 
     def validate(self) -> None:
+        from ladbench.models.vision import VISION_TOWERS
         checks = [("family", self.family, FAMILY_CHOICES), ("prompt", self.prompt, PROMPT_VARIANTS),
+                  ("vision_tower", self.vision_tower, VISION_TOWERS),
                   ("identifiers", self.identifiers, IDENTIFIER_FORMATS), ("score_mode", self.score_mode, SCORE_MODES)]
         for name, value, allowed in checks:
             if value not in allowed:
@@ -89,6 +98,8 @@ class InferenceSettings:
         for name in ("image_size", "batch_size", "chunk_size", "sofa_every", "sc_samples", "shard_count"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1; got {getattr(self, name)}")
+        if self.workers is not None and self.workers < 0:
+            raise ValueError(f"--workers must be >= 0; got {self.workers}")
         if not 0.0 <= self.sofa_sigma <= 1.0:
             raise ValueError(f"--sofa-sigma must be in [0, 1]; got {self.sofa_sigma}")
 
@@ -104,10 +115,27 @@ class InferenceSettings:
                 d.pop(k)
         if self.prompt not in GENERATIVE_VARIANTS:
             d.pop("seed")
+        else:
+            d.pop("greedy_reply")
         if self.prompt == "sc":
             from .sampling import SAMPLER
             d["sampler"] = SAMPLER
         return d
+
+    def loader_workers(self) -> int:
+        """DataLoader workers preparing batches: as set, else none on the CPU (they would take the
+        model's cores) and up to :data:`GPU_WORKERS` of this process's CPUs but one on a GPU."""
+        if self.workers is not None:
+            return self.workers
+        if not self.device.startswith("cuda"):
+            return 0
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        return max(1, min(GPU_WORKERS, cpus - 1))
+
+
+#: most DataLoader workers used by default on a GPU (the processor of one N = 8 batch of 8
+#: takes about 0.5 s of one core; a GPU step of it about 60 ms)
+GPU_WORKERS = 8
 
 
 # --------------------------------------------------------------------------- inputs
@@ -173,8 +201,28 @@ def segment_ids(input_ids: Sequence[int], attention_mask: Sequence[int], spans: 
     return seg
 
 
+@dataclass
+class PreparedBatch:
+    """A batch of rows encoded on the host (in a DataLoader worker, or inline with 0 workers):
+    the model inputs and, for scoring variants, each token's segment (``segment_ids``)."""
+
+    rows: list[int]
+    inputs: dict[str, Any]
+    segments: Any = None                       # torch.Tensor [B, T] (scoring variants)
+
+    def pin_memory(self) -> "PreparedBatch":
+        """Called by the DataLoader's pinning thread on a GPU run: page-locked tensors copy asynchronously."""
+        segments = self.segments.pin_memory() if self.segments is not None else None
+        return PreparedBatch(self.rows, {k: v.pin_memory() for k, v in self.inputs.items()}, segments)
+
+
 class RowRunner:
-    """Runs the model on batches of rows for one setting (scoring or generative)."""
+    """Runs the model on batches of rows for one setting (scoring or generative).
+
+    ``prepare(rows)`` does the host work of a batch (image decoding, square resize, processor,
+    image spans; no device involved); ``score_batch`` / ``generate_batch`` do the device work of a
+    prepared batch (or of plain row indices, prepared on the spot).
+    """
 
     def __init__(self, adapter, settings: InferenceSettings, bench: dict, plan: RowPlan,
                  paths: dict[int, str]) -> None:
@@ -183,9 +231,12 @@ class RowRunner:
         self.ids = identifiers(settings.identifiers, self.n)
         self._image = lru_cache(maxsize=512)(self._load_image)
         self._paths = paths
-        if settings.prompt not in GENERATIVE_VARIANTS:
+        self.generative = settings.prompt in GENERATIVE_VARIANTS
+        if not self.generative:
             self.trie = IdentifierTrie.build(self.ids, identifier_encoder(adapter.tokenizer), adapter.end_of_turn_id)
             self.nodes = self.trie.nodes_needing_logits(settings.score_mode)
+            # the only logit columns the scores read, per trie node (gathered on the device)
+            self.node_tokens = {node: list(self.trie.valid_next[node]) for node in self.nodes}
 
     def _load_image(self, image_id: int):
         from PIL import Image
@@ -198,37 +249,63 @@ class RowRunner:
         except OSError as exc:
             raise OSError(f"cannot read image {image_id} at {path}: {exc}") from None
 
-    def _instance(self, r: int) -> dict:
-        return self.bench["eval" if self.plan.split[r] == 0 else "calibration"][int(self.plan.instance[r])]
-
-    def _row_text(self, r: int) -> str:
-        caption = self._instance(r)["caption"]
-        return self.adapter.chat_text(prompt_text(self.s.prompt, self.n, caption, self.s.identifiers), self.n)
-
     def _row_inputs(self, r: int) -> tuple[str, list]:
-        shown = [int(self._instance(r)["candidates"][j]) for j in self.plan.order[r]]
-        return self._row_text(r), [self._image(i) for i in shown]
+        split = "eval" if self.plan.split[r] == 0 else "calibration"
+        inst = self.bench[split][int(self.plan.instance[r])]
+        shown = [int(inst["candidates"][j]) for j in self.plan.order[r]]
+        text = self.adapter.chat_text(prompt_text(self.s.prompt, self.n, inst["caption"], self.s.identifiers), self.n)
+        return text, [self._image(i) for i in shown]
 
     def encode_rows(self, rows: Sequence[int]) -> dict:
-        """Model inputs of a batch of rows (images in each row's order, prompt, left padding)."""
+        """Model inputs of a batch of rows on the device (images in each row's order, prompt, left padding)."""
         texts, images = zip(*(self._row_inputs(r) for r in rows))
         return self.adapter.encode(list(texts), list(images))
 
-    def score_batch(self, rows: Sequence[int]) -> dict[str, np.ndarray]:
-        """Scores and attention of a batch of rows (one prefill + trie continuations)."""
+    def grouped_by_length(self, rows: Sequence[int], chunk_size: int) -> list[int]:
+        """``rows`` with each chunk's rows sorted by prompt length, so a batch pads less. Chunks
+        keep their rows (what a kill can lose does not change). Every image of a study has the
+        same square size, hence the same number of tokens: the text decides the length."""
+        def length(r: int) -> int:
+            split = "eval" if self.plan.split[r] == 0 else "calibration"
+            caption = self.bench[split][int(self.plan.instance[r])]["caption"]
+            text = prompt_text(self.s.prompt, self.n, caption, self.s.identifiers)
+            return len(self.adapter.tokenizer(text, add_special_tokens=False)["input_ids"])
+        rows = [int(r) for r in rows]
+        return [r for c0 in range(0, len(rows), chunk_size) for r in sorted(rows[c0:c0 + chunk_size], key=length)]
+
+    def prepare(self, rows: Sequence[int]) -> PreparedBatch:
+        """The host part of a batch (runs in DataLoader workers): inputs and token segments."""
+        import torch
+        texts, images = zip(*(self._row_inputs(r) for r in rows))
+        inputs = self.adapter.encode_on_host(list(texts), list(images), for_prefill=not self.generative)
+        batch = PreparedBatch([int(r) for r in rows], inputs)
+        if not self.generative:
+            ids, mask = inputs["input_ids"].numpy(), inputs["attention_mask"].numpy()
+            segs = []
+            for b, r in enumerate(rows):
+                spans = self.adapter.image_spans(ids[b].tolist())
+                if len(spans) != self.n:
+                    raise RuntimeError(f"row {r}: found {len(spans)} image spans in the prompt, expected {self.n}")
+                segs.append(segment_ids(ids[b], mask[b], spans, self.n))
+            batch.segments = torch.from_numpy(np.stack(segs))
+        return batch
+
+    def _prepared(self, batch: Sequence[int] | PreparedBatch) -> PreparedBatch:
+        return batch if isinstance(batch, PreparedBatch) else self.prepare(batch)
+
+    def score_batch(self, batch: Sequence[int] | PreparedBatch) -> dict[str, np.ndarray]:
+        """Scores and attention of a batch of rows (one prefill + trie continuations).
+
+        Everything stays on the device until the batch is done; then ONE device-to-host copy
+        (:func:`to_host`) brings back the attention masses and the logit columns the scores need.
+        """
         import torch
 
         from .attention import LastRowCapture, SofaMask, sofa_attention_bias, sofa_layers
         ad, n = self.adapter, self.n
-        inputs = self.encode_rows(rows)
-        ids, mask = inputs["input_ids"].cpu().numpy(), inputs["attention_mask"].cpu().numpy()
-        segs = []
-        for b, r in enumerate(rows):
-            spans = ad.image_spans(ids[b].tolist())
-            if len(spans) != n:
-                raise RuntimeError(f"row {r}: found {len(spans)} image spans in the prompt, expected {n}")
-            segs.append(segment_ids(ids[b], mask[b], spans, n))
-        seg = torch.as_tensor(np.stack(segs), device=ad.device)
+        batch = self._prepared(batch)
+        inputs = ad.to_device(batch.inputs, for_prefill=True)
+        seg = batch.segments.to(ad.device, non_blocking=True)
         modules = ad.attention_modules()
         sofa_ctx = contextlib.nullcontext()
         if self.s.prompt == "sofa":
@@ -236,40 +313,46 @@ class RowRunner:
                                        self.s.sofa_sigma, ad.model.dtype)
             sofa_ctx = SofaMask([modules[i] for i in sofa_layers(len(modules), self.s.sofa_every)], bias)
         with LastRowCapture(modules, seg, n + 2) as cap, sofa_ctx:
-            logits, state = ad.prefill(inputs, use_cache=len(self.nodes) > 1)
-        mass = cap.masses()                                              # [B, L, H, N + 2]
-        logits_at = {(): logits.cpu().numpy()}
-        for node in self.nodes[1:]:
-            logits_at[node] = ad.continue_logits(state, node).cpu().numpy()
-        head_mass = mass[..., :n].cpu().numpy()
+            logits, state = ad.prefill(inputs, use_cache=len(self.nodes) > 1 or self.s.greedy_reply)
+        on_device = {"mass": cap.masses()}                               # [B, L, H, N + 2]
+        for i, node in enumerate(self.nodes):
+            node_logits = logits if i == 0 else ad.continue_logits(state, node)
+            on_device[node] = node_logits[:, self.node_tokens[node]]
+        if self.s.greedy_reply:       # the reference's Vanilla readout (greedy.py); ids are exact in float32
+            on_device["greedy"] = greedy_reply_tokens(ad, logits, state, inputs)
+        host = to_host(on_device)
+        logits_at = {}
+        for node in self.nodes:                 # full-width rows, NaN where the scores never read
+            full = np.full((len(batch.rows), logits.shape[-1]), np.nan, dtype=np.float32)
+            full[:, self.node_tokens[node]] = host[node]
+            logits_at[node] = full
+        mass = host["mass"]
+        head_mass = mass[..., :n]
         out = {"scores": trie_scores(self.trie, logits_at, self.s.score_mode).astype(np.float32),
                "attn": head_mass.mean(axis=2).astype(np.float32),
-               "attn_text": mass[..., n].mean(dim=2).cpu().numpy().astype(np.float32)}
+               "attn_text": mass[..., n].mean(axis=2).astype(np.float32)}
         if self.s.store_head_attention:
             out["attn_heads"] = head_mass.astype(np.float16)
+        if "greedy" in host:
+            out.update(greedy_outputs(ad, host["greedy"].astype(np.int64)))
         return out
 
-    def by_prompt_length(self, rows: np.ndarray) -> np.ndarray:
-        """``rows`` ordered by prompt length, longest first (a batch of similar lengths pads
-        little; the largest batch comes first, so memory trouble shows at once). Images
-        add the same number of tokens to every row, so the text's tokens decide."""
-        lengths = [len(self.adapter.tokenizer(self._row_text(int(r))).input_ids) for r in rows]
-        return np.asarray(rows)[np.argsort(-np.asarray(lengths), kind="stable")]
-
-    def generate_batch(self, rows: Sequence[int]) -> dict[str, np.ndarray]:
+    def generate_batch(self, batch: Sequence[int] | PreparedBatch) -> dict[str, np.ndarray]:
         """Replies and parsed answers of a batch of rows, generated together, each sequence
         stopping at its end token. CoT: one greedy reply per row. SC: the S samples of
         every row of the batch in one batch, each drawn with its own key (sampling.py), so
         the samples do not depend on the batch size, chunking or shards."""
+        import torch
+
         from .sampling import KeyedSampler, sequence_keys
         s = self.s
-        inputs = self.encode_rows(rows)
+        batch = self._prepared(batch)
+        rows, inputs = batch.rows, self.adapter.to_device(batch.inputs)
         if s.prompt == "cot":
             texts, counts = self.adapter.generate(inputs, max_new_tokens=s.cot_max_new_tokens, do_sample=False)
             parsed = [parse_last_identifier(t, self.n, s.identifiers) for t in texts]
             return {"text": np.array(texts, dtype=object), "parsed": np.array(parsed, dtype=np.int16),
                     "n_generated": counts.cpu().numpy().astype(np.int32)}
-        import torch
         plan_rows_of_batch = torch.as_tensor(np.asarray(rows, dtype=np.int64) + self.plan.first_row)
         sampler = KeyedSampler(sequence_keys(s.seed, plan_rows_of_batch, s.sc_samples),
                                prompt_length=inputs["input_ids"].shape[1], temperature=s.sc_temperature,
@@ -286,6 +369,17 @@ class RowRunner:
                 "n_generated": counts.view(len(rows), s.sc_samples).sum(-1).cpu().numpy().astype(np.int32)}
 
 
+def to_host(tensors: dict[Any, "torch.Tensor"]) -> dict[Any, np.ndarray]:
+    """float32 numpy copies of device tensors, in ONE device-to-host copy (one sync per batch)."""
+    import torch
+    flat = torch.cat([t.float().reshape(-1) for t in tensors.values()]).cpu().numpy()
+    out, start = {}, 0
+    for key, t in tensors.items():
+        out[key] = flat[start:start + t.numel()].reshape(t.shape)
+        start += t.numel()
+    return out
+
+
 # --------------------------------------------------------------------------- driver
 def _peak_memory(writer: CacheWriter, device: str) -> dict[str, float]:
     """Peak CPU RSS and CUDA memory (MB) of this run, or of an earlier run of the same cache
@@ -295,6 +389,86 @@ def _peak_memory(writer: CacheWriter, device: str) -> dict[str, float]:
     cuda = torch.cuda.max_memory_allocated() / 2 ** 20 if device.startswith("cuda") else float("nan")
     return {"peak_rss_mb": float(np.nanmax([rss, writer.attr("peak_rss_mb", np.nan)])),
             "peak_cuda_mb": float(np.fmax(cuda, writer.attr("peak_cuda_mb", np.nan)))}
+
+
+class _Batches:
+    """A map-style dataset whose item i is ``prepare(batches[i])``: the DataLoader's workers run it."""
+
+    def __init__(self, prepare: Callable[[Sequence[int]], PreparedBatch], batches: list[list[int]]) -> None:
+        self.prepare, self.batches = prepare, batches
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __getitem__(self, i: int) -> PreparedBatch:
+        return self.prepare(self.batches[i])
+
+
+def prepared_batches(prepare: Callable[[Sequence[int]], PreparedBatch], batches: list[list[int]], *,
+                     workers: int, pin_memory: bool) -> Iterator[PreparedBatch]:
+    """``prepare(batch)`` for each batch, in order, computed ahead by ``workers`` DataLoader
+    workers (0: inline) so that the device step of batch k overlaps the preparation of k + 1."""
+    import multiprocessing
+
+    from torch.utils.data import DataLoader
+    options: dict[str, Any] = {}
+    if workers:
+        # fork: workers inherit the loaded processor instead of unpickling the adapter and its model
+        fork = "fork" in multiprocessing.get_all_start_methods()
+        options = dict(prefetch_factor=4, multiprocessing_context="fork" if fork else None)
+    return iter(DataLoader(_Batches(prepare, batches), batch_size=None, shuffle=False, num_workers=workers,
+                           pin_memory=pin_memory, **options))
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    import torch
+    return isinstance(exc, torch.cuda.OutOfMemoryError)
+
+
+def run_batches(step: Callable[[PreparedBatch], dict[str, np.ndarray]],
+                prepare: Callable[[Sequence[int]], PreparedBatch], rows: Sequence[int], *, batch_size: int,
+                chunk_size: int, workers: int, pin_memory: bool,
+                write: Callable[[list[int], dict[str, np.ndarray]], None]) -> int:
+    """Run ``step`` over ``rows`` in batches and ``write`` each finished chunk of ``chunk_size`` rows.
+
+    Batches never straddle a chunk. A batch whose step runs out of GPU memory is not lost: the
+    batch size halves (down to 1, where the error is final) and the preparation restarts from
+    that batch's rows. Each row's ``seconds`` is its batch's wall time between results divided
+    by its size (so preparation that the workers did not hide is counted). Returns the batch
+    size in use at the end (the largest that ran without running out of memory).
+    """
+    chunks = [list(rows[i:i + chunk_size]) for i in range(0, len(rows), chunk_size)]
+    chunk, offset, parts = 0, 0, []
+    while chunk < len(chunks):
+        batches = [c[start:start + batch_size]
+                   for i, c in enumerate(chunks[chunk:], start=chunk)
+                   for start in range(offset if i == chunk else 0, len(c), batch_size)]
+        tick = time.perf_counter()
+        try:
+            for prepared in prepared_batches(prepare, batches, workers=workers, pin_memory=pin_memory):
+                part = step(prepared)
+                now = time.perf_counter()
+                part["seconds"] = np.full(len(prepared.rows), (now - tick) / len(prepared.rows), np.float32)
+                tick = now
+                parts.append(part)
+                offset += len(prepared.rows)
+                if offset == len(chunks[chunk]):
+                    write(chunks[chunk], {k: np.concatenate([p[k] for p in parts]) for k in parts[0]})
+                    chunk, offset, parts = chunk + 1, 0, []
+        except Exception as exc:                       # noqa: BLE001 (only out-of-memory is handled)
+            if not is_out_of_memory(exc) or batch_size == 1:
+                raise
+            batch_size = max(1, min(batch_size, len(chunks[chunk]) - offset) // 2)
+            log.warning("a batch ran out of GPU memory; retrying its rows with batch size %d", batch_size)
+        if chunk < len(chunks):        # out of memory: the failed batch's tensors are freed now, return them to CUDA
+            _release_cached_memory()
+    return batch_size
+
+
+def _release_cached_memory() -> None:
+    import torch
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def run_inference(settings: InferenceSettings) -> str:
@@ -319,10 +493,11 @@ def run_inference(settings: InferenceSettings) -> str:
     from ladbench.models import load_adapter
     device = settings.device
     adapter = load_adapter(settings.family, settings.model_path, revision=settings.revision, dtype=settings.dtype,
-                           device=device, trust_remote_code=settings.trust_remote_code)
+                           device=device, trust_remote_code=settings.trust_remote_code, vision=settings.vision_tower)
     generative = settings.prompt in GENERATIVE_VARIANTS
     layout = CacheLayout(n_candidates=n, n_layers=adapter.n_layers, n_heads=adapter.n_heads,
                          store_heads=settings.store_head_attention, generative=generative,
+                         greedy=settings.greedy_reply and not generative,
                          n_samples=settings.sc_samples if settings.prompt == "sc" else 1)
     attrs = {"model": settings.model_name, "model_path": settings.model_path, "revision": settings.revision or "",
              "family": settings.family, "variant": settings.prompt, "n_candidates": n,
@@ -330,7 +505,11 @@ def run_inference(settings: InferenceSettings) -> str:
              "score_mode": settings.score_mode, "prompt_sha256": prompt_sha256(settings.prompt, n, settings.identifiers),
              "config_sha256": digest, "settings": settings.hashed_fields(), "versions": library_versions(),
              "device": device, "dtype": str(adapter.model.dtype).replace("torch.", ""),
-             "benchmark": os.path.abspath(settings.benchmark), **shard_attrs}
+             "benchmark": os.path.abspath(settings.benchmark),
+             "calibration_source": bench.get("calibration_source", "pool"),  # read by calibrate / analyze
+             **shard_attrs}
+    if settings.greedy_reply and not generative:
+        attrs.update(greedy_repetition_penalty=repetition_penalty(adapter), greedy_stop_ids=stop_token_ids(adapter))
     if settings.prompt == "sofa":
         attrs.update(sofa_sigma=settings.sofa_sigma, sofa_every=settings.sofa_every)
     writer = CacheWriter.open(settings.out, plan, layout, attrs)
@@ -340,27 +519,23 @@ def run_inference(settings: InferenceSettings) -> str:
     if settings.limit_rows is not None:
         pending = pending[: settings.limit_rows]
     runner = RowRunner(adapter, settings, bench, plan, paths)
-    if generative:
-        pending = runner.by_prompt_length(pending)
     step = runner.generate_batch if generative else runner.score_batch
+    if settings.group_by_length or generative:      # generation pads (and waits) for the longest prompt
+        pending = runner.grouped_by_length(pending, settings.chunk_size)
 
-    started, done_now = time.perf_counter(), 0
+    started = time.perf_counter()
     with tqdm(total=len(pending), unit="row", desc=f"infer {settings.model_name}/{settings.prompt}",
               file=sys.stderr, disable=None) as bar:
-        for c0 in range(0, len(pending), settings.chunk_size):
-            chunk = pending[c0:c0 + settings.chunk_size]
-            parts: list[dict[str, np.ndarray]] = []
-            for b0 in range(0, len(chunk), settings.batch_size):
-                batch = chunk[b0:b0 + settings.batch_size]
-                t0 = time.perf_counter()
-                part = step(batch)
-                part["seconds"] = np.full(len(batch), (time.perf_counter() - t0) / len(batch), np.float32)
-                parts.append(part)
-                bar.update(len(batch))
-            writer.write(chunk, {k: np.concatenate([p[k] for p in parts]) for k in parts[0]})
-            done_now += len(chunk)
+        def write(rows: list[int], results: dict[str, np.ndarray]) -> None:
+            writer.write(rows, results)
+            bar.update(len(rows))
+        used = run_batches(step, runner.prepare, pending, batch_size=settings.batch_size,
+                           chunk_size=settings.chunk_size, workers=settings.loader_workers(),
+                           pin_memory=device.startswith("cuda"), write=write)
+    done_now = len(pending)
     final = {**writer.throughput(), **_peak_memory(writer, device),
-             "last_run_rows": done_now, "last_run_s": time.perf_counter() - started}
+             "last_run_rows": done_now, "last_run_s": time.perf_counter() - started,
+             "batch_size_used": used if len(pending) else writer.attr("batch_size_used", settings.batch_size)}
     if len(writer.pending_rows()):
         writer.set_attrs(final)
         log.warning("%s: stopped after %d rows (--limit-rows); run again to continue", writer.path, done_now)
@@ -408,6 +583,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "log-probs (published numbers); joint: always joint restricted log-probs")
     g.add_argument("--image-size", type=int, default=336, help="images are resized to this square, bicubic (336)")
     g.add_argument("--store-head-attention", action="store_true", help="also store per-head attention (attn_heads)")
+    g.add_argument("--no-greedy-reply", dest="greedy_reply", action="store_false",
+                   help="do not store the two greedy reply tokens and their text (the reference's Vanilla readout, "
+                        "method vanilla_generate; costs one KV-cache continuation step per batch)")
     g = p.add_argument_group("SoFA (--prompt sofa)")
     g.add_argument("--sofa-sigma", type=float, default=0.5, help="future image-to-image attention weight (0.5)")
     g.add_argument("--sofa-every", type=int, default=2, help="apply SoFA in every n-th decoder layer from 0 (2)")
@@ -424,7 +602,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     g.add_argument("--gpus", type=int, default=0,
                    help="claim this many GPUs no other ladbench job on this machine holds and show CUDA only "
                         "those (0: no claim; a CUDA_VISIBLE_DEVICES already set for the job is respected)")
-    g.add_argument("--batch-size", type=int, default=1, help="rows per forward pass (left padded)")
+    g.add_argument("--batch-size", type=int, default=1,
+                   help="rows per forward pass (left padded); halved on running out of GPU memory")
+    g.add_argument("--workers", type=int, default=None,
+                   help=f"DataLoader workers preparing batches (images, processor) ahead of the model; "
+                        f"0 = inline; default: 0 on the CPU, up to {GPU_WORKERS} on a GPU")
+    g.add_argument("--group-by-length", action="store_true",
+                   help="sort the rows of each chunk by prompt length before batching (less padding)")
+    g.add_argument("--vision-tower", default="batched", choices=("batched", "native"),
+                   help="batched: all images of a batch through the vision tower together (Qwen2.5-VL-style "
+                        "towers); native: transformers' own (for comparison)")
     g.add_argument("--chunk-size", type=int, default=16, help="rows per write to the cache (the most a kill can lose)")
     g.add_argument("--shard-index", type=int, default=0, help="run only shard i (0-based) of --shard-count")
     g.add_argument("--shard-count", type=int, default=1,

@@ -94,12 +94,21 @@ class ModelAdapter:
     drop_input_keys: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, model: torch.nn.Module, processor: Any, *, model_path: str,
-                 revision: str | None = None, attention: str = "sdpa") -> None:
+                 revision: str | None = None, attention: str = "sdpa", vision: str = "batched") -> None:
+        from .vision import VISION_TOWERS
+        if vision not in VISION_TOWERS:
+            raise ValueError(f"vision tower must be one of {', '.join(VISION_TOWERS)}; got {vision!r}")
         self.model = model
         self.processor = processor
         self.model_path = model_path
         self.revision = revision
         self.attention = attention
+        # the eager path stays the reference's (native tower), for comparisons
+        self.vision = vision if attention != "eager" else "native"
+        #: input keys kept on the host by ``to_device`` (read on the host by our code, never by a kernel)
+        self.host_input_keys: tuple[str, ...] = ()
+        if self.vision == "batched":
+            self.host_input_keys = self.use_batched_vision()
         tok = self.tokenizer
         self.image_start_id = self._token_id(self.image_start_token)
         self.image_end_id = self._token_id(self.image_end_token)
@@ -111,13 +120,15 @@ class ModelAdapter:
     @classmethod
     def load(cls, model_path: str, *, revision: str | None = None, dtype: str = "auto",
              device: str = "auto", trust_remote_code: bool = False,
-             attention: str = "capture") -> "ModelAdapter":
+             attention: str = "capture", vision: str = "batched") -> "ModelAdapter":
         """Load model + processor from a hub id or a local folder (same code path for both).
 
         ``attention`` is ``capture`` (fast kernel with last-row capture, the default),
         ``sdpa`` (plain fast kernel, no capture: for timing baselines) or ``eager``
-        (the reference path, ``output_attentions`` works). On GPU the weights are placed
-        with ``device_map="auto"``; on CPU everything is float32 unless told otherwise.
+        (the reference path, ``output_attentions`` works). ``vision`` is ``batched`` (our
+        batched vision tower where the family has one, see ``models/vision.py``) or ``native``
+        (transformers' own; always on the eager path). On GPU the weights are placed with
+        ``device_map="auto"``; on CPU everything is float32 unless told otherwise.
         """
         dev = resolve_device(device)
         torch_dtype = resolve_dtype(dtype, dev)
@@ -135,7 +146,7 @@ class ModelAdapter:
         model.eval()
         if not dev.startswith("cuda"):
             model.to(dev)
-        return cls(model, processor, model_path=model_path, revision=revision, attention=attention)
+        return cls(model, processor, model_path=model_path, revision=revision, attention=attention, vision=vision)
 
     @classmethod
     def _load_processor(cls, model_path: str, *, revision: str | None, trust_remote_code: bool) -> Any:
@@ -199,6 +210,11 @@ class ModelAdapter:
         """The self-attention module of every text decoder layer."""
         return [layer.self_attn for layer in self.decoder_layers()]
 
+    def use_batched_vision(self) -> tuple[str, ...]:
+        """Family hook: switch the vision tower to a batched implementation if the family has one;
+        returns the input keys that should then stay on the host. Default: native tower."""
+        return ()
+
     # ----------------------------------------------------------------- inputs
     def chat_text(self, prompt: str, n_images: int) -> str:
         """The full prompt string: ``n_images`` images first, then ``prompt``, through the
@@ -208,14 +224,33 @@ class ModelAdapter:
         return self.processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
     def encode(self, texts: Sequence[str], images: Sequence[Sequence[Image.Image]]) -> dict[str, torch.Tensor]:
-        """Tokenise a batch of prompts with their images (flat, in prompt order), left padded."""
+        """Tokenise a batch of prompts with their images (flat, in prompt order), left padded, on the device."""
+        return self.to_device(self.encode_on_host(texts, images))
+
+    def encode_on_host(self, texts: Sequence[str], images: Sequence[Sequence[Image.Image]], *,
+                       for_prefill: bool = False) -> dict[str, torch.Tensor]:
+        """``encode`` without the move to the device (CPU work only: runs in DataLoader workers).
+        ``for_prefill`` adds what ``prefill`` would otherwise compute itself (``prefill_extras``)."""
         flat = [im for row in images for im in row]
         inputs = self.processor(text=list(texts), images=flat, return_tensors="pt", padding=True,
                                 padding_side="left")
-        out = {k: v.to(self.device) for k, v in inputs.items() if k not in self.drop_input_keys}
+        out = {k: v for k, v in inputs.items() if k not in self.drop_input_keys}
         if "pixel_values" in out and out["pixel_values"].is_floating_point():
-            out["pixel_values"] = out["pixel_values"].to(self.model.dtype)
+            out["pixel_values"] = out["pixel_values"].to(self.model.dtype)       # cast here: half the copy
+        if for_prefill:
+            out.update(self.prefill_extras(out))
         return out
+
+    def prefill_extras(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Family hook: host-computed prefill inputs (e.g. position ids) that would otherwise be
+        computed inside the forward pass with host syncs. Default: none."""
+        return {}
+
+    def to_device(self, inputs: dict[str, torch.Tensor], *, for_prefill: bool = False) -> dict[str, torch.Tensor]:
+        """Move host inputs to the model's device (asynchronously from pinned memory); for our
+        ``prefill``, the ``host_input_keys`` stay on the host (generation gets everything moved)."""
+        device, keep = self.device, self.host_input_keys if for_prefill else ()
+        return {k: v if k in keep else v.to(device, non_blocking=True) for k, v in inputs.items()}
 
     def image_spans(self, input_ids: Sequence[int]) -> list[tuple[int, int]]:
         """Token spans ``[start, end)`` of each image, start and end markers included (METHOD §3)."""
@@ -245,7 +280,7 @@ class ModelAdapter:
         (float32) and the state continuation steps need. Only the last position goes
         through the LM head (a full-vocabulary projection of every position is waste)."""
         kwargs = dict(inputs)
-        pos = self.prefill_position_ids(inputs)
+        pos = self.prefill_position_ids(inputs) if "position_ids" not in inputs else None
         if pos is not None:
             kwargs["position_ids"] = pos
         out = self.model.model(**kwargs, use_cache=use_cache, return_dict=True)
@@ -266,15 +301,19 @@ class ModelAdapter:
         return None
 
     @torch.no_grad()
-    def continue_logits(self, state: PrefillState, new_tokens: Sequence[int]) -> torch.Tensor:
-        """Next-token logits [B, V] after appending ``new_tokens`` (same for every row) to the
-        prefilled prompt, reusing the prefill's KV cache; the cache is cropped back afterwards
-        so several continuations can share one prefill."""
+    def continue_logits(self, state: PrefillState, new_tokens: Sequence[int] | torch.Tensor) -> torch.Tensor:
+        """Next-token logits [B, V] after appending ``new_tokens`` (the same ids for every row,
+        or a [B, k] tensor of each row's own ids, e.g. its greedy reply) to the prefilled
+        prompt, reusing the prefill's KV cache; the cache is cropped back afterwards so
+        several continuations can share one prefill."""
         if state.past_key_values is None:
             raise ValueError("continue_logits needs a prefill run with use_cache=True")
         batch = state.attention_mask.shape[0]
-        n_new = len(new_tokens)
-        ids = torch.tensor([list(new_tokens)] * batch, dtype=torch.long, device=self.device)
+        if isinstance(new_tokens, torch.Tensor):
+            ids = new_tokens.to(device=self.device, dtype=torch.long)
+        else:
+            ids = torch.tensor([list(new_tokens)] * batch, dtype=torch.long, device=self.device)
+        n_new = ids.shape[1]
         mask = torch.cat([state.attention_mask, torch.ones_like(ids, dtype=state.attention_mask.dtype)], dim=1)
         cache_position = torch.arange(state.seq_len, state.seq_len + n_new, device=self.device)
         kwargs: dict[str, Any] = dict(input_ids=ids, attention_mask=mask, past_key_values=state.past_key_values,

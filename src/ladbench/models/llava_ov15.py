@@ -23,6 +23,16 @@ class LlavaOV15Adapter(OneDimRopeMixin, ModelAdapter):
     # the shared Qwen2.5-VL processor emits it; the OV-1.5 model does not take it
     drop_input_keys = ("mm_token_type_ids",)
 
+    def use_batched_vision(self) -> tuple[str, ...]:
+        """The tiny stand-in's tower is transformers' Qwen2.5-VL tower: batched like Qwen2.5-VL's. The real
+        model's RICE-ViT (hub code) is left as shipped."""
+        from .vision import is_qwen2_5_vision_tower, use_batched_vision
+        visual = self.model.model.visual
+        if not is_qwen2_5_vision_tower(visual):
+            return ()
+        use_batched_vision(visual)
+        return ("image_grid_thw",)
+
     @classmethod
     def _load_processor(cls, model_path: str, *, revision: str | None, trust_remote_code: bool) -> Any:
         cls._require_trust(model_path, trust_remote_code)

@@ -4,8 +4,10 @@ Layout: ``<|vision_start|> <|image_pad|>*k <|vision_end|>`` per image; text deco
 ``model.model.language_model.layers``; 3-axis M-RoPE whose per-row offset (``rope_deltas``)
 is computed during the prefill and must be added to positions of continuation tokens.
 
-The vision tower is run one image at a time (except on the eager reference path): see
-``encode_images_one_by_one``.
+The vision tower runs batched (``models/vision.py``: all images of a batch together, window
+plans cached per grid, one attention call per layer) unless ``vision="native"``; the M-RoPE
+position ids are computed on the host with the model's own ``get_rope_index`` (in the
+DataLoader workers), so the forward pass reads nothing back from the device.
 """
 from __future__ import annotations
 
@@ -23,14 +25,22 @@ class Qwen25VLAdapter(ModelAdapter):
     model_class = "Qwen2_5_VLForConditionalGeneration"  # native in transformers 4.53
     image_token = "<|image_pad|>"
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        if self.attention != "eager":      # the eager path stays the reference's, for comparisons
-            encode_images_one_by_one(self.model.model)
+    def use_batched_vision(self) -> tuple[str, ...]:
+        from .vision import use_batched_vision
+        use_batched_vision(self.model.model.visual)
+        return ("image_grid_thw",)          # the tower and the feature split read it on the host: no sync
+
+    def prefill_extras(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        base = self.model.model
+        position_ids, rope_deltas = base.get_rope_index(inputs["input_ids"], inputs.get("image_grid_thw"), None,
+                                                        attention_mask=inputs["attention_mask"])
+        return {"position_ids": position_ids, "rope_deltas": rope_deltas}
 
     def _position_offset(self, inputs: dict[str, torch.Tensor], out: Any) -> torch.Tensor:
-        # Taken from this prefill's output, not from model.model.rope_deltas, which any
-        # later prefill (another batch) overwrites.
+        # From this prefill's inputs (host-computed) or output, not from model.model.rope_deltas,
+        # which any later prefill (another batch) overwrites.
+        if "rope_deltas" in inputs:
+            return inputs["rope_deltas"]
         return out.rope_deltas
 
     def continuation_position_ids(self, state: PrefillState, n_new: int) -> torch.Tensor:
@@ -38,23 +48,3 @@ class Qwen25VLAdapter(ModelAdapter):
         pos = steps.view(1, -1) + state.position_offset                      # [B, n_new]
         return pos.unsqueeze(0).expand(3, -1, -1)                             # same on the t/h/w axes for text
 
-
-def encode_images_one_by_one(base_model: torch.nn.Module) -> None:
-    """Make ``base_model.get_image_features`` run the vision tower once per image.
-
-    Why: without flash-attention's variable-length kernel, the vision tower builds one
-    dense [P, P] mask over all P patches of all the row's images and attends over all of
-    them, so its time and memory grow with N^2 (12 COCO-sized images: a 0.7 GB mask per
-    vision layer in bf16). Every patch attends only within its own image (its windows,
-    or the whole image in the full-attention blocks), so encoding the images separately
-    gives the same features at a cost linear in N (tested against the joint encoding).
-    """
-    visual = base_model.visual
-
-    def get_image_features(pixel_values: torch.Tensor, image_grid_thw: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        pixel_values = pixel_values.type(visual.dtype)
-        patches_per_image = image_grid_thw.prod(-1).tolist()
-        return tuple(visual(patches, grid_thw=image_grid_thw[i:i + 1])
-                     for i, patches in enumerate(torch.split(pixel_values, patches_per_image)))
-
-    base_model.get_image_features = get_image_features

@@ -120,7 +120,8 @@ def _ids(tok, names: tuple[str, ...]) -> dict[str, int]:
     return {n: tok.convert_tokens_to_ids(n) for n in names}
 
 
-def _qwen_processor(tok, max_pixels: int, **image_kwargs: Any):
+def qwen_processor(tok, max_pixels: int, **image_kwargs: Any):
+    """A Qwen2.5-VL processor around ``tok`` (also the OV-1.5 one, with its image normalisation)."""
     from transformers import Qwen2_5_VLProcessor, Qwen2VLImageProcessor, Qwen2VLVideoProcessor
     improc = Qwen2VLImageProcessor(min_pixels=56 * 56, max_pixels=max_pixels, **image_kwargs)
     vidproc = Qwen2VLVideoProcessor(min_pixels=56 * 56, max_pixels=max_pixels, **image_kwargs)
@@ -156,24 +157,33 @@ def _build_qwen2_5_vl(out_dir: str, p: dict[str, Any]):
         image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
         vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
         bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"], pad_token_id=ids["<|endoftext|>"])
-    return Qwen2_5_VLForConditionalGeneration(cfg), _qwen_processor(tok, p["max_pixels"])
+    return Qwen2_5_VLForConditionalGeneration(cfg), qwen_processor(tok, p["max_pixels"])
 
 
-def _build_internvl(out_dir: str, p: dict[str, Any]):
-    from transformers import (GotOcr2ImageProcessor, InternVLConfig, InternVLForConditionalGeneration,
-                              InternVLProcessor, InternVLVideoProcessor)
-    tok = build_tokenizer(INTERNVL_SPECIAL_TOKENS, extra_special_tokens={
+def internvl_tokenizer():
+    return build_tokenizer(INTERNVL_SPECIAL_TOKENS, extra_special_tokens={
         "start_image_token": "<img>", "end_image_token": "</img>", "context_image_token": "<IMG_CONTEXT>",
         "video_token": "<video>"})
-    ids = _ids(tok, QWEN_SPECIAL_TOKENS + INTERNVL_SPECIAL_TOKENS)
-    tile, patch, downsample = 56, 14, 0.5
-    tokens_per_tile = int((tile // patch) ** 2 * downsample ** 2)
+
+
+def internvl_processor(tok, tile: int, tokens_per_tile: int):
+    """An InternVL3-HF processor around ``tok``: one ``tile`` x ``tile`` tile per image (no cropping)."""
+    from transformers import GotOcr2ImageProcessor, InternVLProcessor, InternVLVideoProcessor
     norm = dict(image_mean=[0.485, 0.456, 0.406], image_std=[0.229, 0.224, 0.225])
     improc = GotOcr2ImageProcessor(size={"height": tile, "width": tile}, crop_to_patches=False,
                                    min_patches=1, max_patches=4, **norm)
     vidproc = InternVLVideoProcessor(size={"height": tile, "width": tile}, **norm)
-    proc = InternVLProcessor(image_processor=improc, video_processor=vidproc, tokenizer=tok,
+    return InternVLProcessor(image_processor=improc, video_processor=vidproc, tokenizer=tok,
                              image_seq_length=tokens_per_tile, chat_template=INTERNVL_CHAT_TEMPLATE)
+
+
+def _build_internvl(out_dir: str, p: dict[str, Any]):
+    from transformers import InternVLConfig, InternVLForConditionalGeneration
+    tok = internvl_tokenizer()
+    ids = _ids(tok, QWEN_SPECIAL_TOKENS + INTERNVL_SPECIAL_TOKENS)
+    tile, patch, downsample = 56, 14, 0.5
+    tokens_per_tile = int((tile // patch) ** 2 * downsample ** 2)
+    proc = internvl_processor(tok, tile, tokens_per_tile)
     cfg = InternVLConfig(
         vision_config=dict(hidden_size=p["vision_hidden"], num_hidden_layers=p["vision_depth"], num_attention_heads=2,
                            intermediate_size=2 * p["vision_hidden"], image_size=tile, patch_size=patch,
@@ -189,7 +199,7 @@ def _build_llava_ov15(out_dir: str, p: dict[str, Any]):
     from .tiny_ov15 import modeling_tiny_ov15 as remote
     tok = build_tokenizer()
     ids = _ids(tok, QWEN_SPECIAL_TOKENS)
-    proc = _qwen_processor(tok, p["max_pixels"], image_mean=[0.48145466, 0.4578275, 0.40821073],
+    proc = qwen_processor(tok, p["max_pixels"], image_mean=[0.48145466, 0.4578275, 0.40821073],
                            image_std=[0.26862954, 0.26130258, 0.27577711])
     cfg = remote.TinyOV15Config(
         text_config=_text_config(p, ids, head_dim=p["hidden"] // p["heads"]),

@@ -1,0 +1,104 @@
+"""The ``infer`` driver's input pipeline and batch sizing: batches prepared by DataLoader
+workers write the same cache as the inline loop; a batch that runs out of GPU memory is
+split and retried (simulated on the CPU by raising torch's out-of-memory error), no row is
+lost, and the batch size that ran is recorded."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from conftest_models import TINY_IMAGE_SIZE, make_demo_benchmark
+from ladbench.inference import runner
+from ladbench.inference.cache import read_cache
+
+pytestmark = pytest.mark.slow
+
+CONTENT = ("scores", "attn", "attn_text", "order", "target_pos", "split", "instance", "ordering", "done")
+
+
+def _settings(model, bench, images, out, **overrides) -> runner.InferenceSettings:
+    options = dict(benchmark=str(bench), images=str(images), out=str(out), model_name="tiny", family="qwen2_5_vl",
+                   model_path=model, device="cpu", image_size=TINY_IMAGE_SIZE, chunk_size=4)
+    return runner.InferenceSettings(**{**options, **overrides})
+
+
+def _assert_same_content(a, b) -> None:
+    for key in CONTENT:
+        np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+
+
+def test_dataloader_workers_write_the_same_cache_as_the_inline_loop(tiny_model, tmp_path):
+    model = tiny_model("qwen2_5_vl")
+    bench, images = make_demo_benchmark(tmp_path, 4, n_eval=3, n_orderings=2, n_cal=2)     # 14 rows
+    inline = runner.run_inference(_settings(model, bench, images, tmp_path / "inline.h5", batch_size=3, workers=0))
+    pooled = runner.run_inference(_settings(model, bench, images, tmp_path / "pooled.h5", batch_size=3, workers=2))
+    a, b = read_cache(inline), read_cache(pooled)
+    _assert_same_content(a, b)
+    assert a["done"].all() and a.attrs["batch_size_used"] == b.attrs["batch_size_used"] == 3
+
+
+def test_grouping_by_prompt_length_keeps_the_results(tiny_model, tmp_path):
+    model = tiny_model("qwen2_5_vl")
+    bench, images = make_demo_benchmark(tmp_path, 4, n_eval=3, n_orderings=2, n_cal=2)
+    plain = read_cache(runner.run_inference(_settings(model, bench, images, tmp_path / "a.h5", batch_size=3)))
+    grouped = read_cache(runner.run_inference(_settings(model, bench, images, tmp_path / "b.h5", batch_size=3,
+                                                        group_by_length=True)))
+    for key, tol in (("scores", 1e-4), ("attn", 1e-5), ("attn_text", 1e-5)):
+        np.testing.assert_allclose(grouped[key], plain[key], atol=tol, rtol=0, err_msg=key)
+    assert grouped["done"].all()
+
+
+def test_grouped_rows_keep_their_chunks_and_sort_by_prompt_length(tiny_adapter, tmp_path):
+    from ladbench.benchmark import load_benchmark
+    from ladbench.data.coco import load_image_table
+    from ladbench.inference.cache import plan_rows
+    adapter = tiny_adapter("qwen2_5_vl")
+    bench_path, images = make_demo_benchmark(tmp_path, 4, n_eval=4, n_orderings=3, n_cal=2)
+    bench = load_benchmark(bench_path)
+    rr = runner.RowRunner(adapter, _settings(adapter.model_path, bench_path, images, tmp_path / "x.h5"), bench,
+                          plan_rows(bench), runner.image_paths(load_image_table(images)))
+    rows = list(range(len(rr.plan.split)))
+    grouped = rr.grouped_by_length(rows, 5)
+    for c0 in range(0, len(rows), 5):
+        assert sorted(grouped[c0:c0 + 5]) == rows[c0:c0 + 5]
+        lengths = [rr.prepare([r]).inputs["input_ids"].shape[1] for r in grouped[c0:c0 + 5]]
+        assert lengths == sorted(lengths)
+    assert grouped != rows                                   # captions of two lengths alternate: it reorders
+
+
+def test_out_of_memory_batches_are_split_and_retried(tiny_model, tmp_path, monkeypatch):
+    model = tiny_model("qwen2_5_vl")
+    bench, images = make_demo_benchmark(tmp_path, 4, n_eval=3, n_orderings=2, n_cal=2)
+    reference = read_cache(runner.run_inference(_settings(model, bench, images, tmp_path / "b2.h5", batch_size=2)))
+
+    real, sizes = runner.RowRunner.score_batch, []
+
+    def fits_two_rows(self, batch):
+        sizes.append(len(batch.rows))
+        if len(batch.rows) > 2:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
+        return real(self, batch)
+    monkeypatch.setattr(runner.RowRunner, "score_batch", fits_two_rows)
+    out = read_cache(runner.run_inference(_settings(model, bench, images, tmp_path / "b4.h5", batch_size=4,
+                                                    workers=1)))
+    _assert_same_content(out, reference)
+    assert out["done"].all() and out.attrs["batch_size_used"] == 2
+    assert sizes[0] == 4 and set(sizes[1:]) == {2}            # split once, then the smaller size throughout
+
+
+def test_out_of_memory_at_batch_size_one_and_other_errors_are_fatal(tiny_model, tmp_path, monkeypatch):
+    model = tiny_model("qwen2_5_vl")
+    bench, images = make_demo_benchmark(tmp_path, 4, n_eval=1, n_orderings=2, n_cal=1)
+
+    def never_fits(self, batch):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
+    monkeypatch.setattr(runner.RowRunner, "score_batch", never_fits)
+    with pytest.raises(torch.cuda.OutOfMemoryError):
+        runner.run_inference(_settings(model, bench, images, tmp_path / "a.h5", batch_size=2))
+
+    def broken(self, batch):
+        raise RuntimeError("not a memory problem")
+    monkeypatch.setattr(runner.RowRunner, "score_batch", broken)
+    with pytest.raises(RuntimeError, match="not a memory problem"):
+        runner.run_inference(_settings(model, bench, images, tmp_path / "b.h5", batch_size=2))
