@@ -36,6 +36,7 @@ wildcard_constraints:
     benchmark=r"[A-Za-z0-9.-]+_(random|adversarial)_N\d+",
     cal_benchmark=r"[A-Za-z0-9.-]+_(random|adversarial)_N\d+",
     seed=r"\d+",
+    shard=r"\d+",
 
 
 include: "workflow/rules/demo.smk"

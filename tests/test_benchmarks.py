@@ -42,3 +42,10 @@ def test_bench_inference_runs_on_the_tiny_model(tmp_path):
 
 def test_bench_checksums_runs():
     assert "with Fletcher-32" in run_script("bench_checksums.py", "--n", "4", "--reps", "1")
+
+
+@pytest.mark.slow
+def test_bench_scaleout_runs_on_the_tiny_model():
+    out = run_script("bench_scaleout.py", "--device", "cpu", "--n", "4", "--instances", "2", "--orderings", "2",
+                     "--image-size", "56", "--shards", "2", "--batch-sizes", "1", "2", "--cot-max-new-tokens", "4")
+    assert "| 2 shards |" in out and "| 2 |" in out

@@ -23,13 +23,16 @@ import pytest
 from slurm import cluster as slurm_cluster
 from slurm.cluster import ClusterUnavailable, Layout, Node, parse_records
 from slurm.profiles import ci_overlay, ci_profile, fit_to_node, load_profile, merged, write_profile
-from workflow_runner import environment, planned_jobs, snakemake, snakemake_command
+from workflow_runner import demo_config_with, environment, planned_jobs, snakemake, snakemake_command
 
 GPU_RULES = {"infer", "features"}
 PARTITION = "debug"
 # Seconds the demo may take through SLURM before snakemake gets SIGINT (it then cancels
-# its jobs); it took about 2.5 minutes on 2 busy cores.
-RUN_LIMIT = 360
+# its jobs); it took about 2.5 minutes on 2 busy cores before the inference was sharded
+# (8 more SLURM jobs: 4 shards, 4 merges; a few seconds of fixed cost each).
+RUN_LIMIT = 480
+# The demo runs with its inference split into this many shards (merged by merge_shards).
+SHARDS = 2
 # The environment variable that allows a test to change the machine outside the repository.
 SYSTEM_TESTS = "LADBENCH_SYSTEM_TESTS"
 
@@ -286,11 +289,12 @@ def diagnostics(cluster, slurm_logdir: Path, snakemake_output: str) -> str:
     return "\n".join(parts)
 
 
-def run_through_slurm(workdir: Path, profile_dir: Path, cluster, slurm_logdir: Path, limit: int) -> str:
+def run_through_slurm(workdir: Path, profile_dir: Path, cluster, slurm_logdir: Path, limit: int,
+                      configfile: Path) -> str:
     """Run the demo DAG with the profile in ``profile_dir``; snakemake gets SIGINT after
     ``limit`` seconds (so it cancels its SLURM jobs), SIGKILL 30 s later."""
     command = ["timeout", "-s", "INT", "-k", "30", str(limit),
-               *snakemake_command(workdir, "--workflow-profile", str(profile_dir))]
+               *snakemake_command(workdir, "--workflow-profile", str(profile_dir), configfile=configfile)]
     result = subprocess.run(command, capture_output=True, text=True, env=cluster.env(environment()),
                             stdin=subprocess.DEVNULL, timeout=limit + 60)
     output = result.stdout + result.stderr
@@ -301,10 +305,10 @@ def run_through_slurm(workdir: Path, profile_dir: Path, cluster, slurm_logdir: P
     return output
 
 
-def output_summary(workdir: Path) -> list[dict[str, str]]:
+def output_summary(workdir: Path, configfile: Path) -> list[dict[str, str]]:
     """Every output file of the demo DAG with its rule and status (`snakemake --summary`)."""
     rows = []
-    for line in snakemake(workdir, "--summary").splitlines():
+    for line in snakemake(workdir, "--summary", configfile=configfile).splitlines():
         fields = line.split("\t")
         if len(fields) == 6 and fields[0] != "output_file":
             rows.append(dict(zip(("file", "date", "rule", "log", "status", "plan"), fields)))
@@ -333,16 +337,18 @@ def test_demo_dag_runs_through_the_slurm_profile(cluster, tmp_path):
     workdir = tmp_path / "run"
     workdir.mkdir()
     slurm_logdir = tmp_path / "slurm_logs"
-    planned = planned_jobs(workdir)
+    config = demo_config_with(tmp_path, shards=SHARDS)
+    planned = planned_jobs(workdir, configfile=config)
     # `all` only gathers inputs: snakemake finishes it itself, no SLURM job.
     expected_jobs = {rule: count for rule, count in planned.items() if rule != "all"}
     assert GPU_RULES <= set(expected_jobs)
+    assert expected_jobs["infer"] == SHARDS * expected_jobs["merge_shards"]     # every cache from 2 shard jobs
     node = cluster.node
     profile_dir = write_profile(
         ci_profile(node.cpus, node.real_memory_mb, cluster.partition, slurm_logdir), tmp_path / "profile",
     )
 
-    output = run_through_slurm(workdir, profile_dir, cluster, slurm_logdir, RUN_LIMIT)
+    output = run_through_slurm(workdir, profile_dir, cluster, slurm_logdir, RUN_LIMIT, config)
 
     # Every rule instance ran as a SLURM job of this one run, and completed.
     records = cluster.job_records()
@@ -373,8 +379,8 @@ def test_demo_dag_runs_through_the_slurm_profile(cluster, tmp_path):
     assert infer_limits == {"12:00:00"}, infer_limits            # runtime: 720 minutes
 
     # Every output of the demo is there, up to date, and of the right kind.
-    assert planned_jobs(workdir) == {}
-    outputs = output_summary(workdir)
+    assert planned_jobs(workdir, configfile=config) == {}
+    outputs = output_summary(workdir, config)
     assert Counter(row["rule"] for row in outputs).keys() >= set(expected_jobs), outputs
     for row in outputs:
         path = workdir / row["file"]
@@ -386,7 +392,9 @@ def test_demo_dag_runs_through_the_slurm_profile(cluster, tmp_path):
                 assert path.read_bytes()[: len(signature)] == signature, row
     by_suffix = Counter(Path(row["file"]).suffix for row in outputs)
     assert by_suffix[".png"] > 0 and by_suffix[".png"] == by_suffix[".pdf"], by_suffix   # figures
-    caches = [row for row in outputs if row["rule"] == "infer" and row["file"].endswith(".h5")]
-    assert len(caches) == expected_jobs["infer"], caches
+    shards = [row for row in outputs if row["rule"] == "infer" and row["file"].endswith(".h5")]
+    assert len(shards) == expected_jobs["infer"], shards
+    caches = [row for row in outputs if row["rule"] == "merge_shards" and row["file"].endswith(".h5")]
+    assert len(caches) == expected_jobs["merge_shards"], caches
     tables = [workdir / row["file"] for row in outputs if row["file"].endswith(".md")]
     assert any("LAD" in table.read_text() for table in tables), tables

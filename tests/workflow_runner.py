@@ -49,6 +49,17 @@ def environment() -> dict:
     return env
 
 
+def demo_config_with(folder: Path, **inference) -> Path:
+    """A copy of the demo config in ``folder`` with ``inference`` keys changed (e.g. shards=2)."""
+    import yaml
+
+    config = yaml.safe_load(DEMO_CONFIG.read_text())
+    config["inference"].update(inference)
+    path = folder / "demo-config.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
 def snakemake_command(workdir: Path, *args: str, configfile: Path = DEMO_CONFIG) -> list[str]:
     """The command line running this checkout's Snakefile inside ``workdir``."""
     return [

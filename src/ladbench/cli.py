@@ -25,6 +25,8 @@ SUBCOMMANDS = {
     "demo-model": "ladbench.models.tiny",
     "train-organism": "ladbench.stages.train_organism",
     "infer": "ladbench.inference.runner",
+    "merge-shards": "ladbench.stages.merge_shards",
+    "plan": "ladbench.stages.plan",
     "calibrate": "ladbench.stages.calibrate",
     "evaluate": "ladbench.stages.evaluate",
     "analyze": "ladbench.stages.analyze",

@@ -156,6 +156,18 @@ def cache_file(model, benchmark, variant):
     return f"{OUT}/cache/{model}/{benchmark}/{variant}.h5"
 
 
+# inference.shards > 1: each cache is merged from this many shard caches (infer jobs).
+SHARDS = config["inference"]["shards"]
+
+
+def shard_file(model, benchmark, variant, shard):
+    return f"{OUT}/shards/{model}/{benchmark}/{variant}/{shard}-of-{SHARDS}.h5"
+
+
+def shard_files(wildcards):
+    return [shard_file(wildcards.model, wildcards.benchmark, wildcards.variant, i) for i in range(SHARDS)]
+
+
 def calibration_file(model, benchmark, variant, seed, n_cal=None):
     n_cal = N_CAL if n_cal is None else n_cal
     return f"{OUT}/calibration/{model}/{benchmark}/{variant}/dcal{n_cal}_seed{seed}.npz"
@@ -215,6 +227,12 @@ def infer_threads(wildcards):
     return 1 + (8 if workers is None else workers)
 
 
+def infer_gpus(wildcards):
+    """GPUs of one infer job (its `gpu` resource): the model's gpus_per_job, 0 on the CPU.
+    The job claims that many distinct devices itself (`ladbench infer --gpus`)."""
+    return config["models"][wildcards.model]["gpus_per_job"] if infer_on_gpu(wildcards) else 0
+
+
 def infer_flags(wildcards):
     model = config["models"][wildcards.model]
     inference = config["inference"]
@@ -230,6 +248,7 @@ def infer_flags(wildcards):
         group_by_length=inference["group_by_length"],
         dtype=inference["dtype"], device=inference["device"],
         store_head_attention=inference["store_head_attention"], no_greedy_reply=not inference["greedy_reply"],
+        shard_index=wildcards.get("shard"), shard_count=SHARDS if SHARDS > 1 else None,
     )
 
 

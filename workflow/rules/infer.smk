@@ -1,6 +1,9 @@
 # The only GPU stage: one forward pass per benchmark row (evaluation instance x ordering,
 # calibration instance x cyclic shift), caching candidate scores and the last token's
 # attention mass per layer per image. Resumable by chunks.
+#
+# inference.shards: K > 1 makes `infer` write K shard caches over contiguous row ranges
+# (K GPU jobs, each resumable on its own) and `merge_shards` join them into the cache.
 
 
 rule infer:
@@ -9,18 +12,38 @@ rule infer:
         images=lambda w: image_table(benchmark_dataset(w.benchmark)),
         model=model_inputs,
     output:
-        f"{OUT}/cache/{{model}}/{{benchmark}}/{{variant}}.h5",
+        cache_file("{model}", "{benchmark}", "{variant}") if SHARDS == 1 else shard_file(
+            "{model}", "{benchmark}", "{variant}", "{shard}"
+        ),
     params:
         options=infer_flags,
+        # what the job claims: the model's gpus_per_job (not the `gpu` resource, which a
+        # SLURM profile may override; a job given fewer devices stops with an error)
+        gpus=infer_gpus,
     threads: infer_threads
     resources:
-        gpu=lambda w: int(infer_on_gpu(w)),
+        gpu=infer_gpus,
         mem_mb=32000,
         runtime=720,
     log:
-        f"{LOGS}/infer/{{model}}/{{benchmark}}/{{variant}}.log",
+        f"{LOGS}/infer/{{model}}/{{benchmark}}/{{variant}}.log" if SHARDS == 1 else (
+            f"{LOGS}/infer/{{model}}/{{benchmark}}/{{variant}}/{{shard}}-of-{SHARDS}.log"
+        ),
     conda:
         "../../envs/gpu.yaml"
     shell:
         "OMP_NUM_THREADS={threads} ladbench infer --benchmark {input.benchmark:q} --images {input.images:q} "
-        "{params.options} --out {output:q} > {log:q} 2>&1"
+        "{params.options} --gpus {params.gpus} --out {output:q} > {log:q} 2>&1"
+
+
+if SHARDS > 1:
+
+    rule merge_shards:
+        input:
+            shard_files,
+        output:
+            cache_file("{model}", "{benchmark}", "{variant}"),
+        log:
+            f"{LOGS}/merge_shards/{{model}}/{{benchmark}}/{{variant}}.log",
+        shell:
+            "ladbench merge-shards {input:q} --out {output:q} > {log:q} 2>&1"

@@ -56,9 +56,15 @@ class RowPlan:
     order: np.ndarray          # int16 [R, N]
     target_pos: np.ndarray     # int16 [R]
     shift: np.ndarray | None   # int16 [R] (permavg only)
+    first_row: int = 0         # index of row 0 in the whole benchmark's plan (> 0 for a shard)
 
     def __len__(self) -> int:
         return len(self.split)
+
+    def rows(self, start: int, stop: int) -> "RowPlan":
+        """The rows ``start:stop`` of this plan, as a plan of their own (a shard)."""
+        part = {k: None if v is None else v[start:stop] for k, v in self.arrays().items()}
+        return RowPlan(**{**part, "shift": part.get("shift")}, first_row=self.first_row + start)
 
     def arrays(self) -> dict[str, np.ndarray]:
         out = {k: getattr(self, k) for k in ROW_TABLE_KEYS}
@@ -140,8 +146,24 @@ def _result_datasets(layout: CacheLayout, n_rows: int) -> dict[str, tuple[tuple[
         text_shape = (r,) if layout.n_samples == 1 else (r, layout.n_samples)
         out["text"] = (text_shape, h5py.string_dtype("utf-8"), "")
         out["parsed"] = ((r,), np.int16, -1)
+        # tokens generated for the row (all samples; up to and including each end token)
+        out["n_generated"] = ((r,), np.int32, 0)
         if layout.n_samples > 1:
             out["sample_parsed"] = ((r, layout.n_samples), np.int16, -1)
+    return out
+
+
+def throughput(seconds: np.ndarray, n_generated: np.ndarray | None = None) -> dict[str, float]:
+    """Rates over every timed row (of this run or of earlier, interrupted or parallel ones):
+    ``rows_per_s``, ``timed_rows``, ``timed_s``; for generative caches also
+    ``generated_tokens`` and ``generated_tokens_per_s`` (over the same rows)."""
+    timed = np.isfinite(seconds)
+    total = float(seconds[timed].astype(np.float64).sum())
+    out = {"rows_per_s": int(timed.sum()) / total if total > 0 else float("nan"), "timed_rows": int(timed.sum()),
+           "timed_s": total}
+    if n_generated is not None:
+        tokens = int(n_generated[timed].astype(np.int64).sum())
+        out.update(generated_tokens=tokens, generated_tokens_per_s=tokens / total if total > 0 else float("nan"))
     return out
 
 
@@ -245,7 +267,10 @@ class CacheWriter:
             for key, values in results.items():
                 if key not in f:
                     raise KeyError(f"{self.path}: no dataset {key!r} to write")
-                f[key][idx] = np.asarray(values)[order]
+                values = np.asarray(values)[order]
+                if values.dtype == object:         # HDF5 strings cannot hold NUL (a sampled reply can)
+                    values = np.vectorize(lambda t: t.replace("\0", "\ufffd"), otypes=[object])(values)
+                f[key][idx] = values
             f["done"][idx] = True
 
     def finish(self, attrs: Mapping[str, Any]) -> None:
@@ -264,6 +289,11 @@ class CacheWriter:
         """One dataset of the work file, whole."""
         with open_h5(self.path, "r") as f:
             return f[key][()]
+
+    def throughput(self) -> dict[str, float]:
+        """:func:`throughput` of every row written so far."""
+        with h5py.File(self.path, "r") as f:
+            return throughput(f["seconds"][()], f["n_generated"][()] if "n_generated" in f else None)
 
     def attr(self, key: str, default: Any = None) -> Any:
         with open_h5(self.path, "r") as f:

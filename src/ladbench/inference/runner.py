@@ -35,6 +35,7 @@ from ladbench.data.coco import load_image_table, table_fingerprint
 from ladbench.stages.inputs import check_benchmark_table
 
 from .cache import CACHE_FORMAT, CacheLayout, CacheWriter, RowPlan, is_complete_for, plan_rows
+from .merge import select_shard
 from .greedy import greedy_outputs, greedy_reply_tokens, repetition_penalty, stop_token_ids
 from .prompts import (GENERATIVE_VARIANTS, IDENTIFIER_FORMATS, PROMPT_VARIANTS, identifiers, majority_vote,
                       parse_answer_is, parse_last_identifier, prompt_sha256, prompt_text)
@@ -79,12 +80,15 @@ class InferenceSettings:
     workers: int | None = None
     vision_tower: str = "batched"
     group_by_length: bool = False
+    shard_index: int = 0
+    shard_count: int = 1
     extra: dict[str, Any] = field(default_factory=dict)
 
     # fields that do not change any stored number (only speed / how much runs now), and the
-    # input paths, whose contents are hashed instead (the same inputs elsewhere give the same hash)
+    # input paths, whose contents are hashed instead (the same inputs elsewhere give the same hash);
+    # a shard's rows are identified by its cache's own config_sha256, see merge.select_shard
     _NOT_HASHED = ("out", "batch_size", "chunk_size", "limit_rows", "model_name", "workers", "vision_tower",
-                   "group_by_length", "extra", "benchmark", "images")
+                   "group_by_length", "shard_index", "shard_count", "extra", "benchmark", "images")
 
     def validate(self) -> None:
         from ladbench.models.vision import VISION_TOWERS
@@ -94,7 +98,7 @@ class InferenceSettings:
         for name, value, allowed in checks:
             if value not in allowed:
                 raise ValueError(f"--{name.replace('_', '-')} {value!r} is not one of {', '.join(allowed)}")
-        for name in ("image_size", "batch_size", "chunk_size", "sofa_every", "sc_samples"):
+        for name in ("image_size", "batch_size", "chunk_size", "sofa_every", "sc_samples", "shard_count"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1; got {getattr(self, name)}")
         if self.workers is not None and self.workers < 0:
@@ -118,6 +122,9 @@ class InferenceSettings:
             d.pop("seed")
         else:
             d.pop("greedy_reply")
+        if self.prompt == "sc":
+            from .sampling import SAMPLER
+            d["sampler"] = SAMPLER
         return d
 
     def loader_workers(self) -> int:
@@ -341,29 +348,35 @@ class RowRunner:
         return out
 
     def generate_batch(self, batch: Sequence[int] | PreparedBatch) -> dict[str, np.ndarray]:
-        """Replies and parsed answers (CoT: greedy, one reply; SC: sampled, majority vote)."""
+        """Replies and parsed answers of a batch of rows, generated together, each sequence
+        stopping at its end token. CoT: one greedy reply per row. SC: the S samples of
+        every row of the batch in one batch, each drawn with its own key (sampling.py), so
+        the samples do not depend on the batch size, chunking or shards."""
         import torch
+
+        from .sampling import KeyedSampler, sequence_keys
         s = self.s
+        batch = self._prepared(batch)
+        rows, inputs = batch.rows, self.adapter.to_device(batch.inputs)
         if s.prompt == "cot":
-            batch = self._prepared(batch)
-            rows, inputs = batch.rows, self.adapter.to_device(batch.inputs)
-            texts = self.adapter.generate(inputs, max_new_tokens=s.cot_max_new_tokens, do_sample=False)
+            texts, counts = self.adapter.generate(inputs, max_new_tokens=s.cot_max_new_tokens, do_sample=False)
             parsed = [parse_last_identifier(t, self.n, s.identifiers) for t in texts]
-            return {"text": np.array(texts, dtype=object), "parsed": np.array(parsed, dtype=np.int16)}
-        rows = batch.rows if isinstance(batch, PreparedBatch) else batch
-        all_texts, votes, samples = [], [], []
-        for r in rows:                       # one row at a time: its samples form the batch; seed per row
-            inputs = self.encode_rows([r])
-            torch.manual_seed(s.seed + int(r))
-            texts = self.adapter.generate(inputs, max_new_tokens=s.sc_max_new_tokens, do_sample=True,
-                                          temperature=s.sc_temperature, top_k=s.sc_top_k,
-                                          num_return_sequences=s.sc_samples)
-            parsed = [parse_answer_is(t, self.n, s.identifiers) for t in texts]
-            all_texts.append(texts)
-            samples.append(parsed)
-            votes.append(majority_vote(parsed))
-        return {"text": np.array(all_texts, dtype=object), "parsed": np.array(votes, dtype=np.int16),
-                "sample_parsed": np.array(samples, dtype=np.int16)}
+            return {"text": np.array(texts, dtype=object), "parsed": np.array(parsed, dtype=np.int16),
+                    "n_generated": counts.cpu().numpy().astype(np.int32)}
+        plan_rows_of_batch = torch.as_tensor(np.asarray(rows, dtype=np.int64) + self.plan.first_row)
+        sampler = KeyedSampler(sequence_keys(s.seed, plan_rows_of_batch, s.sc_samples),
+                               prompt_length=inputs["input_ids"].shape[1], temperature=s.sc_temperature,
+                               top_k=s.sc_top_k)
+        # The sampler leaves one finite logit per sequence: transformers' own sampling then
+        # takes it whatever its warpers (disabled here) would do.
+        texts, counts = self.adapter.generate(inputs, max_new_tokens=s.sc_max_new_tokens, do_sample=True,
+                                              temperature=1.0, top_k=0, top_p=1.0,
+                                              num_return_sequences=s.sc_samples, logits_processor=[sampler])
+        texts = np.array(texts, dtype=object).reshape(len(rows), s.sc_samples)
+        samples = np.array([[parse_answer_is(t, self.n, s.identifiers) for t in row] for row in texts], np.int16)
+        return {"text": texts, "parsed": np.array([majority_vote(row) for row in samples], dtype=np.int16),
+                "sample_parsed": samples,
+                "n_generated": counts.view(len(rows), s.sc_samples).sum(-1).cpu().numpy().astype(np.int32)}
 
 
 def to_host(tensors: dict[Any, "torch.Tensor"]) -> dict[Any, np.ndarray]:
@@ -378,14 +391,6 @@ def to_host(tensors: dict[Any, "torch.Tensor"]) -> dict[Any, np.ndarray]:
 
 
 # --------------------------------------------------------------------------- driver
-def _throughput(row_seconds: np.ndarray) -> dict[str, float]:
-    """Rows per second over every row written so far, by this run or an interrupted earlier one."""
-    timed = row_seconds[np.isfinite(row_seconds)]
-    total = float(timed.sum())
-    return {"rows_per_s": len(timed) / total if total > 0 else float("nan"), "timed_rows": len(timed),
-            "timed_s": total}
-
-
 def _peak_memory(writer: CacheWriter, device: str) -> dict[str, float]:
     """Peak CPU RSS and CUDA memory (MB) of this run, or of an earlier run of the same cache
     if higher (one that ended and recorded its peak; a killed run records none)."""
@@ -491,6 +496,7 @@ def run_inference(settings: InferenceSettings) -> str:
     n = int(bench["n_candidates"])
     plan = plan_rows(bench, shifts_per_ordering=settings.prompt == "permavg")
     digest = config_sha256(settings, settings.benchmark, table)
+    plan, digest, shard_attrs = select_shard(plan, digest, settings.shard_index, settings.shard_count)
 
     if is_complete_for(settings.out, digest):
         log.info("%s is complete for these inputs; nothing to do", settings.out)
@@ -515,7 +521,8 @@ def run_inference(settings: InferenceSettings) -> str:
              "device": device, "dtype": str(adapter.model.dtype).replace("torch.", ""),
              "benchmark": os.path.abspath(settings.benchmark), "benchmark_sha256": file_digest(settings.benchmark),
              "benchmark_name": f"{bench.get('dataset')}_{bench.get('setting')}_N{n}",
-             "calibration_source": bench.get("calibration_source", "pool")}  # read by calibrate / analyze
+             "calibration_source": bench.get("calibration_source", "pool"),  # read by calibrate / analyze
+             **shard_attrs}
     if settings.greedy_reply and not generative:
         attrs.update(greedy_repetition_penalty=repetition_penalty(adapter), greedy_stop_ids=stop_token_ids(adapter))
     if settings.prompt == "sofa":
@@ -528,7 +535,7 @@ def run_inference(settings: InferenceSettings) -> str:
         pending = pending[: settings.limit_rows]
     runner = RowRunner(adapter, settings, bench, plan, paths)
     step = runner.generate_batch if generative else runner.score_batch
-    if settings.group_by_length:
+    if settings.group_by_length or generative:      # generation pads (and waits) for the longest prompt
         pending = runner.grouped_by_length(pending, settings.chunk_size)
 
     started = time.perf_counter()
@@ -541,7 +548,7 @@ def run_inference(settings: InferenceSettings) -> str:
                            chunk_size=settings.chunk_size, workers=settings.loader_workers(),
                            pin_memory=device.startswith("cuda"), write=write)
     done_now = len(pending)
-    final = {**_throughput(writer.read("seconds")), **_peak_memory(writer, device),
+    final = {**writer.throughput(), **_peak_memory(writer, device),
              "last_run_rows": done_now, "last_run_s": time.perf_counter() - started,
              "batch_size_used": used if len(pending) else writer.attr("batch_size_used", settings.batch_size)}
     if len(writer.pending_rows()):
@@ -564,7 +571,10 @@ def _cmd_infer(args: argparse.Namespace) -> None:
     warning = remote_code_warning(args.model_path, args.revision, args.trust_remote_code, "--revision")
     if warning:
         log.warning(warning)
+    from .devices import claim_for_device
+    claim = claim_for_device(args.gpus, args.device)   # before torch initialises CUDA; held until exit
     print(run_inference(_settings_from_args(args)))
+    del claim
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -605,8 +615,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     g.add_argument("--sc-temperature", type=float, default=0.7, help="self-consistency: temperature (0.7)")
     g.add_argument("--sc-top-k", type=int, default=40, help="self-consistency: top-k (40)")
     g.add_argument("--sc-max-new-tokens", type=int, default=512, help="self-consistency: reply length limit (512)")
-    g.add_argument("--seed", type=int, default=0, help="sampling seed (row r uses seed + r)")
+    g.add_argument("--seed", type=int, default=0,
+                   help="self-consistency: sampling seed (each sample is keyed by the seed, its row and its "
+                        "index: see inference/sampling.py)")
     g = p.add_argument_group("execution")
+    g.add_argument("--gpus", type=int, default=0,
+                   help="claim this many GPUs no other ladbench job on this machine holds and show CUDA only "
+                        "those (0: no claim; a CUDA_VISIBLE_DEVICES already set for the job is respected)")
     g.add_argument("--batch-size", type=int, default=1,
                    help="rows per forward pass (left padded); halved on running out of GPU memory")
     g.add_argument("--workers", type=int, default=None,
@@ -618,6 +633,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="batched: all images of a batch through the vision tower together (Qwen2.5-VL-style "
                         "towers); native: transformers' own (for comparison)")
     g.add_argument("--chunk-size", type=int, default=16, help="rows per write to the cache (the most a kill can lose)")
+    g.add_argument("--shard-index", type=int, default=0, help="run only shard i (0-based) of --shard-count")
+    g.add_argument("--shard-count", type=int, default=1,
+                   help="split the rows into this many contiguous shards (each its own cache; "
+                        "`ladbench merge-shards` joins them)")
     g.add_argument("--limit-rows", type=int, default=None,
                    help="debugging: process at most this many pending rows, leave the cache incomplete")
     p.set_defaults(func=_cmd_infer)

@@ -328,12 +328,22 @@ class ModelAdapter:
         finally:
             state.past_key_values.crop(state.seq_len)
 
+    def end_token_ids(self) -> list[int]:
+        """Tokens that end a reply: the end of the turn, and the model's own EOS tokens."""
+        eos = self.model.generation_config.eos_token_id
+        return sorted({self.end_of_turn_id, *([] if eos is None else [eos] if isinstance(eos, int) else eos)})
+
     @torch.no_grad()
-    def generate(self, inputs: dict[str, torch.Tensor], **generation_kwargs: Any) -> list[str]:
-        """Generate replies for a batch (left padded); returns only the new text per row."""
-        out = self.model.generate(**inputs, **generation_kwargs)
+    def generate(self, inputs: dict[str, torch.Tensor], **generation_kwargs: Any) -> tuple[list[str], torch.Tensor]:
+        """Generate replies for a batch (left padded), each sequence stopping at its own end
+        token; returns the new text per sequence and its token count [B'] (the end token
+        included; B' = B x num_return_sequences)."""
+        ends = self.end_token_ids()
+        out = self.model.generate(**inputs, eos_token_id=ends, pad_token_id=self.pad_token_id, **generation_kwargs)
         new = out[:, inputs["input_ids"].shape[1]:]
-        return self.tokenizer.batch_decode(new, skip_special_tokens=True)
+        ended = torch.isin(new, torch.tensor(ends, device=new.device))
+        counts = torch.where(ended.any(-1), ended.int().argmax(-1) + 1, new.shape[1])
+        return self.tokenizer.batch_decode(new, skip_special_tokens=True), counts
 
 
 class OneDimRopeMixin:
