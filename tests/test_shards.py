@@ -165,7 +165,8 @@ def rows_done(partial: Path) -> int:
         return 0
 
 
-def test_paper_dry_run_plans_shard_jobs_each_with_its_models_gpus(tmp_path):
+def test_paper_dry_run_plans_shard_jobs_each_with_its_models_gpus(tmp_path, monkeypatch):
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)   # the paper's hub models are not cached here
     config = load_config(ROOT / "config.yaml")
     config["inference"]["shards"] = 4
     config["models"]["internvl3_8b"]["gpus_per_job"] = 2

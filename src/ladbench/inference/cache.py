@@ -292,7 +292,7 @@ class CacheWriter:
 
     def throughput(self) -> dict[str, float]:
         """:func:`throughput` of every row written so far."""
-        with h5py.File(self.path, "r") as f:
+        with open_h5(self.path, "r") as f:
             return throughput(f["seconds"][()], f["n_generated"][()] if "n_generated" in f else None)
 
     def attr(self, key: str, default: Any = None) -> Any:

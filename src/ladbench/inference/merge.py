@@ -17,8 +17,9 @@ import h5py
 import numpy as np
 
 from ladbench.atomic import atomic_path
+from ladbench.hdf5 import CHECKSUMS, open_h5
 
-from .cache import RowPlan, _attributes, _write_attrs, throughput
+from .cache import RowPlan, _attributes, _write_attrs, text_sha256, throughput
 
 #: What only a shard has (dropped when merging).
 SHARD_ATTRS = ("shard_index", "shard_count", "shard_start", "shard_stop", "n_rows_total", "job_config_sha256")
@@ -54,7 +55,7 @@ def _shard_attributes(paths: Sequence[str]) -> list[dict[str, Any]]:
     shards = []
     for path in paths:
         try:
-            with h5py.File(path, "r") as f:
+            with open_h5(path, "r") as f:
                 attrs = _attributes(f)
         except OSError as exc:
             raise FileNotFoundError(f"{path}: cannot open shard cache ({exc})") from None
@@ -107,14 +108,16 @@ def merge_shards(paths: Sequence[str], out: str) -> dict[str, Any]:
     shards = _shard_attributes(paths)
     n_rows = shards[0]["n_rows_total"]
     attrs = merged_attributes(shards)
-    with atomic_path(out) as tmp, h5py.File(tmp, "w") as dst:
-        with h5py.File(shards[0]["path"], "r") as f:
+    with atomic_path(out) as tmp, open_h5(tmp, "w") as dst:
+        with open_h5(shards[0]["path"], "r") as f:
             for key, ds in f.items():
                 shape = (n_rows,) + ds.shape[1:]
                 chunks = (max(1, min(n_rows, 256)),) + ds.shape[1:]
-                dst.create_dataset(key, shape=shape, dtype=ds.dtype, chunks=chunks, fillvalue=ds.fillvalue)
+                # as the cache writer: per-chunk checksums, except on variable-length strings
+                checks = {} if h5py.check_string_dtype(ds.dtype) else CHECKSUMS
+                dst.create_dataset(key, shape=shape, dtype=ds.dtype, chunks=chunks, fillvalue=ds.fillvalue, **checks)
         for shard in shards:
-            with h5py.File(shard["path"], "r") as f:
+            with open_h5(shard["path"], "r") as f:
                 if set(f) != set(dst):
                     raise ValueError(f"{shard['path']}: datasets {sorted(f)} differ from {sorted(dst)}")
                 for key, ds in f.items():
@@ -122,6 +125,8 @@ def merge_shards(paths: Sequence[str], out: str) -> dict[str, Any]:
         if not dst["done"][()].all():
             raise ValueError(f"{out}: a complete shard has rows not done (corrupt shard?)")
         attrs.update(throughput(dst["seconds"][()], dst["n_generated"][()] if "n_generated" in dst else None))
+        if "text" in dst:                          # each shard's digest covers its own replies only
+            attrs["text_sha256"] = text_sha256(dst["text"].asstr()[()])
         _write_attrs(dst, {**attrs, "complete": True})
     return attrs
 
