@@ -20,6 +20,9 @@ FULL_DEMO_CONFIG = ROOT / "workflow" / "demo" / "config.yaml"
 # test_organism.py, runs it). Derived from the demo config so the two never drift apart.
 MECHANICS_SIZES = {"n_eval": 12, "n_candidates": [4], "pool_size": 160}
 MECHANICS_SCENES = 160
+# A second prompt variant, so the tests see more than one cache per benchmark (the demo
+# itself runs only `vanilla`, to stay within its time budget).
+MECHANICS_VARIANTS = {"instruction": {"prompt": "instruction", "identifiers": "digits"}}
 
 
 def mechanics_config(destination: Path) -> Path:
@@ -28,6 +31,7 @@ def mechanics_config(destination: Path) -> Path:
     config["models"] = {name: {key: value for key, value in spec.items() if key != "batch_size"}
                         for name, spec in config["models"].items() if "organism" not in spec}
     config["benchmarks"].update(MECHANICS_SIZES)
+    config["inference"]["variants"].update(MECHANICS_VARIANTS)
     for dataset in config["datasets"].values():
         dataset["n_images"] = MECHANICS_SCENES
     config["evaluation"]["transfer"] = [
@@ -51,8 +55,6 @@ def environment() -> dict:
 
 def demo_config_with(folder: Path, **inference) -> Path:
     """A copy of the demo config in ``folder`` with ``inference`` keys changed (e.g. shards=2)."""
-    import yaml
-
     config = yaml.safe_load(DEMO_CONFIG.read_text())
     config["inference"].update(inference)
     path = folder / "demo-config.yaml"
