@@ -70,14 +70,17 @@ def test_rates_measured_in_existing_caches_are_used(tmp_path):
     writer = CacheWriter.open(path, plan, CacheLayout(3, 2, 1), {"config_sha256": "x"})
     writer.write(np.arange(len(plan)), {"seconds": np.full(len(plan), 0.5, np.float32)})   # 2 rows/s
     writer.finish(writer.throughput())
-    jobs = {(j.benchmark, j.variant): j for j in plan_jobs(config)}
-    measured = jobs[benchmark, "vanilla"]
+    jobs = {(j.model, j.benchmark, j.variant): j for j in plan_jobs(config)}
+    measured = jobs[model, benchmark, "vanilla"]
     assert measured.rate == "measured (this cache)" and measured.seconds == pytest.approx(measured.rows / 2.0)
-    similar = jobs["scenes_adversarial_N4", "instruction"]     # same model, N and kind
+    similar = jobs[model, "scenes_adversarial_N4", "vanilla"]     # same model, N and kind
     assert similar.rate == "measured (similar cache)" and similar.seconds == pytest.approx(similar.rows / 2.0)
+    other_model = jobs["organism_qwen2_5_vl", benchmark, "vanilla"]  # rates are never borrowed across models
+    assert other_model.rate == "assumed"
 
 
 def test_plan_command_prints_jobs_totals_and_what_is_assumed(capsys):
     main(["plan", "--configfile", str(REPO_ROOT / "workflow" / "demo" / "config.yaml"), "--gpus", "2"])
     out = capsys.readouterr().out
-    assert "4 inference jobs" in out and "wall time of the inference on 2 GPU(s)" in out and "ASSUMED" in out
+    # the demo: 2 models (the random tiny one and the organism) x 4 benchmarks x the vanilla cache
+    assert "8 inference jobs" in out and "wall time of the inference on 2 GPU(s)" in out and "ASSUMED" in out
