@@ -20,6 +20,8 @@ from typing import Any, ClassVar, Sequence
 import torch
 from PIL import Image
 
+from . import compat
+
 #: The attention implementation name the adapters load text decoders with. It is
 #: registered by :mod:`ladbench.inference.attention` (fast kernel + last-row capture).
 CAPTURE_ATTENTION = "ladbench_capture"
@@ -103,8 +105,9 @@ class ModelAdapter:
         self.model_path = model_path
         self.revision = revision
         self.attention = attention
-        # the eager path stays the reference's (native tower), for comparisons
-        self.vision = vision if attention != "eager" else "native"
+        # the eager path stays the reference's (native tower), for comparisons; the current
+        # lane always runs the native tower (compat.batched_vision_supported)
+        self.vision = vision if attention != "eager" and compat.batched_vision_supported() else "native"
         #: input keys kept on the host by ``to_device`` (read on the host by our code, never by a kernel)
         self.host_input_keys: tuple[str, ...] = ()
         if self.vision == "batched":
@@ -138,7 +141,7 @@ class ModelAdapter:
         if text_impl == CAPTURE_ATTENTION:
             from ladbench.inference.attention import register_capture_attention
             register_capture_attention()
-        load_kw: dict[str, Any] = {"torch_dtype": torch_dtype, "revision": revision}
+        load_kw: dict[str, Any] = {**compat.dtype_kwarg(torch_dtype), "revision": revision}
         if dev.startswith("cuda"):
             load_kw["device_map"] = "auto" if dev == "cuda" else dev
         processor = cls._load_processor(model_path, revision=revision, trust_remote_code=trust_remote_code)
@@ -283,7 +286,7 @@ class ModelAdapter:
         pos = self.prefill_position_ids(inputs) if "position_ids" not in inputs else None
         if pos is not None:
             kwargs["position_ids"] = pos
-        out = self.model.model(**kwargs, use_cache=use_cache, return_dict=True)
+        out = self.model.model(**compat.forward_kwargs(kwargs), use_cache=use_cache, return_dict=True)
         hidden = out.last_hidden_state[:, -1:]
         logits = self.model.get_output_embeddings()(hidden)[:, -1].float()
         state = PrefillState(past_key_values=out.past_key_values if use_cache else None,
@@ -318,7 +321,7 @@ class ModelAdapter:
         if pos is not None:
             kwargs["position_ids"] = pos
         try:
-            out = self.model.model(**kwargs)
+            out = self.model.model(**compat.forward_kwargs(kwargs))
             hidden = out.last_hidden_state[:, -1:]
             return self.model.get_output_embeddings()(hidden)[:, -1].float()
         finally:

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from . import compat
 from .base import ModelAdapter, OneDimRopeMixin
 
 
@@ -35,6 +36,7 @@ class LlavaOV15Adapter(OneDimRopeMixin, ModelAdapter):
 
     @classmethod
     def _load_processor(cls, model_path: str, *, revision: str | None, trust_remote_code: bool) -> Any:
+        compat.require_paper_lane(cls.family)      # loading starts here: fail before anything is read
         cls._require_trust(model_path, trust_remote_code)
         return super()._load_processor(model_path, revision=revision, trust_remote_code=trust_remote_code)
 

@@ -17,10 +17,11 @@ import argparse
 import json
 import os
 import shutil
-import tempfile
 from typing import Any
 
 import torch
+
+from . import compat
 
 FAMILIES = ("qwen2_5_vl", "internvl", "llava_ov15")
 
@@ -100,15 +101,8 @@ def build_tokenizer(added_special_tokens: tuple[str, ...] = (), **tokenizer_kwar
     core.train_from_iterator(list(_TRAINING_TEXT) * 3, trainer=trainer)
     bpe = json.loads(core.to_str())["model"]
     merges = [m if isinstance(m, str) else " ".join(m) for m in bpe["merges"]]
-    # transformers 4.53's Qwen2TokenizerFast converts from vocab/merges files (the slow class's format)
-    with tempfile.TemporaryDirectory() as tmp:
-        vocab_file, merges_file = os.path.join(tmp, "vocab.json"), os.path.join(tmp, "merges.txt")
-        with open(vocab_file, "w", encoding="utf-8") as f:
-            json.dump(bpe["vocab"], f, ensure_ascii=False)
-        with open(merges_file, "w", encoding="utf-8") as f:
-            f.write("#version: 0.2\n" + "".join(m + "\n" for m in merges))
-        tok = Qwen2TokenizerFast(vocab_file=vocab_file, merges_file=merges_file, unk_token=None, bos_token=None,
-                                 eos_token="<|im_end|>", pad_token="<|endoftext|>", **tokenizer_kwargs)
+    tok = compat.bpe_tokenizer(Qwen2TokenizerFast, bpe["vocab"], merges, unk_token=None, bos_token=None,
+                               eos_token="<|im_end|>", pad_token="<|endoftext|>", **tokenizer_kwargs)
     vocab = tok.get_vocab()
     tok.add_tokens([t for t in QWEN_SPECIAL_TOKENS + added_special_tokens if t not in vocab], special_tokens=True)
     if len(tok) > VOCAB_SIZE:
