@@ -11,17 +11,20 @@ import pytest
 
 from conftest_models import FAMILIES, make_images
 from ladbench.models import ADAPTERS, adapter_class, load_adapter
-from ladbench.models import tiny
+from ladbench.models import compat, tiny
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.lanes]
 
 EXPECTED_CLASS = {"qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration",
                   "internvl": "InternVLForConditionalGeneration",
                   "llava_ov15": "TinyOV15ForConditionalGeneration"}
 
 
+paper_lane_only = pytest.mark.skipif(compat.on_current_lane(), reason="paper-lane family or code path")
+
+
 def test_registry():
-    assert set(ADAPTERS) == set(FAMILIES)
+    assert set(FAMILIES) <= set(ADAPTERS) and "qwen2_5_vl" in FAMILIES and "internvl" in FAMILIES
     with pytest.raises(ValueError, match="unknown model family 'llama'"):
         adapter_class("llama")
 
@@ -54,6 +57,13 @@ def test_prompt_layout_and_image_spans(family, n, tiny_adapter):
     assert sum(end - start - 2 for start, end in spans) == ids.count(adapter.image_token_id)
 
 
+@pytest.mark.skipif(not compat.on_current_lane(), reason="current-lane start-up check")
+def test_ov15_refuses_the_current_lane_in_one_line(tmp_path):
+    with pytest.raises(RuntimeError, match=r"^model family 'llava_ov15' runs only on the paper lane[^\n]*\.venv \(make install\)$"):
+        load_adapter("llava_ov15", str(tmp_path / "never-read"), device="cpu", trust_remote_code=True)
+
+
+@paper_lane_only
 def test_ov15_needs_trust_remote_code(tiny_model):
     with pytest.raises(PermissionError, match="trust_remote_code"):
         load_adapter("llava_ov15", tiny_model("llava_ov15"), device="cpu")
@@ -76,6 +86,7 @@ def test_demo_model_cli_is_deterministic_and_offline(hf_offline, tmp_path):
         assert (tmp_path / "a" / f).exists(), f
 
 
+@paper_lane_only
 @pytest.mark.parametrize("family", ["qwen2_5_vl", "llava_ov15"])
 def test_batched_vision_tower_equals_the_native_joint_encoding(family, tiny_adapter):
     """All images of a batch through the tower together, one attention call per layer (padded
@@ -110,6 +121,13 @@ def test_batched_vision_tower_equals_the_native_joint_encoding(family, tiny_adap
     torch.testing.assert_close(single, native[: single.shape[0]], atol=1e-5, rtol=0)
 
 
+@pytest.mark.skipif(not compat.on_current_lane(), reason="current-lane fallback")
+def test_current_lane_runs_the_native_vision_tower(tiny_adapter):
+    adapter = tiny_adapter("qwen2_5_vl")
+    assert adapter.vision == "native" and "forward" not in vars(adapter.model.model.visual)
+
+
+@paper_lane_only
 def test_native_vision_tower_stays_selectable(tiny_model):
     from ladbench.models import load_adapter
     adapter = load_adapter("qwen2_5_vl", tiny_model("qwen2_5_vl"), device="cpu", vision="native")

@@ -15,6 +15,8 @@ from ladbench.inference.prompts import (identifiers, majority_vote, parse_answer
 from ladbench.inference.runner import InferenceSettings, RowRunner, image_paths
 from ladbench.inference.scoring import IdentifierTrie, identifier_encoder, restricted_log_softmax, trie_scores
 
+pytestmark = pytest.mark.lanes
+
 END = 99
 # toy vocabulary: "1".."9" -> 1..9, "0" -> 10; multi-digit strings are one token per digit
 TOY = {str(d): d for d in range(1, 10)} | {"0": 10}

@@ -26,10 +26,16 @@ def adapter_class(family: str) -> type[ModelAdapter]:
         raise ValueError(f"unknown model family {family!r}; known: {', '.join(sorted(ADAPTERS))}") from None
 
 
+def lane_families() -> tuple[str, ...]:
+    """The families that run on the installed transformers lane (models/compat.py)."""
+    from .compat import LANE
+    return tuple(f for f, cls in ADAPTERS.items() if LANE in cls.lanes)
+
+
 def load_adapter(family: str, model_path: str, **kwargs: Any) -> ModelAdapter:
     """Load ``model_path`` (hub id or local folder) with the adapter of ``family``; see ``ModelAdapter.load``."""
     return adapter_class(family).load(model_path, **kwargs)
 
 
-__all__ = ["ADAPTERS", "ModelAdapter", "PrefillState", "adapter_class", "load_adapter",
+__all__ = ["ADAPTERS", "ModelAdapter", "PrefillState", "adapter_class", "lane_families", "load_adapter",
            "Qwen25VLAdapter", "InternVLAdapter", "LlavaOV15Adapter"]

@@ -94,6 +94,8 @@ class ModelAdapter:
     end_of_turn_token: ClassVar[str] = "<|im_end|>"
     #: keys the processor returns that this family's base model does not accept
     drop_input_keys: ClassVar[tuple[str, ...]] = ()
+    #: the transformers lanes this family runs on (models/compat.py)
+    lanes: ClassVar[tuple[str, ...]] = compat.LANES
 
     def __init__(self, model: torch.nn.Module, processor: Any, *, model_path: str,
                  revision: str | None = None, attention: str = "sdpa", vision: str = "batched") -> None:
@@ -133,6 +135,7 @@ class ModelAdapter:
         (transformers' own; always on the eager path). On GPU the weights are placed with
         ``device_map="auto"``; on CPU everything is float32 unless told otherwise.
         """
+        compat.require_lane(cls.family, cls.lanes)
         dev = resolve_device(device)
         torch_dtype = resolve_dtype(dtype, dev)
         text_impl = {"capture": CAPTURE_ATTENTION, "sdpa": "sdpa", "eager": "eager"}.get(attention)

@@ -77,9 +77,13 @@ def bpe_tokenizer(tokenizer_class: Any, vocab: dict[str, int], merges: list[str]
         return tokenizer_class(vocab_file=vocab_file, merges_file=merges_file, **kwargs)
 
 
-def require_paper_lane(family: str) -> None:
-    """One-line start-up error for families whose code does not run on the current lane."""
-    if on_current_lane():
-        raise RuntimeError(f"model family {family!r} needs the paper lane (transformers 4.53; its hub code does not "
-                           f"run on transformers {transformers.__version__}): use `make install` / .venv, "
-                           "not the current lane")
+#: the lanes there are; an adapter lists those its family runs on (``ModelAdapter.lanes``)
+LANES = ("paper", "current")
+
+
+def require_lane(family: str, lanes: tuple[str, ...]) -> None:
+    """One-line start-up error when ``family`` does not run on the installed lane."""
+    if LANE not in lanes:
+        venv = ".venv (make install)" if "paper" in lanes else ".venv-current (make install-current)"
+        raise RuntimeError(f"model family {family!r} runs only on the {' / '.join(lanes)} lane, not on this "
+                           f"{LANE} lane (transformers {transformers.__version__}): run it from {venv}")

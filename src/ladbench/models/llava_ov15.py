@@ -12,7 +12,6 @@ from typing import Any
 
 import torch
 
-from . import compat
 from .base import ModelAdapter, OneDimRopeMixin
 
 
@@ -23,7 +22,7 @@ class LlavaOV15Adapter(OneDimRopeMixin, ModelAdapter):
     image_token = "<|image_pad|>"
     # the shared Qwen2.5-VL processor emits it; the OV-1.5 model does not take it
     drop_input_keys = ("mm_token_type_ids",)
-
+    lanes = ("paper",)          # the hub code does not run on transformers 5.x
     def use_batched_vision(self) -> tuple[str, ...]:
         """The tiny stand-in's tower is transformers' Qwen2.5-VL tower: batched like Qwen2.5-VL's. The real
         model's RICE-ViT (hub code) is left as shipped."""
@@ -36,7 +35,6 @@ class LlavaOV15Adapter(OneDimRopeMixin, ModelAdapter):
 
     @classmethod
     def _load_processor(cls, model_path: str, *, revision: str | None, trust_remote_code: bool) -> Any:
-        compat.require_paper_lane(cls.family)      # loading starts here: fail before anything is read
         cls._require_trust(model_path, trust_remote_code)
         return super()._load_processor(model_path, revision=revision, trust_remote_code=trust_remote_code)
 
