@@ -64,9 +64,9 @@ def batched_vision_supported() -> bool:
 
 def bpe_tokenizer(tokenizer_class: Any, vocab: dict[str, int], merges: list[str], **kwargs: Any) -> Any:
     """A byte-level BPE tokenizer of ``tokenizer_class`` from an in-memory vocab and merges
-    (4.53's fast classes convert from vocab/merges FILES; 5.x's take the vocab and merges)."""
+    (4.53's fast classes convert from vocab/merges FILES; 5.x's take the vocab and merge pairs)."""
     if on_current_lane():
-        return tokenizer_class(vocab=vocab, merges=merges, **kwargs)
+        return tokenizer_class(vocab=vocab, merges=[tuple(m.split(" ")) for m in merges], **kwargs)
     import json
     with tempfile.TemporaryDirectory() as tmp:
         vocab_file, merges_file = os.path.join(tmp, "vocab.json"), os.path.join(tmp, "merges.txt")
