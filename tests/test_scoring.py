@@ -127,6 +127,8 @@ def _extend(inputs, tokens):
     out = dict(inputs)
     out["input_ids"] = torch.cat([inputs["input_ids"], add], 1)
     out["attention_mask"] = torch.cat([inputs["attention_mask"], torch.ones_like(add)], 1)
+    if "mm_token_type_ids" in inputs:                # transformers 5.x's Qwen-VL processors: 0 = text token
+        out["mm_token_type_ids"] = torch.cat([inputs["mm_token_type_ids"], torch.zeros_like(add)], 1)
     return out
 
 

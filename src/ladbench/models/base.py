@@ -328,7 +328,7 @@ class ModelAdapter:
             hidden = out.last_hidden_state[:, -1:]
             return self.model.get_output_embeddings()(hidden)[:, -1].float()
         finally:
-            state.past_key_values.crop(state.seq_len)
+            compat.crop_cache(state.past_key_values, state.seq_len)
 
     @torch.no_grad()
     def generate(self, inputs: dict[str, torch.Tensor], **generation_kwargs: Any) -> list[str]:

@@ -44,6 +44,12 @@ def forward_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in kwargs.items() if k not in _REMOVED_FORWARD_KWARGS}
 
 
+def crop_cache(cache: Any, length: int) -> None:
+    """Cut a KV cache back to its first ``length`` positions (4.53's ``crop`` takes the length to
+    keep; 5.x's takes minus the number of positions to remove)."""
+    cache.crop(length - cache.get_seq_length() if on_current_lane() else length)
+
+
 def qwen_vl_rope_index(base_model: Any, inputs: dict[str, Any]) -> tuple[Any, Any]:
     """Qwen2.5-VL's M-RoPE ``(position_ids [3, B, T], rope_deltas [B, 1])`` for a prefill, computed
     by the model's own ``get_rope_index`` (5.x takes the processor's ``mm_token_type_ids``)."""
@@ -53,6 +59,16 @@ def qwen_vl_rope_index(base_model: Any, inputs: dict[str, Any]) -> tuple[Any, An
                                          attention_mask=inputs["attention_mask"])
     return base_model.get_rope_index(inputs["input_ids"], inputs.get("image_grid_thw"), None,
                                      attention_mask=inputs["attention_mask"])
+
+
+def qwen_vl_padded_rope_deltas(rope_deltas: Any, attention_mask: Any) -> Any:
+    """Qwen2.5-VL's ``rope_deltas`` [B, 1] relative to the PADDED prompt length (4.53's convention:
+    next position = padded length + delta). 5.x counts from the real tokens of each row instead
+    (next position = real length + delta), which differs by the row's left padding."""
+    if not on_current_lane():
+        return rope_deltas
+    padding = attention_mask.shape[-1] - attention_mask.long().sum(-1, keepdim=True)
+    return rope_deltas.to(padding.device) - padding
 
 
 def batched_vision_supported() -> bool:

@@ -39,9 +39,10 @@ class Qwen25VLAdapter(ModelAdapter):
         # From this prefill's inputs (host-computed) or output, not from model.model.rope_deltas,
         # which any later prefill (another batch) overwrites.
         if "rope_deltas" in inputs:
-            return inputs["rope_deltas"]
-        # 5.x's output no longer carries them; this forward has just set the model's attribute
-        return out.rope_deltas if getattr(out, "rope_deltas", None) is not None else self.model.model.rope_deltas
+            deltas = inputs["rope_deltas"]
+        else:   # 5.x's output no longer carries them; this forward has just set the model's attribute
+            deltas = out.rope_deltas if getattr(out, "rope_deltas", None) is not None else self.model.model.rope_deltas
+        return compat.qwen_vl_padded_rope_deltas(deltas, inputs["attention_mask"])
 
     def continuation_position_ids(self, state: PrefillState, n_new: int) -> torch.Tensor:
         steps = torch.arange(state.seq_len, state.seq_len + n_new, device=state.position_offset.device)
