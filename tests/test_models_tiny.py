@@ -17,7 +17,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.lanes]
 
 EXPECTED_CLASS = {"qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration",
                   "internvl": "InternVLForConditionalGeneration",
-                  "llava_ov15": "TinyOV15ForConditionalGeneration"}
+                  "llava_ov15": "TinyOV15ForConditionalGeneration",
+                  "qwen3_vl": "Qwen3VLForConditionalGeneration"}
 
 
 paper_lane_only = pytest.mark.skipif(compat.on_current_lane(), reason="paper-lane family or code path")

@@ -10,11 +10,13 @@ from .base import ModelAdapter, PrefillState
 from .internvl import InternVLAdapter
 from .llava_ov15 import LlavaOV15Adapter
 from .qwen2_5_vl import Qwen25VLAdapter
+from .qwen3_vl import Qwen3VLAdapter
 
 ADAPTERS: dict[str, type[ModelAdapter]] = {
     Qwen25VLAdapter.family: Qwen25VLAdapter,
     InternVLAdapter.family: InternVLAdapter,
     LlavaOV15Adapter.family: LlavaOV15Adapter,
+    Qwen3VLAdapter.family: Qwen3VLAdapter,
 }
 
 
@@ -38,4 +40,5 @@ def load_adapter(family: str, model_path: str, **kwargs: Any) -> ModelAdapter:
 
 
 __all__ = ["ADAPTERS", "ModelAdapter", "PrefillState", "adapter_class", "lane_families", "load_adapter",
-           "Qwen25VLAdapter", "InternVLAdapter", "LlavaOV15Adapter"]
+           "Qwen25VLAdapter", "InternVLAdapter", "LlavaOV15Adapter",
+           "Qwen3VLAdapter"]

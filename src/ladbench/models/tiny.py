@@ -23,7 +23,7 @@ import torch
 
 from . import compat
 
-FAMILIES = ("qwen2_5_vl", "internvl", "llava_ov15")
+FAMILIES = ("qwen2_5_vl", "internvl", "llava_ov15", "qwen3_vl")
 
 # Pre-tokenisation of Qwen2 tokenizers (one digit per token, words with one leading non-letter).
 _QWEN_PRETOKENIZE = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
@@ -154,6 +154,43 @@ def _build_qwen2_5_vl(out_dir: str, p: dict[str, Any]):
     return Qwen2_5_VLForConditionalGeneration(cfg), qwen_processor(tok, p["max_pixels"])
 
 
+# Qwen3-VL's template lays out images like Qwen2.5-VL's but adds no default system turn
+QWEN3_VL_CHAT_TEMPLATE = QWEN2_5_VL_CHAT_TEMPLATE.replace(
+    "{% if loop.first and message['role'] != 'system' %}<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}",
+    "")
+
+
+def _build_qwen3_vl(out_dir: str, p: dict[str, Any]):
+    """Qwen3-VL (transformers 5.x): 16-px patches (32 px per visual token), interleaved M-RoPE,
+    DeepStack features from the first vision block."""
+    from transformers import (Qwen2VLImageProcessor, Qwen3VLConfig, Qwen3VLForConditionalGeneration,
+                              Qwen3VLProcessor, Qwen3VLVideoProcessor)
+    tok = build_tokenizer()
+    ids = _ids(tok, QWEN_SPECIAL_TOKENS)
+    head_dim = p["hidden"] // p["heads"]
+    half = head_dim // 2
+    section = [half - 2 * (half * 5 // 16), half * 5 // 16, half * 5 // 16]       # like the real 24/20/20 of 64
+    norm = dict(image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5], patch_size=16, merge_size=2)
+    improc = Qwen2VLImageProcessor(min_pixels=64 * 64, max_pixels=p["max_pixels"], **norm)
+    vidproc = Qwen3VLVideoProcessor(**norm)
+    proc = Qwen3VLProcessor(image_processor=improc, video_processor=vidproc, tokenizer=tok,
+                            chat_template=QWEN3_VL_CHAT_TEMPLATE)
+    text = _text_config(p, ids, head_dim=head_dim)
+    text.pop("rope_theta")
+    text["rope_parameters"] = {"rope_type": "default", "rope_theta": 5e6, "mrope_section": section,
+                               "mrope_interleaved": True}
+    cfg = Qwen3VLConfig(
+        text_config=text,
+        vision_config=dict(depth=p["vision_depth"], hidden_size=p["vision_hidden"], num_heads=2,
+                           intermediate_size=2 * p["vision_hidden"], out_hidden_size=p["hidden"], patch_size=16,
+                           spatial_merge_size=2, temporal_patch_size=2, num_position_embeddings=64,
+                           deepstack_visual_indexes=[0]),
+        image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
+        eos_token_id=ids["<|im_end|>"], pad_token_id=ids["<|endoftext|>"])
+    return Qwen3VLForConditionalGeneration(cfg), proc
+
+
 def internvl_tokenizer():
     return build_tokenizer(INTERNVL_SPECIAL_TOKENS, extra_special_tokens={
         "start_image_token": "<img>", "end_image_token": "</img>", "context_image_token": "<IMG_CONTEXT>",
@@ -206,7 +243,8 @@ def _build_llava_ov15(out_dir: str, p: dict[str, Any]):
     return remote.TinyOV15ForConditionalGeneration(cfg), proc
 
 
-_BUILDERS = {"qwen2_5_vl": _build_qwen2_5_vl, "internvl": _build_internvl, "llava_ov15": _build_llava_ov15}
+_BUILDERS = {"qwen2_5_vl": _build_qwen2_5_vl, "internvl": _build_internvl, "llava_ov15": _build_llava_ov15,
+             "qwen3_vl": _build_qwen3_vl}
 
 
 def build_tiny_model(family: str, out_dir: str, *, seed: int = 0, preset: str = "tiny") -> str:
@@ -221,6 +259,8 @@ def build_tiny_model(family: str, out_dir: str, *, seed: int = 0, preset: str = 
         raise ValueError(f"unknown family {family!r}; choose one of {', '.join(FAMILIES)}")
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
+    from . import adapter_class
+    compat.require_lane(family, adapter_class(family).lanes)       # e.g. Qwen3-VL needs transformers 5.x
     out_dir = os.path.abspath(out_dir)
     tmp_dir = out_dir.rstrip("/") + ".tmp"
     shutil.rmtree(tmp_dir, ignore_errors=True)
