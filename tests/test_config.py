@@ -101,3 +101,27 @@ def test_transfer_pairs_are_checked():
     config["evaluation"]["transfer"] = [{"calibrate_on": "coco_random_N4", "evaluate_on": "scenes_adversarial_N4"}]
     with pytest.raises(ConfigError, match=r"transfer\[0\].calibrate_on: dataset of 'coco_random_N4'"):
         validate_config(config)
+
+
+CURRENT = ROOT / "config.current.yaml"
+
+
+def test_current_config_studies_todays_models_on_the_current_lane():
+    from ladbench.models import ADAPTERS
+    config = load_config(CURRENT)
+    families = {m["family"] for m in config["models"].values()}
+    assert "qwen3_vl" in families
+    assert all("current" in ADAPTERS[f].lanes for f in families)       # nothing that needs the paper lane
+    qwen3 = sorted(m["path"] for m in config["models"].values() if m["family"] == "qwen3_vl")
+    assert qwen3 == ["Qwen/Qwen3-VL-2B-Instruct", "Qwen/Qwen3-VL-8B-Instruct"]
+    bench = config["benchmarks"]
+    assert bench["n_candidates"] == [4, 8] and bench["settings"] == ["random", "adversarial"]
+
+
+@pytest.mark.slow
+def test_current_config_dry_run_plans_one_inference_per_model_and_benchmark(tmp_path):
+    from workflow_runner import planned_jobs
+    jobs = planned_jobs(tmp_path, configfile=CURRENT)
+    config = load_config(CURRENT)
+    assert jobs["infer"] == len(config["models"]) * 4 * len(config["inference"]["variants"])   # 2 settings x 2 N
+    assert jobs["download"] == 1 and jobs["all"] == 1
