@@ -172,7 +172,8 @@ def library_versions() -> dict[str, str]:
     import transformers
 
     import ladbench
-    return {"python": platform.python_version(), "torch": torch.__version__,
+    from ladbench.models.compat import LANE
+    return {"python": platform.python_version(), "torch": torch.__version__, "lane": LANE,
             "transformers": transformers.__version__, "h5py": h5py.__version__, "numpy": np.__version__,
             "ladbench": ladbench.__version__, "cuda": str(torch.version.cuda)}
 
