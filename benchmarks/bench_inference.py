@@ -9,6 +9,9 @@ Three parts; each prints a Markdown table (``--json`` also writes the raw number
    * ``ours``: this project's row step (``RowRunner.score_batch``): batched vision tower, SDPA +
      last-row capture of every layer + candidate scores (for N >= 10 the prefix-trie
      continuation on the KV cache), input preparation included.
+   * ``ours_no_greedy`` (ask with ``--methods``): ``ours`` without the greedy reply
+     (``--no-greedy-reply``); ours / ours_no_greedy is the cost of storing the reference's
+     Vanilla readout (one one-token KV-cache step, and the KV cache single-token scores skip).
    * ``reference``: eager attention + ``generate(max_new_tokens=1, output_attentions=True)``
      (every layer's T x T attention kept); for N >= 10 plus a full re-forward with the first
      answer token appended. The reference runs this once per method (Vanilla, PriDe, LAD).
@@ -88,7 +91,7 @@ def _family(model_dir: str) -> str:
 
 
 def _runner(model_dir: str, n: int, *, attention: str, image_size: int, device: str, n_eval: int = 1,
-            vision: str = "batched"):
+            vision: str = "batched", greedy_reply: bool = True):
     from ladbench.benchmark import load_benchmark
     from ladbench.data.coco import load_image_table
     from ladbench.inference.cache import plan_rows
@@ -102,7 +105,7 @@ def _runner(model_dir: str, n: int, *, attention: str, image_size: int, device: 
     bench_path, images_path = _demo_inputs(tmp, n, n_eval=n_eval)
     settings = InferenceSettings(benchmark=bench_path, images=images_path, out=os.path.join(tmp, "x.h5"),
                                  model_name="bench", family=family, model_path=model_dir, image_size=image_size,
-                                 device=device)
+                                 device=device, **({} if greedy_reply else {"greedy_reply": False}))
     bench = load_benchmark(bench_path)
     return RowRunner(adapter, settings, bench, plan_rows(bench), image_paths(load_image_table(images_path)))
 
@@ -118,14 +121,16 @@ def _row_function(method: str, n: int, model_dir: str, image_size: int, device: 
     """Load the model for ``method`` and return (callable running one row, sequence length)."""
     import torch
 
-    attention = {"bare": "sdpa", "ours": "capture", "today": "capture", "reference": "eager"}[method]
-    runner = _runner(model_dir, n, attention=attention, image_size=image_size, device=device)
+    attention = {"bare": "sdpa", "ours": "capture", "ours_no_greedy": "capture", "today": "capture",
+                 "reference": "eager"}[method]
+    runner = _runner(model_dir, n, attention=attention, image_size=image_size, device=device,
+                     greedy_reply=method != "ours_no_greedy")
     adapter = runner.adapter
     first_token = adapter.tokenizer.convert_tokens_to_ids("1")
 
     @torch.no_grad()
     def one_row() -> None:
-        if method in ("ours", "today"):
+        if method in ("ours", "ours_no_greedy", "today"):
             runner.score_batch([0])
             return
         inputs = runner.encode_rows([0])
@@ -409,6 +414,10 @@ def markdown_table(timing: list[dict]) -> str:
             f"{ours['min_s'] / today['min_s']:.2f} ({ours.get('cpu_min_s', nan_s) / today.get('cpu_min_s', nan_s):.2f}) | "
             f"{ref['min_s']:.3f} | {ref['min_s'] * REFERENCE_PASSES_PER_ROW:.3f} | "
             f"{ref['min_s'] * REFERENCE_PASSES_PER_ROW / ours['min_s']:.2f}x |")
+    for n in ns:
+        if ("ours", n) in t and ("ours_no_greedy", n) in t:
+            lines.append(f"\nN = {n}: the greedy reply (vanilla_generate) costs ours / ours_no_greedy = "
+                         f"{t[('ours', n)]['min_s'] / t[('ours_no_greedy', n)]['min_s']:.3f}x per row")
     lines.append("\nTimes are the minimum over the repetitions (s per row, batch size 1).")
     return "\n".join(lines)
 

@@ -252,6 +252,43 @@ def test_orderings_identity_first_and_distinct():
         bm.distinct_orderings(2, 5, rng)
 
 
+def test_shared_orderings_are_the_reference_shuffles_by_hand():
+    # random.seed(42); random.sample(range(4), 4) five times gives [0,3,1,2], [1,0,2,3],
+    # [3,0,2,1], [1,0,2,3] (a repeat, skipped), [3,0,1,2]: the reference's build_shuffles(5, 4).
+    assert bm.shared_orderings(4, 5, 42) == [[0, 1, 2, 3], [0, 3, 1, 2], [1, 0, 2, 3], [3, 0, 2, 1], [3, 0, 1, 2]]
+    assert bm.shared_orderings(2, 2, 42) == [[0, 1], [1, 0]]
+    with pytest.raises(bm.BenchmarkError, match="only 2 orderings"):
+        bm.shared_orderings(2, 3, 42)
+
+
+def test_shared_and_per_instance_orderings_are_recorded_and_keep_the_instances(toy):
+    table, features = toy
+    kwargs = dict(n_eval=30, n_calibration=10, pool_size=180, seed=42)
+    shared = bm.build_benchmark(table, features, "random", 4, **kwargs)  # default: shared
+    per_instance = bm.build_benchmark(table, features, "random", 4, orderings="per_instance", **kwargs)
+    assert shared["ordering_scheme"] == "shared" and per_instance["ordering_scheme"] == "per_instance"
+    assert shared["orderings"] == bm.shared_orderings(4, 5, 42) and "orderings" not in per_instance
+    assert all(inst["orderings"] == shared["orderings"] for inst in shared["eval"])
+    assert len({json.dumps(inst["orderings"]) for inst in per_instance["eval"]}) > 1
+    strip = [{k: v for k, v in inst.items() if k != "orderings"} for inst in shared["eval"]]
+    assert strip == [{k: v for k, v in inst.items() if k != "orderings"} for inst in per_instance["eval"]]
+    assert shared["calibration"] == per_instance["calibration"]
+    json.loads(bm.format_benchmark(shared))
+
+
+def test_evaluation_head_calibration_copies_the_first_evaluation_instances(toy):
+    table, features = toy
+    kwargs = dict(n_eval=30, n_calibration=10, pool_size=180, seed=42)
+    pool = bm.build_benchmark(table, features, "adversarial", 4, **kwargs)
+    head = bm.build_benchmark(table, features, "adversarial", 4, calibration_source="evaluation_head", **kwargs)
+    assert pool["calibration_source"] == "pool" and head["calibration_source"] == "evaluation_head"
+    assert head["eval"] == pool["eval"]  # the evaluation set does not depend on the source
+    assert [{k: v for k, v in inst.items() if k != "orderings"} for inst in head["eval"][:10]] == head["calibration"]
+    with pytest.raises(bm.BenchmarkError, match="only --n-eval = 5"):
+        bm.build_benchmark(table, features, "random", 4, n_eval=5, n_calibration=10, pool_size=180,
+                           calibration_source="evaluation_head")
+
+
 @pytest.mark.parametrize("kwargs, message", [
     (dict(n_candidates=1), "must be >= 2"),
     (dict(n_candidates=2, n_orderings=5), "only 2 orderings"),

@@ -33,6 +33,17 @@ def test_row_plan_by_hand():
     assert plan.order.dtype == np.int16 and plan.split.dtype == np.int8 and plan.instance.dtype == np.int32
 
 
+def test_shared_orderings_plan_the_same_orderings_for_every_instance():
+    shared = [[0, 1, 2], [2, 0, 1]]
+    bench = {**BENCH, "ordering_scheme": "shared", "orderings": shared,
+             "eval": [{**inst, "orderings": shared} for inst in BENCH["eval"]]}
+    plan = plan_rows(bench)
+    # instance 1 (candidates 4, 6, 8; target 4 = index 0) under [2, 0, 1]: target at position 1
+    assert plan.order[:4].tolist() == shared * 2 and plan.target_pos[:4].tolist() == [1, 2, 0, 1]
+    with pytest.raises(ValueError, match=r"eval\[1\].orderings differ from the shared orderings"):
+        plan_rows({**BENCH, "ordering_scheme": "shared", "orderings": shared})
+
+
 def test_permavg_plan_adds_all_cyclic_shifts_of_each_ordering():
     plan = plan_rows(BENCH, shifts_per_ordering=True)
     assert len(plan) == 2 * 2 * 3 + 3

@@ -142,7 +142,8 @@ def test_fit_calibration_uses_only_the_drawn_instances_and_round_trips(tmp_path)
     for name in ("instances", "L", "B", "attn_prior", "pride_prior", "pride_original_prior"):
         np.testing.assert_array_equal(getattr(back, name), getattr(cal, name))
     assert back.k == cal.k and back.settings == cal.settings
-    assert back.settings == {"n_cal": 5, "seed": 7, "average": "reference", "n_pool": 12}
+    assert back.settings == {"n_cal": 5, "seed": 7, "average": "reference", "n_pool": 12, "source": "pool",
+                            "pride_original_logs": "floor"}
 
 
 def test_from_npz_names_the_missing_array(tmp_path):
@@ -155,3 +156,35 @@ def test_from_npz_names_the_missing_array(tmp_path):
 def test_fit_calibration_checks_shapes():
     with pytest.raises(ValueError, match="cal_attn shape"):
         fit_calibration(np.zeros((3, 2, 2)), np.zeros((3, 2, 4, 3)), np.tile([0, 1], (3, 1)), 2, 0)
+
+
+def test_evaluation_head_takes_the_first_instances_whatever_the_seed():
+    assert draw_calibration_instances(12, 5, 0, "evaluation_head").tolist() == [0, 1, 2, 3, 4]
+    assert draw_calibration_instances(12, 5, 9, "evaluation_head").tolist() == [0, 1, 2, 3, 4]
+    assert draw_calibration_instances(12, 5, 0).tolist() != [0, 1, 2, 3, 4] or \
+        draw_calibration_instances(12, 5, 1).tolist() != [0, 1, 2, 3, 4]
+    with pytest.raises(ValueError, match="'pool' or 'evaluation_head'"):
+        draw_calibration_instances(12, 5, 0, "test_set")
+
+
+def test_pride_original_log_floor_by_hand():
+    # One calibration instance, N = 2, both shifts put probability 1e-14 on position 1.
+    p_small = 1e-14
+    scores = np.log(np.array([[[1 - p_small, p_small], [1 - p_small, p_small]]]))
+    # exact: prior = softmax(mean_s log p) = [1 - 1e-14, 1e-14] -> log 1e-14 = -32.236
+    exact = pride_prior_original(scores, logs="exact")
+    np.testing.assert_allclose(exact, [np.log1p(-p_small), np.log(p_small)], atol=1e-12)
+    # floor: log(1e-14 + 1e-10) = log(1.0001e-10); the prior's second entry is ~1.0001e-10 and
+    # log(prior + 1e-10) = log(2.0001e-10) = -22.333
+    floor = pride_prior_original(scores)
+    np.testing.assert_allclose(floor[1], np.log(1.0001e-10 / (1 + 1.0001e-10) + 1e-10), rtol=1e-9)
+    assert floor[1] == pytest.approx(-22.3327, abs=1e-4)
+    # A test row with p = 1e-12 on position 1: exact logs move the answer there
+    # (-27.63 + 32.24 > 0), the floor keeps position 0 (log(1.01e-10) + 22.33 = -0.68 < 0).
+    from types import SimpleNamespace
+    from ladbench.methods import METHODS
+    test = SimpleNamespace(scores=np.log(np.array([[[1 - 1e-12, 1e-12]]])))
+    for logs, expected in (("exact", 1), ("floor", 0)):
+        cal = SimpleNamespace(B=np.zeros((2, 2)), pride_original_prior=pride_prior_original(scores, logs=logs),
+                              settings={"pride_original_logs": logs})
+        assert METHODS["pride_original"](test, cal).tolist() == [[expected]]

@@ -30,7 +30,8 @@ def test_paper_config_describes_the_paper_study():
     assert bench["n_candidates"] == [4, 8] and bench["settings"] == ["random", "adversarial"]
     assert bench["n_eval"] == 1000 and bench["n_orderings"] == 5 and bench["seed"] == 42
     assert config["calibration"]["n_cal"] == 5
-    assert config["lad"] == {"top_k": 2, "tau": 5.0, "layer_mean": "reference", "mixture": "reference"}
+    assert config["lad"] == {"top_k": 2, "tau": 5.0, "layer_mean": "reference", "mixture": "reference",
+                             "layer_ties": "highest", "k_beyond_range": "lower"}
     assert config["clip"]["model"] == "ViT-L-14-quickgelu" and config["clip"]["pretrained"] == "openai"
 
 
@@ -101,6 +102,26 @@ def test_transfer_pairs_are_checked():
     config["evaluation"]["transfer"] = [{"calibrate_on": "coco_random_N4", "evaluate_on": "scenes_adversarial_N4"}]
     with pytest.raises(ConfigError, match=r"transfer\[0\].calibrate_on: dataset of 'coco_random_N4'"):
         validate_config(config)
+
+
+def test_reproduce_reference_sets_every_protocol_choice(tmp_path):
+    from ladbench.config import REFERENCE_PROTOCOL
+    config = yaml.safe_load(open(DEMO))
+    config["reproduce"] = "reference"
+    del config["inference"]["image_size"]  # the demo shrinks images; the reference resizes to 336
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(config))
+    loaded = load_config(path)
+    for (section, key), value in REFERENCE_PROTOCOL.items():
+        assert loaded[section][key] == value, (section, key)
+    assert loaded["calibration"]["source"] == "evaluation_head" and loaded["benchmarks"]["orderings"] == "shared"
+    assert "vanilla_generate" in loaded["evaluation"]["methods"]
+    # without the switch the defaults stay (pool calibration), and a conflicting key is an error
+    assert load_config(DEMO)["calibration"]["source"] == "pool"
+    config["calibration"]["source"] = "pool"
+    path.write_text(yaml.safe_dump(config))
+    with pytest.raises(ConfigError, match="calibration.source: 'pool' conflicts with reproduce: reference"):
+        load_config(path)
 
 
 CURRENT = ROOT / "config.current.yaml"

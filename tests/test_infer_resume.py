@@ -89,6 +89,10 @@ def test_killed_run_resumes_and_equals_uninterrupted_run(tiny_model, tmp_path):
     resumed, ref = read_cache(str(killed)), read_cache(str(reference))
     for key in ("scores", "attn", "attn_text", "order", "target_pos", "split", "instance", "ordering"):
         np.testing.assert_allclose(resumed[key], ref[key], atol=1e-6, rtol=0, err_msg=key)
+    # the greedy reply (the reference's Vanilla readout) is stored for every row, resumed or not
+    np.testing.assert_array_equal(resumed["greedy_tokens"], ref["greedy_tokens"])
+    np.testing.assert_array_equal(resumed["greedy_text"], ref["greedy_text"])
+    assert (resumed["greedy_tokens"] >= 0).all()
     assert resumed.attrs["config_sha256"] == ref.attrs["config_sha256"]
     assert resumed.attrs["last_run_rows"] == total - after_kill   # only the missing rows were computed
     # the rate covers the rows of both runs, not only the resumed part

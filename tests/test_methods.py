@@ -24,6 +24,7 @@ from ladbench.methods import (
     purified_attention,
     raw_attention,
     select_layers,
+    selection_warnings,
     sharpen,
     tau_sweep,
     vanilla,
@@ -69,20 +70,51 @@ def test_layer_selection_by_strength_with_ties_and_range():
     # dyadic values so the tie between layers 1 and 3 is exact in floating point
     attn = np.array([[0.125, 0.125], [0.25, 0.5], [0.125, 0.25], [0.5, 0.25]])  # strengths 0.25, 0.75, 0.375, 0.75
     np.testing.assert_array_equal(layer_strength(attn), [0.25, 0.75, 0.375, 0.75])
-    assert select_layers(attn, 2).tolist() == [1, 3]  # tie between 1 and 3: lower index first
-    assert select_layers(attn, 3).tolist() == [1, 3, 2]
+    assert select_layers(attn, 1).tolist() == [3]  # tie between 1 and 3: the reference keeps the highest index
+    assert select_layers(attn, 1, ties="lowest").tolist() == [1]
+    assert select_layers(attn, 2).tolist() == [3, 1]
+    assert select_layers(attn, 2, ties="lowest").tolist() == [1, 3]
+    assert select_layers(attn, 3, ties="lowest").tolist() == [1, 3, 2]
     assert select_layers(attn, 2, layer_range=(0, 2)).tolist() == [1, 2]
     assert select_layers(attn, 1, layer_range=(2, 3)).tolist() == [3]
     assert layer_selection_mask(attn, 2).tolist() == [False, True, False, True]
+    assert layer_selection_mask(attn, 1).tolist() == [False, False, False, True]
+    assert layer_selection_mask(attn, 1, ties="lowest").tolist() == [False, True, False, False]
     assert layer_selection_mask(attn, 1, (1, 2), all_layers=True).tolist() == [False, True, True, False]
+    # K beyond the range: the reference lowers K to the range's size; "error" stops
+    assert select_layers(attn, 3, layer_range=(2, 3)).tolist() == [3, 2]
     with pytest.raises(ValueError, match="holds only 2"):
-        select_layers(attn, 3, layer_range=(2, 3))
+        select_layers(attn, 3, layer_range=(2, 3), k_beyond_range="error")
     assert select_layers(attn, 2, layer_range=(2, 9)).tolist() == [3, 2]  # clipped to the last layer
     with pytest.raises(ValueError, match="outside the model's layers 0..3"):
         select_layers(attn, 1, layer_range=(4, 6))
     # batched rows select independently
     batch = np.stack([attn, attn[::-1]])
-    assert select_layers(batch, 1)[:, 0].tolist() == [1, 0]
+    assert select_layers(batch, 1)[:, 0].tolist() == [3, 2]
+    assert select_layers(batch, 1, ties="lowest")[:, 0].tolist() == [1, 0]
+
+
+def test_layer_selection_matches_the_reference_rule_on_many_ties():
+    # The reference's rule, restated: sort the layers by strength ascending (stable: equal
+    # strengths keep index order) and keep the last K; K above the range is lowered.
+    rng = np.random.default_rng(3)
+    attn = rng.integers(0, 3, size=(400, 15, 2)).astype(np.float64)  # strengths in 0..4: ties everywhere
+    for k in (1, 2, 4, 15, 20):
+        ours = np.sort(select_layers(attn, k), axis=-1)
+        k_used = min(k, 15)
+        expected = np.sort(np.argsort(attn.sum(-1), axis=-1, kind="stable")[:, -k_used:], axis=-1)
+        np.testing.assert_array_equal(ours, expected)
+
+
+def test_selection_warnings_name_lowered_k_and_counted_ties():
+    attn = np.array([[[0.125, 0.125], [0.25, 0.5], [0.125, 0.25], [0.5, 0.25]],     # tie at K = 1
+                     [[0.125, 0.125], [0.25, 0.5], [0.125, 0.25], [0.5, 0.5]]])     # no tie
+    warnings = selection_warnings(attn, LadSettings(top_k=1))
+    assert len(warnings) == 1 and warnings[0].startswith("1 of 2 rows have a tie")
+    warnings = selection_warnings(attn, LadSettings(top_k=5, layer_range=(2, 3)))
+    assert warnings == ["top_k = 5 is larger than the 2 layers of the range (2, 3); K lowered to 2 "
+                        "(k_beyond_range = lower, the reference's rule)"]
+    assert selection_warnings(attn, LadSettings(top_k=2, all_layers=True)) == []
 
 
 def test_purified_attention_reference_by_hand():

@@ -44,7 +44,9 @@ def test_accuracy_per_ordering_mean_and_std_by_hand():
     # correct: ordering 0 -> 2 of 4 = 50 %, ordering 1 -> 1 of 4 = 25 %
     np.testing.assert_allclose(accuracy_per_ordering(PRED, TARGET), [50.0, 25.0])
     mean, std = acc_mean_std(PRED, TARGET)
-    assert mean == 37.5 and std == 12.5  # ddof = 0
+    # default ddof = 1 (the reference's sample std): sqrt((12.5^2 + 12.5^2) / 1) = 17.678
+    assert mean == 37.5 and std == pytest.approx(12.5 * np.sqrt(2))
+    assert acc_mean_std(PRED, TARGET, ddof=0)[1] == 12.5
     assert acc_mean_std(PRED, TARGET, ddof=1)[1] == pytest.approx(17.677670, abs=1e-6)
 
 
@@ -151,7 +153,7 @@ def test_paired_bootstrap_detects_a_real_difference_and_not_a_null_one():
 def test_summarize_is_json_and_consistent_with_the_point_metrics():
     summary = summarize(PRED, TARGET, ORDER, 3, n_boot=200, seed=0)
     json.dumps(summary)
-    assert summary["acc_mean"] == 37.5 and summary["acc_std"] == 12.5
+    assert summary["acc_mean"] == 37.5 and summary["acc_std"] == pytest.approx(12.5 * np.sqrt(2))
     assert summary["rstd"] == pytest.approx(40.414519, abs=1e-6)
     assert summary["cons"] == 50.0 and summary["parse_success"] == 87.5
     assert summary["confusion"] == [[1, 1, 0], [2, 1, 1], [0, 0, 1]]
@@ -212,3 +214,32 @@ def test_spread_over_draws_keeps_undefined_metrics_undefined():
     json.dumps(spread, allow_nan=False)
     assert spread["rstd"] == {"mean": None, "std": None, "min": None, "max": None, "values": [None, None]}
     assert spread["acc_mean"]["mean"] == 100.0 and spread["acc_mean"]["std"] == 0.0
+
+
+def test_percentile_intervals_agree_with_scipy_bootstrap():
+    """Cross-check against scipy.stats.bootstrap (percentile method), resampling instances:
+    the intervals agree within Monte-Carlo error (20,000 resamples each, other streams)."""
+    from scipy.stats import bootstrap
+    from ladbench.metrics import standard_metric
+
+    rng = np.random.default_rng(0)
+    n_inst, t, n = 300, 5, 4
+    target = rng.integers(0, n, (n_inst, t))
+    skill = rng.random(n_inst)
+    pred = np.where(rng.random((n_inst, t)) < skill[:, None], target, (target + 1) % n)
+    order = np.tile(np.arange(n), (n_inst, t, 1))
+    correct = (pred == target).astype(float)
+    consistent = np.all(pred == pred[:, :1], axis=1).astype(float)
+    by_indices = {  # each metric of the resampled instances (index arrays [..., I])
+        "acc_mean": lambda idx: 100 * correct[idx].mean(axis=(-2, -1)),
+        "acc_std": lambda idx: (100 * correct[idx].mean(axis=-2)).std(axis=-1, ddof=1),
+        "cons": lambda idx: 100 * consistent[idx].mean(axis=-1),
+    }
+    for name, tolerance in (("acc_mean", 0.35), ("acc_std", 0.2), ("cons", 0.5)):
+        ours = bootstrap_ci(standard_metric(name), pred, target, order, n_boot=20000, seed=1)
+        theirs = bootstrap((np.arange(n_inst),), lambda idx, axis=-1: by_indices[name](idx.astype(int)),
+                           method="percentile", n_resamples=20000, vectorized=True, batch=2000,
+                           random_state=np.random.default_rng(2)).confidence_interval
+        assert ours.estimate == pytest.approx(float(by_indices[name](np.arange(n_inst))))
+        assert ours.ci_low == pytest.approx(theirs.low, abs=tolerance), name
+        assert ours.ci_high == pytest.approx(theirs.high, abs=tolerance), name

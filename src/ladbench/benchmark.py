@@ -26,11 +26,24 @@ Steps, all fixed by ``seed``:
    and one [block, pool] category-overlap product, then a top-k per row.
 5. The target plus its distractors are shuffled into the instance's base order.
 6. Orderings (evaluation instances only): the identity plus ``T - 1`` distinct other
-   random permutations of ``range(N)``, drawn per instance.
+   random permutations of ``range(N)``. ``orderings="shared"`` (default, the reference
+   implementation's protocol): ONE such list for the whole benchmark, applied to every
+   instance, drawn as the reference's ``build_shuffles`` draws it (Python's ``random``
+   seeded with ``seed``, ``random.sample`` of ``range(N)``, repeats skipped), so its
+   "Acc ± std over orderings" is the spread over T fixed reorderings of the benchmark.
+   ``"per_instance"``: each instance draws its own list (from the numpy stream of step 4).
+   Every instance still carries its ``orderings`` (formats.md §3), so readers need not care.
+7. Calibration instances: ``calibration_source="pool"`` (default) keeps the targets of
+   step 3, disjoint from the evaluation set; ``"evaluation_head"`` (the reference's
+   protocol) makes the calibration instances copies of the FIRST ``n_calibration``
+   evaluation instances (their base order; the calibration stage then takes the first
+   |D_cal| of them instead of a seeded draw). The evaluation set is the same either way.
 
 The output (docs/formats.md §3) carries additive keys beyond the contract: ``pool_size``,
 ``n_eval``, ``n_calibration``, ``caption_sim_max`` and ``category_rule`` (adversarial),
-and ``features`` (CLIP model and weights identity).
+``features`` (CLIP model and weights identity), ``ordering_scheme`` (``shared`` /
+``per_instance``) with ``orderings`` (the shared list, shared only), and
+``calibration_source`` (``pool`` / ``evaluation_head``).
 """
 
 from __future__ import annotations
@@ -38,6 +51,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import random
 import sys
 from typing import Any
 
@@ -49,6 +63,8 @@ from ladbench.data.coco import load_image_table
 
 SETTINGS = ("random", "adversarial")
 CATEGORY_RULES = ("reference", "paper")
+ORDERING_SCHEMES = ("shared", "per_instance")  # first: the default (the reference's)
+CALIBRATION_SOURCES = ("pool", "evaluation_head")  # first: the default (disjoint from the evaluation set)
 _BLOCK = 256  # targets per similarity block: 256 x 20,000 float32 = 20 MB per matrix
 
 
@@ -195,12 +211,33 @@ def distinct_orderings(n: int, t: int, rng: np.random.Generator) -> list[list[in
     return orderings
 
 
+def shared_orderings(n: int, t: int, seed: int) -> list[list[int]]:
+    """One list of ``t`` orderings for a whole benchmark, as the reference draws it.
+
+    The identity first, then permutations from ``random.Random(seed).sample(range(n), n)``,
+    a repeat of one already drawn (the identity included) skipped. The reference seeds
+    Python's global ``random`` with 42 (``transformers.set_seed``) and draws nothing else
+    from it before its shuffles, so with ``seed = 42`` these are its orderings for this N and T.
+    """
+    require_orderings(n, t)
+    rng = random.Random(seed)
+    identity = list(range(n))
+    orderings, seen = [identity], {tuple(identity)}
+    while len(orderings) < t:
+        perm = rng.sample(identity, n)
+        if tuple(perm) not in seen:
+            seen.add(tuple(perm))
+            orderings.append(perm)
+    return orderings
+
+
 # --- assembly ---------------------------------------------------------------------------
 
 def build_benchmark(table: dict, features: dict, setting: str, n_candidates: int, n_eval: int = 1000,
                     n_calibration: int = 100, n_orderings: int = 5, pool_size: int = 20000, seed: int = 42,
                     caption_sim_max: float = 0.9, category_rule: str = "reference",
-                    dataset: str | None = None) -> dict:
+                    dataset: str | None = None, orderings: str = ORDERING_SCHEMES[0],
+                    calibration_source: str = CALIBRATION_SOURCES[0]) -> dict:
     """Build one benchmark document (docs/formats.md §3) from an image table and its features.
 
     ``features`` holds ``image_id``, ``image_emb``, ``text_emb`` arrays aligned with
@@ -210,6 +247,13 @@ def build_benchmark(table: dict, features: dict, setting: str, n_candidates: int
         raise BenchmarkError(f"--setting must be one of {SETTINGS}, got {setting!r}")
     if category_rule not in CATEGORY_RULES:
         raise BenchmarkError(f"--category-rule must be one of {CATEGORY_RULES}, got {category_rule!r}")
+    if orderings not in ORDERING_SCHEMES:
+        raise BenchmarkError(f"--orderings must be one of {ORDERING_SCHEMES}, got {orderings!r}")
+    if calibration_source not in CALIBRATION_SOURCES:
+        raise BenchmarkError(f"--calibration-source must be one of {CALIBRATION_SOURCES}, got {calibration_source!r}")
+    if calibration_source == "evaluation_head" and n_calibration > n_eval:
+        raise BenchmarkError(f"--calibration-source evaluation_head takes the first --n-calibration ({n_calibration}) "
+                             f"evaluation instances, but there are only --n-eval = {n_eval}")
     if n_candidates < 2:
         raise BenchmarkError(f"--n-candidates must be >= 2 (a target and at least one distractor), got {n_candidates}")
     require_orderings(n_candidates, n_orderings)
@@ -256,15 +300,22 @@ def build_benchmark(table: dict, features: dict, setting: str, n_candidates: int
                 "candidates": base_orders[index]}
 
     eval_instances = [instance(number, number) for number in range(n_eval)]
+    shared = shared_orderings(n_candidates, n_orderings, seed) if orderings == "shared" else None
     for inst in eval_instances:
-        inst["orderings"] = distinct_orderings(n_candidates, n_orderings, rng_n)
-    cal_instances = [instance(number, n_eval + number) for number in range(n_calibration)]
+        inst["orderings"] = [list(o) for o in shared] if shared else distinct_orderings(n_candidates, n_orderings, rng_n)
+    # evaluation_head: the first evaluation instances (the pool targets drawn in step 3 stay
+    # unused, so the evaluation set is the same under both sources)
+    first_cal_target = 0 if calibration_source == "evaluation_head" else n_eval
+    cal_instances = [instance(number, first_cal_target + number) for number in range(n_calibration)]
 
     doc: dict[str, Any] = {
         "dataset": dataset if dataset is not None else table["dataset"], "setting": setting,
         "n_candidates": n_candidates, "seed": seed, "n_orderings": n_orderings,
         "pool_size": int(len(pool)), "n_eval": n_eval, "n_calibration": n_calibration,
+        "ordering_scheme": orderings, "calibration_source": calibration_source,
     }
+    if shared:
+        doc["orderings"] = shared
     if setting == "adversarial":
         doc["caption_sim_max"] = caption_sim_max
         doc["category_rule"] = rule_used
@@ -301,7 +352,7 @@ def _run(args: argparse.Namespace) -> None:
         raise BenchmarkError(f"{args.features}: image ids differ from {args.images}; rebuild the features")
     doc = build_benchmark(table, features, args.setting, args.n_candidates, args.n_eval, args.n_calibration,
                           args.n_orderings, args.pool_size, args.seed, args.caption_sim_max, args.category_rule,
-                          args.dataset)
+                          args.dataset, args.orderings, args.calibration_source)
     atomic_write_text(args.out, format_benchmark(doc))
     print(f"benchmark: {len(doc['eval'])} evaluation + {len(doc['calibration'])} calibration instances "
           f"({args.setting}, N = {args.n_candidates}, pool {doc['pool_size']}) -> {args.out}")
@@ -326,6 +377,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--category-rule", choices=CATEGORY_RULES, default="reference",
                         help="Adversarial: reference = skip candidates whose categories contain the target's; "
                              "paper = skip only identical category sets.")
+    parser.add_argument("--orderings", choices=ORDERING_SCHEMES, default=ORDERING_SCHEMES[0],
+                        help="shared (default, the reference's): one list of T orderings for every instance, drawn "
+                             "like the reference's build_shuffles; per_instance: each instance draws its own.")
+    parser.add_argument("--calibration-source", choices=CALIBRATION_SOURCES, default=CALIBRATION_SOURCES[0],
+                        help="pool (default): calibration instances disjoint from the evaluation set; "
+                             "evaluation_head (the reference's): the first --n-calibration evaluation instances.")
     parser.add_argument("--dataset", default=None, help="Dataset name recorded in the file (default: the table's).")
     parser.add_argument("--out", required=True, help="Output benchmark JSON.")
     parser.set_defaults(func=_run)

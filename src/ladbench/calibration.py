@@ -30,15 +30,22 @@ __all__ = [
     "draw_calibration_instances",
     "fit_calibration",
     "log_softmax",
+    "pride_log",
     "pride_prior_original",
     "pride_prior_reference",
     "score_matrix",
 ]
 
 ScoreAverage = Literal["reference", "paper"]
+CalibrationSource = Literal["pool", "evaluation_head"]
 
 # Inside every log of a probability or an attention mass (METHOD §5): keeps exact zeros finite.
 EPS = 1e-20
+# The original PriDe code (chujiezheng/LLM-MCQ-Bias) takes log(p + 1e-10) of every probability,
+# in the prior's estimate and on the test side: pride_original_logs = "floor" (default) does the
+# same; "exact" takes exact logs (they differ once probabilities fall below about 1e-10).
+PRIDE_LOG_FLOOR = 1e-10
+PRIDE_ORIGINAL_LOGS = ("floor", "exact")
 
 
 def log_softmax(scores: np.ndarray, axis: int = -1) -> np.ndarray:
@@ -48,11 +55,13 @@ def log_softmax(scores: np.ndarray, axis: int = -1) -> np.ndarray:
     return shifted - np.log(np.exp(shifted).sum(axis=axis, keepdims=True))
 
 
-def draw_calibration_instances(n_pool: int, n_cal: int, seed: int) -> np.ndarray:
-    """Sorted indices of ``n_cal`` distinct calibration instances drawn from a pool of ``n_pool``.
+def draw_calibration_instances(n_pool: int, n_cal: int, seed: int, source: CalibrationSource = "pool") -> np.ndarray:
+    """Sorted indices of ``n_cal`` distinct calibration instances of a pool of ``n_pool``.
 
-    The draw is a seeded permutation's first ``n_cal`` entries, so a given seed always
-    gives the same set, and ``n_cal = n_pool`` gives the whole pool.
+    ``source="pool"``: a seeded permutation's first ``n_cal`` entries, so a given seed always
+    gives the same set, and ``n_cal = n_pool`` gives the whole pool. ``"evaluation_head"``:
+    the pool holds the first evaluation instances (benchmark ``calibration_source``), and,
+    as the reference does, the first ``n_cal`` of them are taken; ``seed`` is not used.
     """
     if n_cal < 1:
         raise ValueError(f"|D_cal| (n_cal) must be at least 1, got {n_cal}")
@@ -61,6 +70,10 @@ def draw_calibration_instances(n_pool: int, n_cal: int, seed: int) -> np.ndarray
             f"|D_cal| = {n_cal} calibration instances requested but the cache's calibration pool "
             f"has only {n_pool}; lower n_cal or build the benchmark with a larger pool"
         )
+    if source == "evaluation_head":
+        return np.arange(n_cal)
+    if source != "pool":
+        raise ValueError(f"calibration source must be 'pool' or 'evaluation_head', got {source!r}")
     rng = np.random.default_rng(seed)
     return np.sort(rng.permutation(n_pool)[:n_cal])
 
@@ -156,8 +169,15 @@ def pride_prior_reference(B: np.ndarray) -> np.ndarray:
     return np.asarray(B, dtype=np.float64).mean(axis=0)
 
 
+def pride_log(probabilities: np.ndarray, logs: str = PRIDE_ORIGINAL_LOGS[0]) -> np.ndarray:
+    """``log p`` as the original PriDe takes it: ``log(p + 1e-10)`` ("floor") or exact ("exact")."""
+    if logs not in PRIDE_ORIGINAL_LOGS:
+        raise ValueError(f"pride_original_logs must be one of {PRIDE_ORIGINAL_LOGS}, got {logs!r}")
+    return np.log(np.asarray(probabilities, dtype=np.float64) + (PRIDE_LOG_FLOOR if logs == "floor" else EPS))
+
+
 def pride_prior_original(
-    cal_scores: np.ndarray, cal_target_pos: np.ndarray | None = None
+    cal_scores: np.ndarray, cal_target_pos: np.ndarray | None = None, logs: str = PRIDE_ORIGINAL_LOGS[0]
 ) -> np.ndarray:
     """Log prior over positions of the original PriDe (Zheng et al., 2023) [N].
 
@@ -170,18 +190,24 @@ def pride_prior_original(
     which is the prior that, under PriDe's model ``P_s(p) ∝ prior(p) P_debiased(identity
     at p)``, cancels the content because every identity visits every position once.
     These per-instance priors (probabilities) are averaged over the instances, and the
-    log of the average is returned, to be subtracted from test log-probabilities (or, as
-    the argmax is shift-invariant, from raw scores). The estimate uses no labels:
-    ``cal_target_pos`` is accepted for a uniform signature and only validated.
+    log of the average is returned, to be subtracted from test log-probabilities.
+    ``logs="floor"`` (default, the original code) takes every log as ``log(p + 1e-10)``;
+    ``"exact"`` exact logs (1e-20 guard). (The original's other 1e-10 terms, in two
+    normalising denominators, scale all positions alike and change no prediction.) The
+    estimate uses no labels: ``cal_target_pos`` is accepted for a uniform signature and
+    only validated.
     """
     cal_scores = np.asarray(cal_scores, dtype=np.float64)
     if cal_target_pos is not None:
         _check_calibration_shapes(cal_scores, np.asarray(cal_target_pos))
     elif cal_scores.ndim != 3 or cal_scores.shape[1] != cal_scores.shape[2]:
         raise ValueError(f"cal_scores must be [C, N(shift), N(position)], got shape {cal_scores.shape}")
-    log_observed = log_softmax(cal_scores, axis=-1)  # [C, S, N]
+    if logs == "exact":
+        log_observed = log_softmax(cal_scores, axis=-1)  # [C, S, N]
+    else:
+        log_observed = pride_log(np.exp(log_softmax(cal_scores, axis=-1)), logs)
     per_instance = np.exp(log_softmax(log_observed.mean(axis=1), axis=-1))  # [C, N]
-    return np.log(per_instance.mean(axis=0) + EPS)
+    return pride_log(per_instance.mean(axis=0), logs)
 
 
 @dataclass(frozen=True)
@@ -259,8 +285,11 @@ def fit_calibration(
     n_cal: int,
     seed: int,
     average: ScoreAverage = "reference",
+    source: CalibrationSource = "pool",
+    pride_original_logs: str = PRIDE_ORIGINAL_LOGS[0],
 ) -> Calibration:
-    """Draw ``n_cal`` instances of the pool (``seed``) and fit every calibration quantity."""
+    """Draw ``n_cal`` instances of the pool (``seed``; the first ones for ``source =
+    "evaluation_head"``) and fit every calibration quantity."""
     cal_scores = np.asarray(cal_scores, dtype=np.float64)
     cal_attn = np.asarray(cal_attn, dtype=np.float64)
     cal_target_pos = np.asarray(cal_target_pos)
@@ -270,7 +299,7 @@ def fit_calibration(
             f"cal_attn shape {cal_attn.shape} does not match cal_scores {cal_scores.shape} "
             "(expected [C, N, Lyr, N])"
         )
-    instances = draw_calibration_instances(cal_scores.shape[0], n_cal, seed)
+    instances = draw_calibration_instances(cal_scores.shape[0], n_cal, seed, source)
     scores, attn, target = cal_scores[instances], cal_attn[instances], cal_target_pos[instances]
     L = score_matrix(scores, target, average)
     B, k = bias_matrix(L)
@@ -281,6 +310,7 @@ def fit_calibration(
         k=k,
         attn_prior=attention_prior(attn),
         pride_prior=pride_prior_reference(B),
-        pride_original_prior=pride_prior_original(scores, target),
-        settings={"n_cal": int(n_cal), "seed": int(seed), "average": average, "n_pool": int(cal_scores.shape[0])},
+        pride_original_prior=pride_prior_original(scores, target, pride_original_logs),
+        settings={"n_cal": int(n_cal), "seed": int(seed), "average": average, "n_pool": int(cal_scores.shape[0]),
+                  "source": source, "pride_original_logs": pride_original_logs},
     )

@@ -64,12 +64,57 @@ def _most_specific(error: jsonschema.ValidationError) -> jsonschema.ValidationEr
     return error
 
 
+# `reproduce: reference` sets every protocol choice to the authors' reference implementation's
+# (brightXian/LAD), the one that produced the published numbers; docs/method.md tabulates them.
+REFERENCE_PROTOCOL: dict[tuple[str, str], Any] = {
+    ("benchmarks", "orderings"): "shared",            # one list of T shuffles (build_shuffles)
+    ("benchmarks", "seed"): 42,                       # its seed
+    ("benchmarks", "category_rule"): "reference",     # skip candidates whose categories contain the anchor's
+    ("inference", "image_size"): 336,
+    ("inference", "score_mode"): "reference",         # raw logits when every identifier is one token
+    ("inference", "greedy_reply"): True,              # needed by vanilla_generate
+    ("calibration", "source"): "evaluation_head",     # the first |D_cal| evaluation instances
+    ("calibration", "score_average"): "reference",
+    ("calibration", "pride_original_logs"): "floor",  # the original PriDe code's log(p + 1e-10)
+    ("lad", "layer_mean"): "reference",
+    ("lad", "mixture"): "reference",
+    ("lad", "layer_ties"): "highest",
+    ("lad", "k_beyond_range"): "lower",
+    ("evaluation", "acc_ddof"): 1,
+}
+# ... and its Vanilla is the parsed greedy reply: evaluated beside the argmax readout.
+REFERENCE_METHODS = ("vanilla_generate",)
+
+
+def apply_reproduce(config: dict, schema: Mapping, source: str = "config") -> dict:
+    """``reproduce: reference``: set every key of :data:`REFERENCE_PROTOCOL` (in place). A key
+    the file sets to another value is a conflict, reported instead of silently overridden."""
+    if config.get("reproduce", "none") != "reference":
+        return config
+    for (section, key), value in REFERENCE_PROTOCOL.items():
+        block = config.setdefault(section, {})
+        if not isinstance(block, dict):
+            continue  # the schema reports the wrong type
+        if key in block and block[key] != value:
+            raise ConfigError(f"{source}: {section}.{key}: {block[key]!r} conflicts with reproduce: reference, "
+                              f"which sets it to {value!r}; remove one of the two")
+        block[key] = value
+    evaluation = config.setdefault("evaluation", {})
+    if isinstance(evaluation, dict):
+        default = schema["properties"]["evaluation"]["properties"]["methods"]["default"]
+        methods = evaluation.setdefault("methods", copy.deepcopy(default))
+        if isinstance(methods, list):
+            methods += [m for m in REFERENCE_METHODS if m not in methods]
+    return config
+
+
 def validate_config(config: dict, schema: Mapping | None = None, source: str = "config") -> dict:
     """Fill defaults into ``config`` (in place) and validate it; returns ``config``.
 
     Raises :class:`ConfigError` naming ``source`` and the key path of the first problem.
     """
     schema = load_schema() if schema is None else schema
+    apply_reproduce(config, schema, source)
     validator = _DefaultFillingValidator(schema)
     errors = sorted(validator.iter_errors(config), key=lambda e: list(map(str, e.absolute_path)))
     if errors:

@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterable, Literal, Mapping, Protocol, Sequence
 
 import numpy as np
 
-from ladbench.calibration import EPS
+from ladbench.calibration import EPS, log_softmax, pride_log
 
 __all__ = [
     "METHODS",
@@ -49,14 +49,22 @@ __all__ = [
     "purified_attention",
     "raw_attention",
     "select_layers",
+    "selection_warnings",
     "sharpen",
     "tau_sweep",
     "top_k_sweep",
     "vanilla",
+    "parse_reference_replies",
 ]
 
 # Each switchable LAD step: the reference implementation (default) or the paper's equation.
 Choice = Literal["reference", "paper"]
+# Layer selection's small rules (the paper states neither). Reference (default): among layers
+# of equal strength the HIGHEST index is kept (it takes the last K of an ascending sort), and
+# a K larger than the layer range is lowered to the range's size. The alternatives: the lowest
+# index; an error.
+LAYER_TIES = ("highest", "lowest")
+K_BEYOND_RANGE = ("lower", "error")
 
 
 # --------------------------------------------------------------------------- inputs
@@ -91,6 +99,8 @@ class LadSettings:
     all_layers: bool = False  # True: average every layer of layer_range instead of the top-K
     layer_mean: Choice = "reference"
     mixture: Choice = "reference"
+    layer_ties: str = LAYER_TIES[0]
+    k_beyond_range: str = K_BEYOND_RANGE[0]
 
     def __post_init__(self) -> None:
         if self.top_k < 1:
@@ -100,6 +110,9 @@ class LadSettings:
         for name in ("layer_mean", "mixture"):
             if getattr(self, name) not in ("reference", "paper"):
                 raise ValueError(f"{name} must be 'reference' or 'paper', got {getattr(self, name)!r}")
+        for name, allowed in (("layer_ties", LAYER_TIES), ("k_beyond_range", K_BEYOND_RANGE)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
         if self.layer_range is not None:
             lo, hi = self.layer_range
             if not 0 <= lo <= hi:
@@ -178,23 +191,46 @@ def _candidate_layers(n_layers: int, layer_range: tuple[int, int] | None) -> np.
     return np.arange(lo, min(hi, n_layers - 1) + 1)
 
 
-def select_layers(attn: np.ndarray, top_k: int, layer_range: tuple[int, int] | None = None) -> np.ndarray:
+def select_layers(
+    attn: np.ndarray, top_k: int, layer_range: tuple[int, int] | None = None, *,
+    ties: str = LAYER_TIES[0], k_beyond_range: str = K_BEYOND_RANGE[0],
+) -> np.ndarray:
     """Indices [..., K] of the ``top_k`` strongest layers of each row (Eq. 9), strongest first.
 
-    Only layers in ``layer_range`` (inclusive, 0-based; ``None`` = all) compete. Ties are
-    broken toward the lower layer index (a stable sort), so the result is deterministic.
+    Only layers in ``layer_range`` (inclusive, 0-based; ``None`` = all) compete. Among
+    layers of equal strength, ``ties="highest"`` (the reference) keeps the higher index,
+    ``"lowest"`` the lower. A ``top_k`` beyond the range's size is lowered to it
+    (``k_beyond_range="lower"``, the reference) or an error (``"error"``).
     """
     attn = np.asarray(attn)
     candidates = _candidate_layers(attn.shape[-2], layer_range)
-    if top_k > candidates.size:
-        raise ValueError(f"top_k = {top_k} but the layer range {layer_range} holds only {candidates.size} layers")
+    top_k = effective_top_k(top_k, candidates.size, k_beyond_range, layer_range)
     strength = layer_strength(attn)[..., candidates]
-    order = np.argsort(-strength, axis=-1, kind="stable")[..., :top_k]
+    if ties == "highest":
+        # a stable sort of the reversed candidates puts the higher index first among equals
+        order = candidates.size - 1 - np.argsort(-strength[..., ::-1], axis=-1, kind="stable")[..., :top_k]
+    elif ties == "lowest":
+        order = np.argsort(-strength, axis=-1, kind="stable")[..., :top_k]
+    else:
+        raise ValueError(f"layer ties must be one of {LAYER_TIES}, got {ties!r}")
     return candidates[order]
 
 
+def effective_top_k(top_k: int, n_candidates: int, k_beyond_range: str = K_BEYOND_RANGE[0],
+                    layer_range: tuple[int, int] | None = None) -> int:
+    """The K actually used: ``top_k``, or the range's size when it is smaller and the rule is "lower"."""
+    if top_k <= n_candidates:
+        return top_k
+    if k_beyond_range == "lower":
+        return n_candidates
+    if k_beyond_range == "error":
+        raise ValueError(f"top_k = {top_k} but the layer range {layer_range} holds only {n_candidates} layers")
+    raise ValueError(f"k_beyond_range must be one of {K_BEYOND_RANGE}, got {k_beyond_range!r}")
+
+
 def layer_selection_mask(
-    attn: np.ndarray, top_k: int, layer_range: tuple[int, int] | None = None, all_layers: bool = False
+    attn: np.ndarray, top_k: int, layer_range: tuple[int, int] | None = None, all_layers: bool = False, *,
+    ties: str = LAYER_TIES[0], k_beyond_range: str = K_BEYOND_RANGE[0],
 ) -> np.ndarray:
     """Boolean mask [..., Lyr] of the layers each row averages over.
 
@@ -207,8 +243,31 @@ def layer_selection_mask(
     if all_layers:
         mask[..., _candidate_layers(n_layers, layer_range)] = True
         return mask
-    np.put_along_axis(mask, select_layers(attn, top_k, layer_range), True, axis=-1)
+    selected = select_layers(attn, top_k, layer_range, ties=ties, k_beyond_range=k_beyond_range)
+    np.put_along_axis(mask, selected, True, axis=-1)
     return mask
+
+
+def selection_warnings(attn: np.ndarray, settings: "LadSettings") -> list[str]:
+    """Where the layer-selection rules decided something (recorded in the evaluation output):
+    K lowered to the range's size, and rows whose K-th and (K+1)-th strongest layers tie
+    (there the tie rule picks the layer)."""
+    if settings.all_layers:
+        return []
+    attn = np.asarray(attn)
+    candidates = _candidate_layers(attn.shape[-2], settings.layer_range)
+    warnings = []
+    k = effective_top_k(settings.top_k, candidates.size, settings.k_beyond_range, settings.layer_range)
+    if k < settings.top_k:
+        warnings.append(f"top_k = {settings.top_k} is larger than the {candidates.size} layers of the range "
+                        f"{settings.layer_range or 'all'}; K lowered to {k} (k_beyond_range = lower, the reference's rule)")
+    if k < candidates.size:
+        strength = np.sort(layer_strength(attn)[..., candidates], axis=-1)[..., ::-1]
+        tied = int((strength[..., k - 1] == strength[..., k]).sum())
+        if tied:
+            warnings.append(f"{tied} of {strength[..., 0].size} rows have a tie at the K-th strongest layer; "
+                            f"the {settings.layer_ties} layer index was kept (layer_ties = {settings.layer_ties})")
+    return warnings
 
 
 def _mean_over_mask(values: np.ndarray, mask: np.ndarray) -> np.ndarray:
@@ -221,14 +280,16 @@ def _mean_over_mask(values: np.ndarray, mask: np.ndarray) -> np.ndarray:
 
 
 def raw_attention(
-    attn: np.ndarray, top_k: int = 2, layer_range: tuple[int, int] | None = None, all_layers: bool = False
+    attn: np.ndarray, top_k: int = 2, layer_range: tuple[int, int] | None = None, all_layers: bool = False, *,
+    ties: str = LAYER_TIES[0], k_beyond_range: str = K_BEYOND_RANGE[0],
 ) -> np.ndarray:
     """Raw attention evidence [..., N]: mean of ``a^(l)`` over the selected layers, no prior.
 
     Its argmax is the "Raw attention" readout (Table 7; "Attn readout, no prior" of Table 4).
     """
     attn = np.asarray(attn, dtype=np.float64)
-    return _mean_over_mask(attn, layer_selection_mask(attn, top_k, layer_range, all_layers))
+    mask = layer_selection_mask(attn, top_k, layer_range, all_layers, ties=ties, k_beyond_range=k_beyond_range)
+    return _mean_over_mask(attn, mask)
 
 
 def purified_attention(
@@ -240,6 +301,8 @@ def purified_attention(
     layer_mean: Choice = "reference",
     use_prior: bool = True,
     all_layers: bool = False,
+    ties: str = LAYER_TIES[0],
+    k_beyond_range: str = K_BEYOND_RANGE[0],
 ) -> np.ndarray:
     """``log pi~`` [..., N] (Eqs. 10-11) over the selected layers ``L*``.
 
@@ -254,7 +317,7 @@ def purified_attention(
     attn_prior = np.asarray(attn_prior, dtype=np.float64)
     if attn_prior.shape != attn.shape[-2:]:
         raise ValueError(f"attn_prior shape {attn_prior.shape} does not match attention [..., Lyr, N] {attn.shape}")
-    mask = layer_selection_mask(attn, top_k, layer_range, all_layers)
+    mask = layer_selection_mask(attn, top_k, layer_range, all_layers, ties=ties, k_beyond_range=k_beyond_range)
     log_prior = np.log(attn_prior + EPS)
     if layer_mean == "reference":
         log_evidence = np.log(_mean_over_mask(attn, mask) + EPS)
@@ -306,13 +369,16 @@ def lad(
     all_layers: bool = False,
     layer_mean: Choice = "reference",
     mixture: Choice = "reference",
+    layer_ties: str = LAYER_TIES[0],
+    k_beyond_range: str = K_BEYOND_RANGE[0],
 ) -> np.ndarray:
     """LAD's corrected scores ``s' = s - prior(pi(attn))`` [..., N] (Eqs. 8-14)."""
     scores = np.asarray(scores, dtype=np.float64)
     check_compatible(scores, attn, calibration)
     log_pi = purified_attention(
         attn, calibration.attn_prior, top_k=top_k, layer_range=layer_range,
-        layer_mean=layer_mean, use_prior=use_prior, all_layers=all_layers,
+        layer_mean=layer_mean, use_prior=use_prior, all_layers=all_layers, ties=layer_ties,
+        k_beyond_range=k_beyond_range,
     )
     return scores - expected_bias(sharpen(log_pi, tau), calibration.B, mixture)
 
@@ -361,10 +427,14 @@ def _pride_method(arrays: EvalArraysLike, calibration: CalibrationLike, settings
 
 
 def _pride_original_method(arrays: EvalArraysLike, calibration: CalibrationLike, settings=None) -> np.ndarray:
-    # The original subtracts log prior from log-probabilities; log-softmax differs from the
-    # raw scores by one constant per row, so subtracting from the scores predicts the same.
+    # The original subtracts the log prior from log(p + 1e-10) of the test probabilities.
+    # With exact logs, log-softmax differs from the raw scores by one constant per row, so
+    # subtracting from the scores predicts the same. A calibration written before the floor
+    # existed was fitted with exact logs.
     check_compatible(arrays.scores, None, calibration)
-    return predict(pride(arrays.scores, calibration.pride_original_prior))
+    logs = getattr(calibration, "settings", {}).get("pride_original_logs", "exact")
+    scores = arrays.scores if logs == "exact" else pride_log(np.exp(log_softmax(arrays.scores)), logs)
+    return predict(pride(scores, calibration.pride_original_prior))
 
 
 def _lad_method(arrays: EvalArraysLike, calibration: CalibrationLike, settings=None) -> np.ndarray:
@@ -374,7 +444,8 @@ def _lad_method(arrays: EvalArraysLike, calibration: CalibrationLike, settings=N
 
 def _raw_attention_method(arrays: EvalArraysLike, calibration: CalibrationLike, settings=None) -> np.ndarray:
     s = LadSettings.from_mapping(settings)
-    return predict(raw_attention(arrays.attn, s.top_k, s.layer_range, s.all_layers))
+    return predict(raw_attention(arrays.attn, s.top_k, s.layer_range, s.all_layers, ties=s.layer_ties,
+                                 k_beyond_range=s.k_beyond_range))
 
 
 def _purified_attention_method(arrays: EvalArraysLike, calibration: CalibrationLike, settings=None) -> np.ndarray:
@@ -383,7 +454,8 @@ def _purified_attention_method(arrays: EvalArraysLike, calibration: CalibrationL
     check_compatible(arrays.scores, arrays.attn, calibration)
     log_pi = purified_attention(
         arrays.attn, calibration.attn_prior, top_k=s.top_k, layer_range=s.layer_range,
-        layer_mean=s.layer_mean, use_prior=s.use_prior, all_layers=s.all_layers,
+        layer_mean=s.layer_mean, use_prior=s.use_prior, all_layers=s.all_layers, ties=s.layer_ties,
+        k_beyond_range=s.k_beyond_range,
     )
     return predict(log_pi)
 
@@ -393,6 +465,26 @@ def _permutation_average_method(arrays: EvalArraysLike, calibration: Calibration
     # reports the chosen identity's position under every ordering: Cons. is 100% by design.
     identity = np.argmax(permutation_average(arrays.scores, arrays.order), axis=-1)
     return predict_identity_under_orderings(identity, arrays.order)
+
+
+def parse_reference_replies(texts: np.ndarray, n: int) -> np.ndarray:
+    """Physical position each reply names, as the reference parses a Vanilla reply: the last
+    integer of the text in 1..n (digits identifiers); -1 when there is none (counted wrong)."""
+    from ladbench.inference.prompts import parse_last_identifier  # stdlib only (re)
+
+    texts = np.asarray(texts, dtype=object)
+    parsed = [parse_last_identifier(str(text), n, "digits") for text in texts.ravel().tolist()]
+    return np.array(parsed, dtype=np.int64).reshape(texts.shape)
+
+
+def _vanilla_generate_method(arrays: EvalArraysLike, calibration: CalibrationLike, settings=None) -> np.ndarray:
+    # The reference's Vanilla: greedy two-token reply, parsed; unparsable = -1 (wrong, and the
+    # parse rate is the summary's parse_success).
+    texts = getattr(arrays, "greedy_text", None)
+    if texts is None:
+        raise ValueError("method 'vanilla_generate' needs the cache's greedy replies (greedy_text); run the "
+                         "infer stage without --no-greedy-reply (config inference.greedy_reply: true)")
+    return parse_reference_replies(texts, arrays.scores.shape[-1])
 
 
 def _generated_method(arrays: EvalArraysLike, calibration: CalibrationLike, settings=None) -> np.ndarray:
@@ -405,6 +497,7 @@ def _generated_method(arrays: EvalArraysLike, calibration: CalibrationLike, sett
 
 METHODS: dict[str, MethodFn] = {
     "vanilla": _vanilla_method,
+    "vanilla_generate": _vanilla_generate_method,
     "pride": _pride_method,
     "pride_original": _pride_original_method,
     "lad": _lad_method,

@@ -10,10 +10,11 @@ rule calibrate:
         f"{OUT}/calibration/{{model}}/{{benchmark}}/{{variant}}/dcal{{n_cal}}_seed{{seed}}.npz",
     params:
         average=config["calibration"]["score_average"],
+        pride_logs=config["calibration"]["pride_original_logs"],
     log:
         f"{LOGS}/calibrate/{{model}}/{{benchmark}}/{{variant}}/dcal{{n_cal}}_seed{{seed}}.log",
     conda:
         "../../envs/cpu.yaml"
     shell:
         "ladbench calibrate --cache {input} --n-cal {wildcards.n_cal} --seed {wildcards.seed} "
-        "--score-average {params.average} --out {output} > {log} 2>&1"
+        "--score-average {params.average} --pride-original-logs {params.pride_logs} --out {output} > {log} 2>&1"

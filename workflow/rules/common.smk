@@ -168,6 +168,7 @@ def benchmark_flags(wildcards):
         n_eval=bench["n_eval"], n_calibration=bench["n_calibration_pool"],
         n_orderings=bench["n_orderings"], pool_size=bench["pool_size"], seed=bench["seed"],
         caption_sim_max=bench["caption_sim_max"], category_rule=bench["category_rule"],
+        orderings=bench["orderings"], calibration_source=config["calibration"]["source"],
     )
 
 
@@ -198,7 +199,7 @@ def infer_flags(wildcards):
         workers=inference.get("workers"), vision_tower=inference["vision_tower"],
         group_by_length=inference["group_by_length"],
         dtype=inference["dtype"], device=inference["device"],
-        store_head_attention=inference["store_head_attention"],
+        store_head_attention=inference["store_head_attention"], no_greedy_reply=not inference["greedy_reply"],
     )
 
 
@@ -226,12 +227,14 @@ def lad_options(model):
     """LAD's test-time settings for ``model`` (shared by evaluate and analyze)."""
     lad = config["lad"]
     return dict(layer_range=layer_range_arg(config["models"][model]["layer_range"]), top_k=lad["top_k"],
-                tau=lad["tau"], layer_mean=lad["layer_mean"], mixture=lad["mixture"])
+                tau=lad["tau"], layer_mean=lad["layer_mean"], mixture=lad["mixture"], layer_ties=lad["layer_ties"],
+                k_beyond_range=lad["k_beyond_range"])
 
 
 def bootstrap_options():
     evaluation = config["evaluation"]
-    return dict(bootstrap=evaluation["bootstrap"], ci=evaluation["ci"], seed=evaluation["seed"])
+    return dict(bootstrap=evaluation["bootstrap"], ci=evaluation["ci"], seed=evaluation["seed"],
+                acc_ddof=evaluation["acc_ddof"])
 
 
 def evaluation_flags(wildcards):
@@ -270,6 +273,7 @@ def analysis_flags(wildcards):
     return flags(
         **lad_options(wildcards.model),
         n_cal=N_CAL, seeds=CAL_SEEDS, score_average=config["calibration"]["score_average"],
+        pride_original_logs=config["calibration"]["pride_original_logs"],
         dcal_sizes=sweeps["dcal_sizes"], dcal_draws=sweeps["dcal_draws"], taus=sweeps["taus"],
         **bootstrap_options(),
     )

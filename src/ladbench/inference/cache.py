@@ -69,10 +69,13 @@ def _target_index(inst: Mapping[str, Any], where: str) -> int:
 def plan_rows(benchmark: Mapping[str, Any], *, shifts_per_ordering: bool = False) -> RowPlan:
     """The row plan of a benchmark (docs/formats.md §3, §4); ``shifts_per_ordering`` for permavg."""
     n = int(benchmark["n_candidates"])
+    shared = benchmark.get("orderings") if benchmark.get("ordering_scheme") == "shared" else None
     rows: list[tuple[int, int, int, list[int], int]] = []     # split, instance, ordering, order, shift
     for i, inst in enumerate(benchmark["eval"]):
         if len(inst["candidates"]) != n:
             raise ValueError(f"benchmark eval[{i}] has {len(inst['candidates'])} candidates, expected {n}")
+        if shared is not None and inst["orderings"] != shared:
+            raise ValueError(f"benchmark eval[{i}].orderings differ from the shared orderings the file declares")
         for t, ordering in enumerate(inst["orderings"]):
             if sorted(ordering) != list(range(n)):
                 raise ValueError(f"benchmark eval[{i}].orderings[{t}] is not a permutation of range({n})")
@@ -105,6 +108,7 @@ class CacheLayout:
     store_heads: bool = False
     generative: bool = False
     n_samples: int = 1         # > 1: self-consistency, texts [R, S]
+    greedy: bool = False       # the two greedy reply tokens and their text (the reference's Vanilla readout)
 
 
 def _result_datasets(layout: CacheLayout, n_rows: int) -> dict[str, tuple[tuple[int, ...], Any, Any]]:
@@ -119,6 +123,9 @@ def _result_datasets(layout: CacheLayout, n_rows: int) -> dict[str, tuple[tuple[
         # Table 2's latency come from all rows, however many resumed runs wrote them
         "seconds": ((r,), np.float32, np.nan),
     }
+    if layout.greedy:
+        out["greedy_tokens"] = ((r, 2), np.int32, -1)
+        out["greedy_text"] = ((r,), h5py.string_dtype("utf-8"), "")
     if layout.store_heads:
         out["attn_heads"] = ((r, lyr, layout.n_heads, n), np.float16, np.nan)
     if layout.generative:

@@ -4,7 +4,9 @@ Per row (docs/formats.md §4): the N images in the row's order (resized to a squ
 bicubic), the prompt of the variant through the model's chat template, ONE prefill with
 the fast attention kernel capturing the last query row of every decoder layer, the
 candidate scores (METHOD §2; continuation steps reuse the prefill's KV cache), the
-attention mass per layer per image span and on the other tokens. Generative variants
+attention mass per layer per image span and on the other tokens, and (unless
+``--no-greedy-reply``) the two-token greedy reply the reference reads Vanilla from
+(``greedy.py``). Generative variants
 (cot, sc) generate replies instead and store texts and parsed answers (their ``scores``
 and ``attn`` stay NaN).
 """
@@ -31,6 +33,7 @@ from ladbench.benchmark import load_benchmark
 from ladbench.data.coco import load_image_table
 
 from .cache import CacheLayout, CacheWriter, RowPlan, is_complete_for, plan_rows
+from .greedy import greedy_outputs, greedy_reply_tokens, repetition_penalty, stop_token_ids
 from .prompts import (GENERATIVE_VARIANTS, IDENTIFIER_FORMATS, PROMPT_VARIANTS, identifiers, majority_vote,
                       parse_answer_is, parse_last_identifier, prompt_sha256, prompt_text)
 from .scoring import SCORE_MODES, IdentifierTrie, identifier_encoder, trie_scores
@@ -61,6 +64,7 @@ class InferenceSettings:
     batch_size: int = 1
     chunk_size: int = 16
     store_head_attention: bool = False
+    greedy_reply: bool = True
     limit_rows: int | None = None
     sofa_sigma: float = 0.5
     sofa_every: int = 2
@@ -107,6 +111,8 @@ class InferenceSettings:
                 d.pop(k)
         if self.prompt not in GENERATIVE_VARIANTS:
             d.pop("seed")
+        else:
+            d.pop("greedy_reply")
         return d
 
     def loader_workers(self) -> int:
@@ -301,11 +307,13 @@ class RowRunner:
                                        self.s.sofa_sigma, ad.model.dtype)
             sofa_ctx = SofaMask([modules[i] for i in sofa_layers(len(modules), self.s.sofa_every)], bias)
         with LastRowCapture(modules, seg, n + 2) as cap, sofa_ctx:
-            logits, state = ad.prefill(inputs, use_cache=len(self.nodes) > 1)
+            logits, state = ad.prefill(inputs, use_cache=len(self.nodes) > 1 or self.s.greedy_reply)
         on_device = {"mass": cap.masses()}                               # [B, L, H, N + 2]
         for i, node in enumerate(self.nodes):
             node_logits = logits if i == 0 else ad.continue_logits(state, node)
             on_device[node] = node_logits[:, self.node_tokens[node]]
+        if self.s.greedy_reply:       # the reference's Vanilla readout (greedy.py); ids are exact in float32
+            on_device["greedy"] = greedy_reply_tokens(ad, logits, state, inputs)
         host = to_host(on_device)
         logits_at = {}
         for node in self.nodes:                 # full-width rows, NaN where the scores never read
@@ -319,6 +327,8 @@ class RowRunner:
                "attn_text": mass[..., n].mean(axis=2).astype(np.float32)}
         if self.s.store_head_attention:
             out["attn_heads"] = head_mass.astype(np.float16)
+        if "greedy" in host:
+            out.update(greedy_outputs(ad, host["greedy"].astype(np.int64)))
         return out
 
     def generate_batch(self, batch: Sequence[int] | PreparedBatch) -> dict[str, np.ndarray]:
@@ -482,6 +492,7 @@ def run_inference(settings: InferenceSettings) -> str:
     generative = settings.prompt in GENERATIVE_VARIANTS
     layout = CacheLayout(n_candidates=n, n_layers=adapter.n_layers, n_heads=adapter.n_heads,
                          store_heads=settings.store_head_attention, generative=generative,
+                         greedy=settings.greedy_reply and not generative,
                          n_samples=settings.sc_samples if settings.prompt == "sc" else 1)
     attrs = {"model": settings.model_name, "model_path": settings.model_path, "revision": settings.revision or "",
              "family": settings.family, "variant": settings.prompt, "n_candidates": n,
@@ -489,7 +500,10 @@ def run_inference(settings: InferenceSettings) -> str:
              "score_mode": settings.score_mode, "prompt_sha256": prompt_sha256(settings.prompt, n, settings.identifiers),
              "config_sha256": digest, "settings": settings.hashed_fields(), "versions": library_versions(),
              "device": device, "dtype": str(adapter.model.dtype).replace("torch.", ""),
-             "benchmark": os.path.abspath(settings.benchmark)}
+             "benchmark": os.path.abspath(settings.benchmark),
+             "calibration_source": bench.get("calibration_source", "pool")}  # read by calibrate / analyze
+    if settings.greedy_reply and not generative:
+        attrs.update(greedy_repetition_penalty=repetition_penalty(adapter), greedy_stop_ids=stop_token_ids(adapter))
     if settings.prompt == "sofa":
         attrs.update(sofa_sigma=settings.sofa_sigma, sofa_every=settings.sofa_every)
     writer = CacheWriter.open(settings.out, plan, layout, attrs)
@@ -560,6 +574,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "log-probs (published numbers); joint: always joint restricted log-probs")
     g.add_argument("--image-size", type=int, default=336, help="images are resized to this square, bicubic (336)")
     g.add_argument("--store-head-attention", action="store_true", help="also store per-head attention (attn_heads)")
+    g.add_argument("--no-greedy-reply", dest="greedy_reply", action="store_false",
+                   help="do not store the two greedy reply tokens and their text (the reference's Vanilla readout, "
+                        "method vanilla_generate; costs one KV-cache continuation step per batch)")
     g = p.add_argument_group("SoFA (--prompt sofa)")
     g.add_argument("--sofa-sigma", type=float, default=0.5, help="future image-to-image attention weight (0.5)")
     g.add_argument("--sofa-every", type=int, default=2, help="apply SoFA in every n-th decoder layer from 0 (2)")

@@ -307,15 +307,19 @@ class ModelAdapter:
         return None
 
     @torch.no_grad()
-    def continue_logits(self, state: PrefillState, new_tokens: Sequence[int]) -> torch.Tensor:
-        """Next-token logits [B, V] after appending ``new_tokens`` (same for every row) to the
-        prefilled prompt, reusing the prefill's KV cache; the cache is cropped back afterwards
-        so several continuations can share one prefill."""
+    def continue_logits(self, state: PrefillState, new_tokens: Sequence[int] | torch.Tensor) -> torch.Tensor:
+        """Next-token logits [B, V] after appending ``new_tokens`` (the same ids for every row,
+        or a [B, k] tensor of each row's own ids, e.g. its greedy reply) to the prefilled
+        prompt, reusing the prefill's KV cache; the cache is cropped back afterwards so
+        several continuations can share one prefill."""
         if state.past_key_values is None:
             raise ValueError("continue_logits needs a prefill run with use_cache=True")
         batch = state.attention_mask.shape[0]
-        n_new = len(new_tokens)
-        ids = torch.tensor([list(new_tokens)] * batch, dtype=torch.long, device=self.device)
+        if isinstance(new_tokens, torch.Tensor):
+            ids = new_tokens.to(device=self.device, dtype=torch.long)
+        else:
+            ids = torch.tensor([list(new_tokens)] * batch, dtype=torch.long, device=self.device)
+        n_new = ids.shape[1]
         mask = torch.cat([state.attention_mask, torch.ones_like(ids, dtype=state.attention_mask.dtype)], dim=1)
         cache_position = torch.arange(state.seq_len, state.seq_len + n_new, device=self.device)
         kwargs: dict[str, Any] = dict(input_ids=ids, attention_mask=mask, past_key_values=state.past_key_values,

@@ -48,14 +48,16 @@ DISPLAY_NAMES = {
 }
 
 CELL_NOTE = (
-    "Cells: Acc = mean ± std over the T orderings (%) [95% bootstrap interval of the mean over instances]; "
+    "Cells: Acc = mean ± std over the T orderings (%; sample std, ddof = evaluation.acc_ddof, 1 by default as the "
+    "reference) [95% bootstrap interval of the mean over instances]; "
     "RStd = std over the N positions of the per-position recall (%) [interval]; "
     "Cons. = % of instances answered with the same image under every ordering [interval]. "
     "'–': not computed in this study."
 )
 
 # Shown only when the study evaluated them.
-TABLE1_OPTIONAL_ROWS = (("PriDe (original)", "vanilla", "pride_original"),)
+TABLE1_OPTIONAL_ROWS = (("Vanilla (greedy reply, parsed)", "vanilla", "vanilla_generate"),
+                        ("PriDe (original)", "vanilla", "pride_original"))
 
 
 # --------------------------------------------------------------------------- cells
@@ -84,8 +86,10 @@ def three_cells(m: dict | None) -> list[Cell]:
 
 
 def _generative_note() -> str:
-    return ("CoT and Self-Consistency: the answer parsed from the generated text; an unparsable reply counts as "
-            "wrong, and the parse success is given in brackets when below 100%.")
+    return ("CoT, Self-Consistency and Vanilla (greedy reply, parsed; the reference's Vanilla readout: two greedy "
+            "tokens, the last integer in 1..N): the answer parsed from the generated text; an unparsable reply "
+            "counts as wrong, and the parse success is given in brackets when below 100%. Vanilla: argmax of the "
+            "candidate scores.")
 
 
 # --------------------------------------------------------------------------- Tables 1 / 6
@@ -130,7 +134,12 @@ def _instances_note(study: Study) -> str:
     if not sizes:
         return "No evaluation files."
     described = ", ".join(f"{i} instances x T = {t} orderings" for i, t in sizes)
-    return f"Evaluation set: {described}; |D_cal| = {study.n_cal if study.n_cal is not None else '?'}."
+    sources = sorted({e.get("calibration_source") for e in study.evaluations.values()} - {None})
+    where = {"pool": "drawn from a calibration pool disjoint from the evaluation set",
+             "evaluation_head": "the first |D_cal| evaluation instances, as the reference implementation"}
+    calibration = "; ".join(where.get(source, source) for source in sources) or "source not recorded"
+    return (f"Evaluation set: {described}; |D_cal| = {study.n_cal if study.n_cal is not None else '?'} "
+            f"calibration instances ({calibration}).")
 
 
 # --------------------------------------------------------------------------- Table 2
@@ -272,6 +281,8 @@ def table4(study: Study) -> Table:
             rows = []
             for row in analysis.get("ablation", []):
                 k = "–" if row.get("top_k") is None else str(row["top_k"])
+                if any(w.startswith("top_k =") for w in row.get("warnings", [])):
+                    k += "*"  # lowered to the range's size (lad.k_beyond_range: lower)
                 rows.append([row["strategy"], "yes" if row["prior"] else "no", k] + three_cells(row.get("metrics")))
             blocks.append(Block(f"{model}, {benchmark}", rows))
     return Table(
@@ -282,7 +293,8 @@ def table4(study: Study) -> Table:
         [CELL_NOTE,
          "Attn readout: argmax of the attention evidence of the top-K layers, without (raw) or with (purified) "
          "the calibration prior. All layers: LAD averaging every layer. Dynamic: LAD with the top-K layers per "
-         "instance. A K larger than the layers searched is '–'. From the analysis files (first calibration draw)."],
+         "instance. K*: larger than the layers searched, so every searched layer is used (the reference lowers K; "
+         "with lad.k_beyond_range: error the row is '–'). From the analysis files (first calibration draw)."],
     )
 
 

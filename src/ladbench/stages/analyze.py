@@ -20,7 +20,7 @@ instances); with several draws, ``calibration_draws`` says how much it moves bet
 from __future__ import annotations
 
 import argparse
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -30,6 +30,7 @@ from tqdm import tqdm
 from ladbench import divergence, methods, metrics
 from ladbench.atomic import atomic_path, atomic_write_json
 from ladbench.calibration import Calibration, fit_calibration, log_softmax
+from ladbench.stages.calibrate import add_pride_argument
 from ladbench.stages.options import add_bootstrap_arguments, add_lad_arguments, lad_settings, metrics_line
 from ladbench.inference.cache import read_cache
 from ladbench.stages.arrays import CalibrationArrays, EvalArrays, calibration_arrays, eval_arrays
@@ -64,19 +65,24 @@ DCAL_METHODS = ("lad", "pride", "purified_attention")
 
 @dataclass(frozen=True)
 class Bootstrap:
-    """Bootstrap options of :func:`ladbench.metrics.summarize`: resamples, level, seed."""
+    """Options of :func:`ladbench.metrics.summarize`: bootstrap resamples, level, seed, and
+    the ddof of Acc's std (every table row and sweep uses the same one)."""
 
     n_boot: int = 1000
     ci: float = 0.95
     seed: int = 0
+    acc_ddof: int = metrics.ACC_STD_DDOF
 
     def kwargs(self) -> dict[str, Any]:
         return asdict(self)
 
 
 def fit_draws(cal: CalibrationArrays, n_cal: int, seeds: Sequence[int], average: str = "reference") -> list[Calibration]:
-    """One calibration per seed, each from its own draw of ``n_cal`` pool instances."""
-    return [fit_calibration(cal.scores, cal.attn, cal.target_pos, n_cal=n_cal, seed=s, average=average) for s in seeds]
+    """One calibration per seed, each from its own draw of ``n_cal`` pool instances (with the
+    evaluation_head source every seed takes the same first instances, so one is fitted)."""
+    seeds = seeds[:1] if cal.source == "evaluation_head" else seeds
+    return [fit_calibration(cal.scores, cal.attn, cal.target_pos, n_cal=n_cal, seed=s, average=average,
+                            source=cal.source, pride_original_logs=cal.pride_original_logs) for s in seeds]
 
 
 def dcal_sizes_for_pool(requested: Sequence[int], pool_size: int) -> list[int]:
@@ -90,10 +96,11 @@ def dcal_sizes_for_pool(requested: Sequence[int], pool_size: int) -> list[int]:
     return sorted({min(int(s), pool_size) for s in requested})
 
 
-def _metrics_of(pred: np.ndarray, arrays: EvalArrays, boot: Bootstrap | None) -> dict[str, Any]:
+def _metrics_of(pred: np.ndarray, arrays: EvalArrays, boot: Bootstrap, intervals: bool = True) -> dict[str, Any]:
+    """``summarize`` with ``boot``'s options; ``intervals=False`` skips the bootstrap (spreads over draws)."""
     n = arrays.scores.shape[-1]
-    options = boot if boot is not None else Bootstrap(n_boot=0)
-    return metrics.summarize(pred, arrays.target_pos, arrays.order, n, **options.kwargs())
+    boot = boot if intervals else replace(boot, n_boot=0)
+    return metrics.summarize(pred, arrays.target_pos, arrays.order, n, **boot.kwargs())
 
 
 def variant_result(
@@ -108,8 +115,10 @@ def variant_result(
     except ValueError as error:
         return {**row, "unavailable": str(error)}
     row["metrics"] = _metrics_of(predictions[0], arrays, boot)
+    if variant.method in ("lad", "raw_attention", "purified_attention"):
+        row["warnings"] = methods.selection_warnings(arrays.attn, variant.settings)
     if len(predictions) > 1:
-        row["calibration_draws"] = metrics.spread_over_draws([_metrics_of(p, arrays, None) for p in predictions])
+        row["calibration_draws"] = metrics.spread_over_draws([_metrics_of(p, arrays, boot, False) for p in predictions])
     return row
 
 
@@ -159,6 +168,7 @@ def dcal_sweep(
     n_draws: int,
     average: str = "reference",
     progress: bool = False,
+    boot: Bootstrap | None = None,
 ) -> list[dict]:
     """Figure 6 (left): accuracy of LAD, PriDe and the purified readout versus |D_cal|.
 
@@ -167,14 +177,15 @@ def dcal_sweep(
     is the whole pool every draw is the same set, so one draw is used.
     """
     pool = cal.scores.shape[0]
+    boot = boot or Bootstrap()
     rows = []
     for size in tqdm(dcal_sizes_for_pool(sizes, pool), desc="|D_cal| sweep", disable=not progress):
-        seeds = [0] if size == pool else list(range(n_draws))
+        seeds = [0] if size == pool or cal.source == "evaluation_head" else list(range(n_draws))
         calibrations = fit_draws(cal, size, seeds, average)
         per_method = {}
         for name in DCAL_METHODS:
             variant = methods.Variant(name, name, base)
-            summaries = [_metrics_of(variant.predict(arrays, c), arrays, None) for c in calibrations]
+            summaries = [_metrics_of(variant.predict(arrays, c), arrays, boot, False) for c in calibrations]
             per_method[name] = metrics.spread_over_draws(summaries)
         rows.append({"n_cal": int(size), "seeds": seeds, "methods": per_method})
     return rows
@@ -218,7 +229,7 @@ def divergence_statistics(
     Returns the JSON summaries (without per-instance lists) and the per-instance rho
     arrays for the ``.npz`` (``rho_logits``, ``rho_attention_raw``, ``rho_attention_purified``).
     """
-    common = dict(top_k=base.top_k, layer_range=base.layer_range, **boot.kwargs())
+    common = dict(top_k=base.top_k, layer_range=base.layer_range, n_boot=boot.n_boot, ci=boot.ci, seed=boot.seed)
     raw = divergence.divergence_summary(arrays.scores, arrays.order, attn=arrays.attn, **common)
     purified = divergence.divergence_summary(
         arrays.scores, arrays.order, attn=arrays.attn, attn_prior=calibration.attn_prior, **common
@@ -251,9 +262,11 @@ def position_profiles(
     Returns the profiles (mean, std, count as lists) and the per-row values [I, T, N].
     """
     probabilities = np.exp(log_softmax(arrays.scores))
-    raw_share = _shares(methods.raw_attention(arrays.attn, base.top_k, base.layer_range))
+    selection = dict(ties=base.layer_ties, k_beyond_range=base.k_beyond_range)
+    raw_share = _shares(methods.raw_attention(arrays.attn, base.top_k, base.layer_range, **selection))
     log_pi = methods.purified_attention(
-        arrays.attn, calibration.attn_prior, top_k=base.top_k, layer_range=base.layer_range, layer_mean=base.layer_mean
+        arrays.attn, calibration.attn_prior, top_k=base.top_k, layer_range=base.layer_range, layer_mean=base.layer_mean,
+        **selection,
     )
     purified_share = methods.sharpen(log_pi, 1.0)
     rows = {"probability": probabilities, "attention_share": raw_share, "purified_share": purified_share}
@@ -276,6 +289,7 @@ def analyze(
     n_cal: int,
     seeds: Sequence[int],
     score_average: str = "reference",
+    pride_original_logs: str = "floor",
     dcal_sizes: Sequence[int] = DEFAULT_DCAL_SIZES,
     dcal_draws: int = 5,
     taus: Sequence[float] = DEFAULT_TAUS,
@@ -288,7 +302,8 @@ def analyze(
     if cache.has_shifts or "parsed" in cache:
         raise ValueError(f"{cache_path}: analyze needs a cache of scores and attention (vanilla prompt), "
                          f"not a {cache.attrs.get('variant')!r} cache")
-    arrays, cal = eval_arrays(cache), calibration_arrays(cache)
+    arrays = eval_arrays(cache)
+    cal = replace(calibration_arrays(cache), pride_original_logs=pride_original_logs)
     pool = int(cal.scores.shape[0])
     if n_cal > pool:
         raise ValueError(f"{cache_path}: |D_cal| = {n_cal} but the calibration pool has {pool} instances")
@@ -300,7 +315,7 @@ def analyze(
         ("readouts", lambda: readout_rows(arrays, calibrations, base, boot)),
         ("ablation", lambda: ablation_rows(arrays, calibrations, base, boot)),
         ("tau_sweep", lambda: tau_sweep_rows(arrays, calibrations, base, taus, boot)),
-        ("dcal_sweep", lambda: dcal_sweep(arrays, cal, base, dcal_sizes, dcal_draws, score_average)),
+        ("dcal_sweep", lambda: dcal_sweep(arrays, cal, base, dcal_sizes, dcal_draws, score_average, boot=boot)),
         ("paper_vs_reference", lambda: paper_vs_reference_rows(arrays, cal, base, n_cal, seeds, boot)),
     ]
     document: dict[str, Any] = {
@@ -313,9 +328,10 @@ def analyze(
         "n_candidates": int(arrays.scores.shape[-1]),
         "n_layers": int(arrays.attn.shape[-2]),
         "n_calibration_pool": pool,
+        "calibration_source": cal.source,
         "settings": {
             **base.as_dict(), "n_cal": int(n_cal), "calibration_seeds": [int(s) for s in seeds],
-            "score_average": score_average, "dcal_sizes": dcal_sizes_for_pool(dcal_sizes, pool),
+            "score_average": score_average, "pride_original_logs": pride_original_logs, "dcal_sizes": dcal_sizes_for_pool(dcal_sizes, pool),
             "dcal_draws": int(dcal_draws), "taus": [float(t) for t in taus], **boot.kwargs(),
         },
     }
@@ -342,6 +358,7 @@ def register(subparsers) -> None:
     cal.add_argument("--seeds", type=int, nargs="+", default=[0], help="calibration draws of the tables")
     cal.add_argument("--score-average", choices=["reference", "paper"], default="reference",
                      help="how L averages the calibration scores (Eqs. 1-3)")
+    add_pride_argument(cal)
     sweeps = parser.add_argument_group("Figure 6 sweeps")
     sweeps.add_argument("--dcal-sizes", type=int, nargs="+", default=list(DEFAULT_DCAL_SIZES),
                         help="|D_cal| sizes (clipped to the pool size)")
@@ -358,8 +375,9 @@ def run(args: argparse.Namespace) -> None:
     base = lad_settings(args)
     document, arrays = analyze(
         args.cache, base, n_cal=args.n_cal, seeds=args.seeds, score_average=args.score_average,
+        pride_original_logs=args.pride_original_logs,
         dcal_sizes=args.dcal_sizes, dcal_draws=args.dcal_draws, taus=args.taus,
-        boot=Bootstrap(args.bootstrap, args.ci, args.seed), progress=True,
+        boot=Bootstrap(args.bootstrap, args.ci, args.seed, args.acc_ddof), progress=True,
     )
     atomic_write_json(args.out, metrics.json_safe(document), indent=1)
     npz = Path(args.out).with_suffix(".npz")

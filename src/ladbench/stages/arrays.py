@@ -20,6 +20,7 @@ class EvalArrays:
     target_pos: np.ndarray  # [I, T]
     order: np.ndarray  # [I, T, N] identity shown at each position
     parsed: np.ndarray | None = None  # [I, T] generative variants: parsed position, -1 unparsable
+    greedy_text: np.ndarray | None = None  # [I, T] str: the two-token greedy reply (method vanilla_generate)
 
 
 @dataclass(frozen=True)
@@ -27,12 +28,15 @@ class CalibrationArrays:
     scores: np.ndarray  # [C, N(shift), N]
     attn: np.ndarray  # [C, N(shift), Lyr, N]
     target_pos: np.ndarray  # [C, N(shift)]
+    source: str = "pool"  # the benchmark's calibration_source: how |D_cal| instances are taken from the pool
+    pride_original_logs: str = "floor"  # how the original PriDe's prior takes logs (a fit option, not cached)
 
 
 def eval_arrays(cache: InferenceCache) -> EvalArrays:
-    parsed = cache.eval_view("parsed") if "parsed" in cache else None
-    return EvalArrays(*(cache.eval_view(k) for k in ("scores", "attn", "target_pos", "order")), parsed=parsed)
+    optional = {key: cache.eval_view(key) for key in ("parsed", "greedy_text") if key in cache}
+    return EvalArrays(*(cache.eval_view(k) for k in ("scores", "attn", "target_pos", "order")), **optional)
 
 
 def calibration_arrays(cache: InferenceCache) -> CalibrationArrays:
-    return CalibrationArrays(*(cache.calibration_view(k) for k in ("scores", "attn", "target_pos")))
+    return CalibrationArrays(*(cache.calibration_view(k) for k in ("scores", "attn", "target_pos")),
+                             source=cache.attrs.get("calibration_source", "pool"))

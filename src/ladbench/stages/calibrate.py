@@ -5,9 +5,14 @@ from __future__ import annotations
 
 import argparse
 
-from ladbench.calibration import fit_calibration
+from ladbench.calibration import PRIDE_ORIGINAL_LOGS, fit_calibration
 from ladbench.inference.cache import read_cache
 from ladbench.stages.arrays import calibration_arrays
+
+
+def add_pride_argument(parser) -> None:
+    parser.add_argument("--pride-original-logs", choices=PRIDE_ORIGINAL_LOGS, default=PRIDE_ORIGINAL_LOGS[0],
+                        help="pride_original: log(p + 1e-10) as the original code (floor, default) or exact logs")
 
 
 def register(subparsers) -> None:
@@ -19,6 +24,7 @@ def register(subparsers) -> None:
         "--score-average", choices=["reference", "paper"], default="reference",
         help="reference: average raw scores; paper: average probabilities, then log",
     )
+    add_pride_argument(parser)
     parser.add_argument("--out", required=True, help="output .npz")
     parser.set_defaults(func=run)
 
@@ -26,8 +32,12 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> None:
     cal = calibration_arrays(read_cache(args.cache))
     calibration = fit_calibration(
-        cal.scores, cal.attn, cal.target_pos, n_cal=args.n_cal, seed=args.seed, average=args.score_average
+        cal.scores, cal.attn, cal.target_pos, n_cal=args.n_cal, seed=args.seed, average=args.score_average,
+        source=cal.source,  # from the benchmark, through the cache
+        pride_original_logs=args.pride_original_logs,
     )
     calibration.to_npz(args.out)
-    print(f"calibration from {args.n_cal} of {cal.scores.shape[0]} instances (seed {args.seed}): k = {calibration.k:.4f}")
+    how = "the first" if cal.source == "evaluation_head" else f"seed {args.seed},"
+    print(f"calibration from {args.n_cal} of {cal.scores.shape[0]} instances ({how} source {cal.source}): "
+          f"k = {calibration.k:.4f}")
     print(f"wrote {args.out}")

@@ -41,6 +41,8 @@ def register(subparsers) -> None:
 
 # Methods that read a calibration; the others need none (e.g. on CoT caches).
 NEEDS_CALIBRATION = frozenset({"pride", "pride_original", "lad", "purified_attention"})
+# Methods that select layers by attention strength (their selection warnings are recorded).
+SELECTS_LAYERS = frozenset({"lad", "raw_attention", "purified_attention"})
 # What a cache of each prompt variant is evaluated with, unless --methods says otherwise.
 METHODS_FOR_PROMPT = {
     "vanilla": ("vanilla", "pride", "lad"),
@@ -96,22 +98,29 @@ def run(args: argparse.Namespace) -> None:
     summary = {}
     for name in names:
         summary[name] = metrics.summarize(
-            draws[0][name], arrays.target_pos, arrays.order, n, n_boot=args.bootstrap, ci=args.ci, seed=args.seed
+            draws[0][name], arrays.target_pos, arrays.order, n, n_boot=args.bootstrap, ci=args.ci, seed=args.seed,
+            acc_ddof=args.acc_ddof,
         )
         if len(draws) > 1:
             summary[name]["calibration_draws"] = metrics.spread_over_draws(
-                [metrics.summarize(d[name], arrays.target_pos, arrays.order, n, n_boot=0) for d in draws]
+                [metrics.summarize(d[name], arrays.target_pos, arrays.order, n, n_boot=0, acc_ddof=args.acc_ddof)
+                 for d in draws]
             )
     result = {
         "cache": str(args.cache),
         "calibrations": [str(p) for p in args.calibration],
+        # pool (disjoint from the evaluation set) or evaluation_head (the reference's: its first instances)
+        "calibration_source": calibrations[0].settings.get("source", "pool") if calibrations[0] else None,
         "model": cache.attrs.get("model"),
         "prompt": cache.attrs.get("variant"),  # the cache's prompt variant
         "n_instances": int(arrays.scores.shape[0]),
         "n_orderings": int(arrays.scores.shape[1]),
         "n_candidates": int(n),
-        "settings": {**settings.as_dict(), "bootstrap": args.bootstrap, "ci": args.ci, "seed": args.seed},
+        "settings": {**settings.as_dict(), "bootstrap": args.bootstrap, "ci": args.ci, "seed": args.seed,
+                     "acc_ddof": args.acc_ddof},
         "methods": summary,
+        # where the layer-selection rules (lad.layer_ties, lad.k_beyond_range) decided something
+        "warnings": methods.selection_warnings(arrays.attn, settings) if SELECTS_LAYERS.intersection(names) else [],
     }
     atomic_write_json(args.out, result, indent=1)
     npz = Path(args.out).with_suffix(".npz")
@@ -121,4 +130,6 @@ def run(args: argparse.Namespace) -> None:
                      **{f"pred_{name}": pred for name, pred in draws[0].items()})
     for name in names:
         print(metrics_line(name, summary[name]))
+    for warning in result["warnings"]:
+        print(f"warning: {warning}")
     print(f"wrote {args.out} and {npz}")

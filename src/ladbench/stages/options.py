@@ -6,7 +6,8 @@ from __future__ import annotations
 import argparse
 
 from ladbench.config import parse_layer_range
-from ladbench.methods import LadSettings
+from ladbench.methods import K_BEYOND_RANGE, LAYER_TIES, LadSettings
+from ladbench.metrics import ACC_STD_DDOF
 
 
 def add_lad_arguments(group) -> None:
@@ -20,6 +21,10 @@ def add_lad_arguments(group) -> None:
                        help="purified attention: log of the layer mean (reference) or mean of logs (paper, Eqs. 10-11)")
     group.add_argument("--mixture", choices=["reference", "paper"], default="reference",
                        help="expected bias: mix B's rows in log space (reference) or probability space (paper, Eq. 13)")
+    group.add_argument("--layer-ties", choices=LAYER_TIES, default=LAYER_TIES[0],
+                       help="layers of equal strength: keep the highest index (the reference) or the lowest")
+    group.add_argument("--k-beyond-range", choices=K_BEYOND_RANGE, default=K_BEYOND_RANGE[0],
+                       help="K larger than the layer range: lower K to the range's size (the reference) or stop")
 
 
 def add_bootstrap_arguments(group, default_resamples: int) -> None:
@@ -27,12 +32,16 @@ def add_bootstrap_arguments(group, default_resamples: int) -> None:
                        help="bootstrap resamples over instances (0: no intervals)")
     group.add_argument("--ci", type=float, default=0.95, help="confidence level")
     group.add_argument("--seed", type=int, default=0, help="bootstrap seed")
+    group.add_argument("--acc-ddof", type=int, choices=(0, 1), default=ACC_STD_DDOF,
+                       help=f"delta degrees of freedom of Acc's std over the T orderings (default {ACC_STD_DDOF}, "
+                       "the reference's sample std)")
 
 
 def lad_settings(args: argparse.Namespace) -> LadSettings:
     return LadSettings(
         top_k=args.top_k, tau=args.tau, layer_range=parse_layer_range(args.layer_range),
-        layer_mean=args.layer_mean, mixture=args.mixture,
+        layer_mean=args.layer_mean, mixture=args.mixture, layer_ties=args.layer_ties,
+        k_beyond_range=args.k_beyond_range,
     )
 
 
