@@ -2,7 +2,7 @@
 # config entries to the inputs and command-line flags of each stage.
 import shlex
 
-from ladbench.config import ConfigError, benchmark_parts, layer_range_arg, load_schema, validate_config
+from ladbench.config import ConfigError, benchmark_parts, layer_range_arg, load_schema, model_layer_range, validate_config
 from ladbench.stages.evaluate import METHODS_FOR_PROMPT, NEEDS_CALIBRATION
 
 try:
@@ -226,7 +226,7 @@ def evaluation_inputs(wildcards):
 def lad_options(model):
     """LAD's test-time settings for ``model`` (shared by evaluate and analyze)."""
     lad = config["lad"]
-    return dict(layer_range=layer_range_arg(config["models"][model]["layer_range"]), top_k=lad["top_k"],
+    return dict(layer_range=layer_range_arg(model_layer_range(config["models"][model])), top_k=lad["top_k"],
                 tau=lad["tau"], layer_mean=lad["layer_mean"], mixture=lad["mixture"], layer_ties=lad["layer_ties"],
                 k_beyond_range=lad["k_beyond_range"])
 
