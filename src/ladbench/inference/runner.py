@@ -40,7 +40,7 @@ from .scoring import SCORE_MODES, IdentifierTrie, identifier_encoder, trie_score
 
 log = logging.getLogger(__name__)
 
-FAMILY_CHOICES = ("qwen2_5_vl", "internvl", "llava_ov15", "qwen3_vl")
+FAMILY_CHOICES = ("qwen2_5_vl", "internvl", "llava_ov15", "qwen3_vl", "llava_onevision")
 
 
 @dataclass

@@ -8,6 +8,7 @@ from typing import Any
 
 from .base import ModelAdapter, PrefillState
 from .internvl import InternVLAdapter
+from .llava_onevision import LlavaOnevisionAdapter
 from .llava_ov15 import LlavaOV15Adapter
 from .qwen2_5_vl import Qwen25VLAdapter
 from .qwen3_vl import Qwen3VLAdapter
@@ -17,6 +18,7 @@ ADAPTERS: dict[str, type[ModelAdapter]] = {
     InternVLAdapter.family: InternVLAdapter,
     LlavaOV15Adapter.family: LlavaOV15Adapter,
     Qwen3VLAdapter.family: Qwen3VLAdapter,
+    LlavaOnevisionAdapter.family: LlavaOnevisionAdapter,
 }
 
 
@@ -41,4 +43,4 @@ def load_adapter(family: str, model_path: str, **kwargs: Any) -> ModelAdapter:
 
 __all__ = ["ADAPTERS", "ModelAdapter", "PrefillState", "adapter_class", "lane_families", "load_adapter",
            "Qwen25VLAdapter", "InternVLAdapter", "LlavaOV15Adapter",
-           "Qwen3VLAdapter"]
+           "Qwen3VLAdapter", "LlavaOnevisionAdapter"]

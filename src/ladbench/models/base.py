@@ -94,6 +94,9 @@ class ModelAdapter:
     end_of_turn_token: ClassVar[str] = "<|im_end|>"
     #: keys the processor returns that this family's base model does not accept
     drop_input_keys: ClassVar[tuple[str, ...]] = ()
+    #: the processor takes each prompt's images as one list (it treats several images per
+    #: prompt differently from one); otherwise one flat list in prompt order
+    nested_images: ClassVar[bool] = False
     #: the transformers lanes this family runs on (models/compat.py)
     lanes: ClassVar[tuple[str, ...]] = compat.LANES
 
@@ -237,7 +240,7 @@ class ModelAdapter:
                        for_prefill: bool = False) -> dict[str, torch.Tensor]:
         """``encode`` without the move to the device (CPU work only: runs in DataLoader workers).
         ``for_prefill`` adds what ``prefill`` would otherwise compute itself (``prefill_extras``)."""
-        flat = [im for row in images for im in row]
+        flat = [list(row) for row in images] if self.nested_images else [im for row in images for im in row]
         inputs = self.processor(text=list(texts), images=flat, return_tensors="pt", padding=True,
                                 padding_side="left")
         out = {k: v for k, v in inputs.items() if k not in self.drop_input_keys}

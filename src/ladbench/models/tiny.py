@@ -23,7 +23,7 @@ import torch
 
 from . import compat
 
-FAMILIES = ("qwen2_5_vl", "internvl", "llava_ov15", "qwen3_vl")
+FAMILIES = ("qwen2_5_vl", "internvl", "llava_ov15", "qwen3_vl", "llava_onevision")
 
 # Pre-tokenisation of Qwen2 tokenizers (one digit per token, words with one leading non-letter).
 _QWEN_PRETOKENIZE = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
@@ -32,6 +32,7 @@ _QWEN_PRETOKENIZE = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{
 QWEN_SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
                        "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>",
                        "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>")
+LLAVA_ONEVISION_SPECIAL_TOKENS = ("<image>", "<video>")
 INTERNVL_SPECIAL_TOKENS = ("<img>", "</img>", "<IMG_CONTEXT>", "<quad>", "</quad>", "<ref>", "</ref>",
                            "<box>", "</box>", "<video>")
 
@@ -243,8 +244,45 @@ def _build_llava_ov15(out_dir: str, p: dict[str, Any]):
     return remote.TinyOV15ForConditionalGeneration(cfg), proc
 
 
+# The template transformers' conversion script gives the llava-hf OneVision checkpoints:
+# each image as "<image>\n", all images before the text.
+LLAVA_ONEVISION_CHAT_TEMPLATE = (
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n'}}"
+    "{% for content in message['content'] | selectattr('type', 'equalto', 'image') %}{{ '<image>\n' }}{% endfor %}"
+    "{% for content in message['content'] | selectattr('type', 'equalto', 'video') %}{{ '<video>\n' }}{% endfor %}"
+    "{% for content in message['content'] | selectattr('type', 'equalto', 'text') %}{{ content['text'] }}{% endfor %}"
+    "{{'<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+
+
+def _build_llava_onevision(out_dir: str, p: dict[str, Any]):
+    """LLaVA-OneVision: a SigLIP tower on 28-px inputs (4 patches of 14 px: 4 features + 1
+    newline per image in a multi-image prompt), a 2-layer projector, a Qwen2 decoder."""
+    from transformers import (LlavaOnevisionConfig, LlavaOnevisionForConditionalGeneration,
+                              LlavaOnevisionImageProcessor, LlavaOnevisionProcessor, LlavaOnevisionVideoProcessor)
+    tok = build_tokenizer(LLAVA_ONEVISION_SPECIAL_TOKENS, extra_special_tokens={"image_token": "<image>",
+                                                                                 "video_token": "<video>"})
+    ids = _ids(tok, QWEN_SPECIAL_TOKENS + LLAVA_ONEVISION_SPECIAL_TOKENS)
+    side, patch = 28, 14
+    grid = [[side * a, side * b] for a in (1, 2) for b in (1, 2)]
+    norm = dict(image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5])
+    improc = LlavaOnevisionImageProcessor(size={"height": side, "width": side}, image_grid_pinpoints=grid, **norm)
+    vidproc = LlavaOnevisionVideoProcessor(size={"height": side, "width": side}, **norm)
+    proc = LlavaOnevisionProcessor(image_processor=improc, video_processor=vidproc, tokenizer=tok,
+                                   num_image_tokens=(side // patch) ** 2, vision_feature_select_strategy="full",
+                                   chat_template=LLAVA_ONEVISION_CHAT_TEMPLATE)
+    cfg = LlavaOnevisionConfig(
+        text_config=dict(model_type="qwen2", **_text_config(p, ids)),
+        vision_config=dict(model_type="siglip_vision_model", hidden_size=p["vision_hidden"],
+                           intermediate_size=2 * p["vision_hidden"], num_hidden_layers=p["vision_depth"],
+                           num_attention_heads=2, image_size=side, patch_size=patch, vision_use_head=False),
+        image_token_index=ids["<image>"], video_token_index=ids["<video>"], image_grid_pinpoints=grid,
+        vision_feature_select_strategy="full", vision_feature_layer=-1, vision_aspect_ratio="anyres_max_9",
+        tie_word_embeddings=False, eos_token_id=ids["<|im_end|>"], pad_token_id=ids["<|endoftext|>"])
+    return LlavaOnevisionForConditionalGeneration(cfg), proc
+
+
 _BUILDERS = {"qwen2_5_vl": _build_qwen2_5_vl, "internvl": _build_internvl, "llava_ov15": _build_llava_ov15,
-             "qwen3_vl": _build_qwen3_vl}
+             "qwen3_vl": _build_qwen3_vl, "llava_onevision": _build_llava_onevision}
 
 
 def build_tiny_model(family: str, out_dir: str, *, seed: int = 0, preset: str = "tiny") -> str:
