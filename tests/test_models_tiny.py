@@ -18,7 +18,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.lanes]
 EXPECTED_CLASS = {"qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration",
                   "internvl": "InternVLForConditionalGeneration",
                   "llava_ov15": "TinyOV15ForConditionalGeneration",
-                  "qwen3_vl": "Qwen3VLForConditionalGeneration"}
+                  "qwen3_vl": "Qwen3VLForConditionalGeneration",
+                  "llava_onevision": "LlavaOnevisionForConditionalGeneration"}
 
 
 paper_lane_only = pytest.mark.skipif(compat.on_current_lane(), reason="paper-lane family or code path")
@@ -52,10 +53,35 @@ def test_prompt_layout_and_image_spans(family, n, tiny_adapter):
     ids = inputs["input_ids"][0].tolist()
     spans = adapter.image_spans(ids)
     assert len(spans) == n
+    if adapter.image_start_token == adapter.image_token:                       # no markers (LLaVA-OneVision)
+        assert all(set(ids[start:end]) == {adapter.image_token_id} for start, end in spans)
+        assert sum(end - start for start, end in spans) == ids.count(adapter.image_token_id)
+        return
     for start, end in spans:                                                   # markers included, pads inside
         assert ids[start] == adapter.image_start_id and ids[end - 1] == adapter.image_end_id
         assert set(ids[start + 1:end - 1]) == {adapter.image_token_id}
     assert sum(end - start - 2 for start, end in spans) == ids.count(adapter.image_token_id)
+
+
+def test_llava_onevision_multi_image_prompts_are_not_tiled(tiny_adapter):
+    """Several images per prompt: LLaVA-OneVision's multi-image mode (one square view per
+    image, its features plus one newline); one image alone is tiled (anyres), as the
+    processor does it. Adjacent images' token runs are split by that fixed length."""
+    adapter = tiny_adapter("llava_onevision")
+    per_image = adapter.tokens_per_image
+    assert per_image == adapter.processor.num_image_tokens + 1                # 'full' features + image_newline
+    texts = [adapter.chat_text("Caption: a long one\nAnswer: ", 4), adapter.chat_text("Answer: ", 4)]
+    inputs = adapter.encode_on_host(texts, [make_images(4), make_images(4, size=90, offset=4)])
+    assert inputs["pixel_values"].shape[:2] == (8, 1)                          # one view per image, no tiles
+    for row in inputs["input_ids"].tolist():
+        assert [end - start for start, end in adapter.image_spans(row)] == [per_image] * 4
+    single = adapter.encode_on_host([adapter.chat_text("Answer: ", 1)], [make_images(1, size=90)])
+    assert single["pixel_values"].shape[1] > 1                                 # anyres tiles
+    (start, end), = adapter.image_spans(single["input_ids"][0].tolist())
+    assert end - start > per_image
+    image, text = adapter.image_token_id, adapter.end_of_turn_id
+    assert adapter.image_spans([text] + [image] * (2 * per_image) + [text, image] + [image] * (per_image - 1)) == [
+        (1, 1 + per_image), (1 + per_image, 1 + 2 * per_image), (2 + 2 * per_image, 2 + 3 * per_image)]
 
 
 @pytest.mark.skipif(not compat.on_current_lane(), reason="current-lane start-up check")
