@@ -1,4 +1,4 @@
-"""What every model adapter provides, and the code the three families share.
+"""What every model adapter provides, and the code the families share.
 
 An adapter is the ONLY place that knows a model family: how to load it, how its chat
 template lays out images and text, which marker tokens delimit an image's token span
@@ -6,7 +6,7 @@ template lays out images and text, which marker tokens delimit an image's token 
 after a prefill (for KV-cache continuation steps). Everything downstream (attention
 capture, candidate scoring, the cache) talks to models through this interface only.
 
-All three supported families use a ChatML-style template (``<|im_start|>`` /
+All supported families use a ChatML-style template (``<|im_start|>`` /
 ``<|im_end|>``), take images through their own processor, and expose a base model
 (``model.model``) whose output is the last hidden state, plus an ``lm_head``.
 """
