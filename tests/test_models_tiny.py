@@ -27,6 +27,8 @@ paper_lane_only = pytest.mark.skipif(compat.on_current_lane(), reason="paper-lan
 
 def test_registry():
     assert set(FAMILIES) <= set(ADAPTERS) and "qwen2_5_vl" in FAMILIES and "internvl" in FAMILIES
+    from ladbench.families import DEFAULT_LAYER_RANGES
+    assert set(ADAPTERS) == set(DEFAULT_LAYER_RANGES) == set(tiny.FAMILIES)    # each family: a default, a tiny build
     with pytest.raises(ValueError, match="unknown model family 'llama'"):
         adapter_class("llama")
 
