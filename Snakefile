@@ -11,6 +11,12 @@ from snakemake.utils import min_version
 min_version("9.0")
 
 if not workflow.overwrite_configfiles:
+    from ladbench.config import ConfigError, read_yaml
+
+    try:
+        read_yaml("config.yaml")  # a syntax error or duplicate key: one line with its line number
+    except ConfigError as error:
+        raise WorkflowError(f"invalid configuration: {error}")
 
     configfile: "config.yaml"
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from ladbench import benchmark as bm
-from ladbench.data.coco import write_image_table
+from ladbench.data.coco import table_fingerprint, write_image_table
 
 
 # --- fixtures ---------------------------------------------------------------------------
@@ -328,6 +328,7 @@ def test_cli_writes_byte_identical_files(tmp_path, toy):
         h5["text_emb"] = features["text_emb"]
         h5["done"] = np.ones(len(features["image_id"]), dtype=bool)
         h5.attrs.update(features["attrs"])
+        h5.attrs["table_sha256"] = table_fingerprint(table)  # the features of this table
         h5.attrs["complete"] = True
     parser = argparse.ArgumentParser()
     bm.register(parser.add_subparsers())

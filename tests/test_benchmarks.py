@@ -38,3 +38,7 @@ def test_bench_inference_runs_on_the_tiny_model(tmp_path):
     assert "| 4 |" in out                                  # one table row per N, every method measured
     assert "| tiny | 4 | 8 | ours |" in out                # the host-sync proxies
     assert (tmp_path / "raw.json").is_file()
+
+
+def test_bench_checksums_runs():
+    assert "with Fletcher-32" in run_script("bench_checksums.py", "--n", "4", "--reps", "1")

@@ -81,7 +81,7 @@ def test_write_resume_finish_and_read_views(tmp_path):
     assert w.pending_rows().tolist() == list(range(7))
     w.write([2, 0], {k: v for k, v in _results([2, 0]).items()})     # unsorted rows are fine
     assert not os.path.exists(path) and os.path.exists(partial_path(path))   # the final name only when done
-    with pytest.raises(OSError, match="cannot open"):
+    with pytest.raises(FileNotFoundError, match="inference cache not found"):
         read_cache(path)
     with pytest.raises(ValueError, match="not complete"):
         read_cache(partial_path(path))

@@ -124,6 +124,100 @@ def test_transfer_pairs_are_checked():
         validate_config(config)
 
 
+# ---- start-up checks ------------------------------------------------------------------
+def test_the_schema_lists_exactly_the_registered_methods():
+    from ladbench.config import load_schema
+    from ladbench.methods import METHODS
+    enum = load_schema()["properties"]["evaluation"]["properties"]["methods"]["items"]["enum"]
+    assert sorted(enum) == sorted(METHODS)
+
+
+def test_an_unknown_method_is_refused_at_start_up():
+    config = raw(DEMO)
+    config["evaluation"]["methods"] = ["vanilla", "bogus"]
+    with pytest.raises(ConfigError, match=r"evaluation.methods\[1\]: 'bogus' is not one of"):
+        validate_config(config)
+
+
+def test_a_transfer_to_a_benchmark_outside_the_study_is_refused():
+    config = raw(DEMO)
+    config["evaluation"]["transfer"] = [{"calibrate_on": "scenes_random_N8", "evaluate_on": "scenes_adversarial_N8"}]
+    with pytest.raises(ConfigError, match=r"transfer\[0\].calibrate_on: scenes_random_N8 is not a benchmark of the study"):
+        validate_config(config)
+
+
+def test_yaml_errors_and_duplicate_keys_give_the_line(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("output_dir: x\nlad:\n  top_k: 2\n\ttau: 3\n")
+    with pytest.raises(ConfigError, match=r"bad.yaml: not valid YAML: line 4, column 1: found character '\\t'"):
+        load_config(bad)
+    duplicate = tmp_path / "duplicate.yaml"
+    duplicate.write_text("lad:\n  tau: 3\n  top_k: 2\n  tau: 4\n")
+    with pytest.raises(ConfigError, match=r"line 4, column 3: duplicate key 'tau' \(first given on line 2\)"):
+        load_config(duplicate)
+
+
+def paper_with(**model):
+    config = raw(PAPER)
+    config["models"] = {"m": {"family": "qwen2_5_vl", **model}}
+    return validate_config(config)
+
+
+def test_a_model_path_that_is_no_folder_and_no_hub_id_is_refused(tmp_path, monkeypatch):
+    from ladbench.config import check_environment
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    check_environment(paper_with(path="Qwen/Qwen2.5-VL-3B-Instruct"))      # a hub id: fetched later
+    check_environment(paper_with(path=str(tmp_path)))                        # an existing folder
+    for missing in (str(tmp_path / "nope"), "./models/qwen", "~/models/qwen", "models/qwen/3b"):
+        with pytest.raises(ConfigError, match=r"models.m.path: .* is no folder on this machine"):
+            check_environment(paper_with(path=missing))
+
+
+def test_offline_a_hub_model_must_be_in_the_local_cache(tmp_path, monkeypatch):
+    from huggingface_hub import constants
+
+    from ladbench.config import check_environment
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    config = paper_with(path="Qwen/Qwen2.5-VL-3B-Instruct")
+    with pytest.raises(ConfigError, match=f"models.m: Qwen/Qwen2.5-VL-3B-Instruct .* cache {tmp_path / 'hub'} "
+                                          "and HF_HUB_OFFLINE is set"):
+        check_environment(config)
+    repo = tmp_path / "hub" / "models--Qwen--Qwen2.5-VL-3B-Instruct"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text("a" * 40)
+    (repo / "snapshots" / ("a" * 40)).mkdir(parents=True)
+    (repo / "snapshots" / ("a" * 40) / "config.json").write_text("{}")
+    check_environment(config)
+
+
+def test_remote_code_from_an_unpinned_revision_is_warned_about():
+    from ladbench.config import startup_warnings
+    (warning,) = startup_warnings(load_config(PAPER))
+    assert warning.startswith("models.llava_ov15_8b: trust_remote_code runs Python code")
+    assert "pin models.llava_ov15_8b.revision" in warning
+    pinned = raw(PAPER)
+    pinned["models"]["llava_ov15_8b"]["revision"] = "0123456789abcdef0123456789abcdef01234567"
+    assert startup_warnings(validate_config(pinned)) == []
+    assert startup_warnings(load_config(DEMO)) == []
+
+
+def test_the_workflow_stops_at_start_up_naming_the_key(tmp_path):
+    import subprocess
+    import sys
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    from workflow_runner import environment, snakemake_command
+    config = raw(DEMO)
+    config["evaluation"]["methods"] = ["vanilla", "bogus"]
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump(config))
+    result = subprocess.run(snakemake_command(tmp_path, "--dry-run", configfile=path), capture_output=True, text=True,
+                            env=environment(), timeout=300)
+    assert result.returncode != 0
+    assert "study.yaml: evaluation.methods[1]: 'bogus' is not one of" in result.stdout + result.stderr
+
+
 def test_reproduce_reference_sets_every_protocol_choice(tmp_path):
     from ladbench.config import REFERENCE_PROTOCOL
     config = yaml.safe_load(open(DEMO))

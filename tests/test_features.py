@@ -11,6 +11,7 @@ os.environ.setdefault("HF_HOME", tempfile.mkdtemp(prefix="ladbench-hf-"))
 
 import argparse  # noqa: E402
 import json  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 import h5py  # noqa: E402
 import numpy as np  # noqa: E402
@@ -55,7 +56,15 @@ def test_demo_clip_round_trips_through_the_real_loading_path(tiny):
     loaded = model.state_dict()
     assert saved.keys() == loaded.keys()
     assert all(torch.equal(saved[k], loaded[k]) for k in saved)
-    assert json.loads((tiny["base"] / "clip" / "clip.json").read_text()) == m
+    names = {**m, "pretrained": Path(m["pretrained"]).name, "model_config": Path(m["model_config"]).name}
+    assert json.loads((tiny["base"] / "clip" / "clip.json").read_text()) == names
+
+
+def test_demo_clip_is_byte_identical_when_rebuilt_elsewhere(tmp_path, tiny):
+    again = ft.build_tiny_clip(tmp_path / "elsewhere", seed=0)
+    for name in ("ladbench-tiny-clip.pt", "ladbench-tiny-clip.json", "clip.json"):
+        assert (tmp_path / "elsewhere" / name).read_bytes() == (tiny["base"] / "clip" / name).read_bytes(), name
+    assert again["weights_sha256"] == tiny["manifest"]["weights_sha256"]
 
 
 def test_demo_clip_is_seeded(tmp_path, tiny):
@@ -76,7 +85,7 @@ def test_file_layout_and_values(tiny, reference_file):
         assert h5["text_emb"].dtype == np.float16 and h5["done"].dtype == bool
         assert h5["image_id"][()].tolist() == [row["image_id"] for row in table["images"]]
         assert h5["done"][()].all() and bool(h5.attrs["complete"])
-        assert h5.attrs["model"] == m["model"] and h5.attrs["pretrained"] == m["pretrained"]
+        assert h5.attrs["model"] == m["model"] and h5.attrs["pretrained"] == Path(m["pretrained"]).name
         assert h5.attrs["weights_sha256"] == m["weights_sha256"]
         assert h5.attrs["open_clip_version"]
         image, text = h5["image_emb"][()].astype(np.float32), h5["text_emb"][()].astype(np.float32)

@@ -2,8 +2,10 @@
 munge, started by tests/slurm/cluster.py, with one fake GPU): the whole demo DAG runs
 through workflow/profiles/slurm, every rule instance as a SLURM job.
 
-The fast tests check the profile and the helpers without SLURM. The cluster test needs
-root and apt (it installs the packages if missing) and skips with the reason otherwise.
+The fast tests check the profile and the helpers without SLURM. The cluster test changes
+the machine (installs SLURM and munge with apt, writes /etc/munge and /etc/slurm), so it
+runs only when LADBENCH_SYSTEM_TESTS=1 (`.ci/run` sets it); it also needs root and apt, and
+skips with the reason otherwise.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ PARTITION = "debug"
 # Seconds the demo may take through SLURM before snakemake gets SIGINT (it then cancels
 # its jobs); it took about 2.5 minutes on 2 busy cores.
 RUN_LIMIT = 360
+# The environment variable that allows a test to change the machine outside the repository.
+SYSTEM_TESTS = "LADBENCH_SYSTEM_TESTS"
 
 
 # ---- the profile, without SLURM -------------------------------------------------------
@@ -241,6 +245,9 @@ def test_memory_sizes_convert_to_mib():
 def cluster():
     """A single-node SLURM with one fake GPU, for this module; the finalizer stops exactly
     the daemons it started and removes the /etc/slurm/slurm.conf link only if it made it."""
+    if os.environ.get(SYSTEM_TESTS) != "1":
+        pytest.skip(f"would install SLURM and munge with apt and write /etc/munge and /etc/slurm; "
+                    f"set {SYSTEM_TESTS}=1 to allow that (.ci/run does)")
     try:
         slurm_cluster.ensure_packages()
     except ClusterUnavailable as reason:

@@ -59,6 +59,7 @@ import numpy as np
 from tqdm import tqdm
 
 from ladbench.atomic import atomic_write_text, json_one_item_per_line, read_json
+from ladbench.cli import output_file
 from ladbench.data.coco import load_image_table
 
 SETTINGS = ("random", "adversarial")
@@ -345,11 +346,13 @@ def load_benchmark(path: str | os.PathLike) -> dict:
 
 def _run(args: argparse.Namespace) -> None:
     from ladbench.features import load_features
+    from ladbench.stages.inputs import check_features_table
 
     table = load_image_table(args.images)
     features = load_features(args.features)
     if not np.array_equal(np.asarray(features["image_id"]), [row["image_id"] for row in table["images"]]):
         raise BenchmarkError(f"{args.features}: image ids differ from {args.images}; rebuild the features")
+    check_features_table(args.features, features["attrs"], args.images, table)
     doc = build_benchmark(table, features, args.setting, args.n_candidates, args.n_eval, args.n_calibration,
                           args.n_orderings, args.pool_size, args.seed, args.caption_sim_max, args.category_rule,
                           args.dataset, args.orderings, args.calibration_source)
@@ -384,5 +387,5 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="pool (default): calibration instances disjoint from the evaluation set; "
                              "evaluation_head (the reference's): the first --n-calibration evaluation instances.")
     parser.add_argument("--dataset", default=None, help="Dataset name recorded in the file (default: the table's).")
-    parser.add_argument("--out", required=True, help="Output benchmark JSON.")
+    parser.add_argument("--out", required=True, type=output_file(".json"), help="Output benchmark JSON.")
     parser.set_defaults(func=_run)

@@ -15,7 +15,9 @@ PriDe priors (the reference implementation's and the original paper's).
 
 from __future__ import annotations
 
+import json
 import os
+import zipfile
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -214,7 +216,8 @@ def pride_prior_original(
 class Calibration:
     """Everything the test-time methods need from a calibration draw (formats.md §5).
 
-    ``settings`` records how it was fitted (``n_cal``, ``seed``, ``average``, pool size).
+    ``settings`` records how it was fitted (``n_cal``, ``seed``, ``average``, pool size);
+    ``source`` the cache it was fitted on (``ladbench.stages.inputs.cache_identity``).
     """
 
     instances: np.ndarray  # [|D_cal|] indices into the cache's calibration pool
@@ -225,6 +228,7 @@ class Calibration:
     pride_prior: np.ndarray  # [N] reference PriDe (column mean of B)
     pride_original_prior: np.ndarray  # [N] log prior of the original PriDe
     settings: dict[str, Any] = field(default_factory=dict)
+    source: dict[str, Any] = field(default_factory=dict)
 
     @property
     def n_candidates(self) -> int:
@@ -237,6 +241,8 @@ class Calibration:
     def to_npz(self, path: str | os.PathLike) -> None:
         """Write the arrays (names of formats.md §5) plus ``settings_*`` scalars, atomically."""
         settings = {f"settings_{key}": np.asarray(value) for key, value in self.settings.items()}
+        if self.source:
+            settings["source"] = np.asarray(json.dumps(self.source, sort_keys=True))
         with atomic_path(path) as tmp:
             # An open handle: np.savez would otherwise append ".npz" to the ".tmp" name.
             with open(tmp, "wb") as handle:
@@ -254,18 +260,26 @@ class Calibration:
 
     @classmethod
     def from_npz(cls, path: str | os.PathLike) -> "Calibration":
-        """Read a calibration written by :meth:`to_npz`; names the missing array on failure."""
+        """Read a calibration written by :meth:`to_npz`; one-line errors name the file (a
+        missing array; a file that is no .npz or whose CRC-32 checks fail)."""
         required = ("instances", "L", "B", "k", "attn_prior", "pride_prior", "pride_original_prior")
-        with np.load(path, allow_pickle=False) as data:
-            missing = [name for name in required if name not in data.files]
-            if missing:
-                raise ValueError(f"calibration file {path}: missing array(s) {missing}")
-            arrays = {name: data[name] for name in required}
-            settings = {
-                name[len("settings_"):]: data[name].item()
-                for name in data.files
-                if name.startswith("settings_")
-            }
+        try:
+            with np.load(path, allow_pickle=False) as data:
+                missing = [name for name in required if name not in data.files]
+                arrays = {name: data[name] for name in required if name in data.files}
+                settings = {
+                    name[len("settings_"):]: data[name].item()
+                    for name in data.files
+                    if name.startswith("settings_")
+                }
+                source = json.loads(data["source"].item()) if "source" in data.files else {}
+        except FileNotFoundError:
+            raise FileNotFoundError(f"{path}: calibration file not found (run `ladbench calibrate`)") from None
+        except (OSError, EOFError, ValueError, zipfile.BadZipFile) as exc:  # not an .npz, or CRC-32 fails
+            raise ValueError(f"{path}: not a readable calibration file ({exc}); delete it and rerun "
+                             "the workflow (or `ladbench calibrate`) to rebuild it") from exc
+        if missing:
+            raise ValueError(f"calibration file {path}: missing array(s) {missing}")
         return cls(
             instances=arrays["instances"],
             L=arrays["L"],
@@ -275,6 +289,7 @@ class Calibration:
             pride_prior=arrays["pride_prior"],
             pride_original_prior=arrays["pride_original_prior"],
             settings=settings,
+            source=source,
         )
 
 

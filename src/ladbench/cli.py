@@ -31,6 +31,29 @@ SUBCOMMANDS = {
 }
 
 
+def put_ladbench_on_path() -> None:
+    """Put the folder of the running interpreter first on PATH when it holds the ``ladbench``
+    command, so that the workflow's jobs run the ``ladbench`` of the Python that runs
+    Snakemake: ``.venv/bin/snakemake`` works without activating the venv. (With
+    ``--use-conda`` a job's conda environment is activated in front of it.)"""
+    folder = os.path.dirname(sys.executable)
+    if os.path.exists(os.path.join(folder, "ladbench")):
+        os.environ["PATH"] = os.pathsep.join([folder, os.environ.get("PATH", "")])
+
+
+def output_file(*suffixes: str):
+    """An argparse ``type`` for an output file: its name must end in one of ``suffixes``,
+    the format the command writes. Anything else is refused before any work: the file would
+    not be what its name says, and a file written beside it (``x.json`` -> ``x.npz``) could
+    overwrite another output."""
+    def check(text: str) -> str:
+        if not text.endswith(suffixes):
+            raise argparse.ArgumentTypeError(
+                f"{text!r}: this command writes {' or '.join(suffixes)}; give a file name ending in it")
+        return text
+    return check
+
+
 def _register_where(subparsers) -> None:
     parser = subparsers.add_parser(
         "where", help="validate a study config and print where its tables and figures are"
@@ -40,9 +63,12 @@ def _register_where(subparsers) -> None:
 
 
 def _where(args: argparse.Namespace) -> None:
-    from ladbench.config import load_config
+    from ladbench.config import check_environment, load_config, startup_warnings
 
     config = load_config(args.configfile)
+    check_environment(config, source=args.configfile)
+    for warning in startup_warnings(config):
+        print(f"WARNING: {args.configfile}: {warning}", file=sys.stderr)
     report = Path(config["output_dir"]) / "report"
     print(f"Config {args.configfile} is valid.")
     print(f"Tables (Markdown; also .csv, .tex, .html beside them): {report}/")
@@ -58,12 +84,23 @@ def _where(args: argparse.Namespace) -> None:
           f"--configfile {args.configfile}")
 
 
+def one_line(error: BaseException) -> str:
+    """The error's message on one line. An error raised in a DataLoader worker arrives
+    re-raised with the worker's traceback in its message: its own last line is kept."""
+    lines = str(error).strip().splitlines() or [type(error).__name__]
+    if len(lines) > 1 and "Original Traceback" in str(error):
+        return lines[-1].split(": ", 1)[-1]
+    return " ".join(line.strip() for line in lines)
+
+
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The argument parser; with ``only``, import just the module defining that subcommand."""
     parser = argparse.ArgumentParser(
         prog="ladbench",
         description="Position bias in multimodal LLMs for multi-image retrieval, and LAD debiasing.",
     )
+    parser.add_argument("--debug", action="store_true",
+                        help="show the traceback of an error instead of one line (also: LADBENCH_DEBUG=1)")
     subparsers = parser.add_subparsers(dest="command", metavar="<subcommand>", required=True)
     _register_where(subparsers)
     modules = [SUBCOMMANDS[only]] if only in SUBCOMMANDS else sorted(set(SUBCOMMANDS.values()))
@@ -74,15 +111,17 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    parser = build_parser(only=argv[0] if argv else None)
+    parser = build_parser(only=next((arg for arg in argv if not arg.startswith("-")), None))
     args = parser.parse_args(argv)
     try:
         args.func(args)
-    except (ValueError, FileNotFoundError) as error:
-        # Bad input: one clear line naming the file or key; LADBENCH_DEBUG=1 shows the traceback.
-        if os.environ.get("LADBENCH_DEBUG"):
+    except (ValueError, OSError) as error:
+        # A bad input file or value (ValueError, raised naming the file and the remedy) or a
+        # file the system refuses (OSError: missing, permission, disk full): one line;
+        # --debug or LADBENCH_DEBUG=1 shows the traceback.
+        if args.debug or os.environ.get("LADBENCH_DEBUG"):
             raise
-        print(f"ladbench {args.command}: error: {error}", file=sys.stderr)
+        print(f"ladbench {args.command}: error: {one_line(error)}", file=sys.stderr)
         raise SystemExit(2) from None
 
 

@@ -9,6 +9,8 @@ the file, e.g. ``config.yaml: lad.tau: -1 is less than or equal to the minimum o
 from __future__ import annotations
 
 import copy
+import os
+import re
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -21,6 +23,41 @@ SCHEMA_PATH = REPO_ROOT / "workflow" / "schemas" / "config.schema.yaml"
 
 class ConfigError(ValueError):
     """A configuration value is missing, of the wrong type or out of range."""
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key given twice in one mapping (PyYAML keeps the last)."""
+
+    def construct_mapping(self, node, deep=False):
+        first_line: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                seen = key in first_line
+            except TypeError:  # an unhashable key; the base class reports it
+                continue
+            if seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r} (first given on line {first_line[key] + 1})", key_node.start_mark)
+            first_line[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep)
+
+
+def read_yaml(path: Path | str) -> Any:
+    """A YAML file's content; a syntax error or a duplicate key is a :class:`ConfigError`
+    naming the file, line and column."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return yaml.load(handle, Loader=_StrictLoader)
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such config file") from None
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+        context = f" ({exc.context})" if exc.context else ""
+        raise ConfigError(f"{path}: not valid YAML: {where}{exc.problem}{context}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
 
 
 def _extend_with_defaults(validator_class):
@@ -147,6 +184,7 @@ def _check_cross_references(config: dict, source: str) -> None:
                 f"{source}: models.{name}.trust_remote_code: LLaVA-OneVision-1.5 runs the model's own "
                 "code (from the hub, or the tiny stand-in's folder); set it to true to allow that"
             )
+    study = set(study_benchmarks(config))
     for i, transfer in enumerate(config["evaluation"]["transfer"]):
         pair = [transfer["calibrate_on"], transfer["evaluate_on"]]
         (cal_dataset, _, cal_n), (test_dataset, _, test_n) = map(benchmark_parts, pair)
@@ -157,11 +195,84 @@ def _check_cross_references(config: dict, source: str) -> None:
                 )
         if cal_n != test_n:
             raise ConfigError(f"{source}: evaluation.transfer[{i}]: {pair[0]} and {pair[1]} differ in N")
+        for key, benchmark in zip(("calibrate_on", "evaluate_on"), pair):
+            if benchmark not in study:
+                raise ConfigError(
+                    f"{source}: evaluation.transfer[{i}].{key}: {benchmark} is not a benchmark of the study "
+                    f"(benchmarks.datasets x settings x n_candidates: {', '.join(sorted(study))})")
     if not 0 < config["calibration"]["n_cal"] <= benchmarks["n_calibration_pool"]:
         raise ConfigError(
             f"{source}: calibration.n_cal: {config['calibration']['n_cal']} must be at most "
             f"benchmarks.n_calibration_pool ({benchmarks['n_calibration_pool']})"
         )
+
+
+def study_benchmarks(config: dict) -> list[str]:
+    """The study's benchmark names, ``<dataset>_<setting>_N<n>``, in the workflow's order."""
+    bench = config["benchmarks"]
+    return [f"{d}_{s}_N{n}" for d in bench["datasets"] for s in bench["settings"] for n in bench["n_candidates"]]
+
+
+# A Hugging Face hub id: "name" or "owner/name" (what is not one is read as a local folder).
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
+# A revision that cannot move: a full commit hash (a branch or tag can be changed by its owner).
+_COMMIT = re.compile(r"[0-9a-f]{40}")
+_CHECKPOINT_SUFFIXES = (".pt", ".pth", ".bin", ".safetensors")
+
+
+def _hub_offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def check_environment(config: dict, source: str = "config") -> None:
+    """Start-up checks of what the config names on this machine (after :func:`validate_config`):
+    a model path that is not a hub id must be an existing folder; with ``HF_HUB_OFFLINE`` set, a
+    hub model must already be in the local Hugging Face cache; a CLIP checkpoint file must exist."""
+    for name, model in config["models"].items():
+        if model["tiny"]:
+            continue
+        path = model["path"]
+        if os.path.isdir(os.path.expanduser(path)):
+            continue
+        if not _HUB_ID.fullmatch(path):
+            raise ConfigError(f"{source}: models.{name}.path: {path!r} is no folder on this machine (and not a "
+                              "hub id such as Qwen/Qwen2.5-VL-3B-Instruct)")
+        if _hub_offline():
+            from huggingface_hub import constants, try_to_load_from_cache
+
+            if not isinstance(try_to_load_from_cache(path, "config.json", revision=model["revision"]), str):
+                raise ConfigError(
+                    f"{source}: models.{name}: {path} (revision {model['revision']}) is not in the Hugging Face "
+                    f"cache {constants.HF_HUB_CACHE} and HF_HUB_OFFLINE is set; download it there once with "
+                    "network access (huggingface-cli download), point HF_HOME to a cache holding it, or unset "
+                    "HF_HUB_OFFLINE")
+    clip = config["clip"]
+    pretrained = clip["pretrained"]
+    looks_like_file = "/" in pretrained or pretrained.endswith(_CHECKPOINT_SUFFIXES)
+    if not clip["tiny"] and looks_like_file and not os.path.isfile(os.path.expanduser(pretrained)):
+        raise ConfigError(f"{source}: clip.pretrained: no checkpoint file {pretrained!r} on this machine")
+
+
+def remote_code_warning(path: str, revision: str | None, trust_remote_code: bool, key: str) -> str | None:
+    """The warning for running a hub repository's own code at a revision that can change
+    (``key``: the config key or flag that pins it), or None."""
+    if not trust_remote_code or os.path.isdir(os.path.expanduser(path)) or _COMMIT.fullmatch(revision or ""):
+        return None
+    return (f"trust_remote_code runs Python code from the hub repository {path} at revision {revision or 'main'!r}, "
+            "which its owners can change at any time (and with it what runs on this machine); pin "
+            f"{key} to a reviewed 40-character commit hash (README, 'Pinning model code')")
+
+
+def startup_warnings(config: dict) -> list[str]:
+    """Risks worth a line at start-up: remote code from a hub revision that can change."""
+    warnings = []
+    for name, model in config["models"].items():
+        if not model["tiny"]:
+            warning = remote_code_warning(model["path"], model["revision"], model["trust_remote_code"],
+                                          f"models.{name}.revision")
+            if warning:
+                warnings.append(f"models.{name}: {warning}")
+    return warnings
 
 
 def benchmark_parts(benchmark: str) -> tuple[str, str, int]:
@@ -176,13 +287,7 @@ def benchmark_parts(benchmark: str) -> tuple[str, str, int]:
 def load_config(path: Path | str, schema_path: Path | str = SCHEMA_PATH) -> dict:
     """Read a YAML study file and return it validated, with defaults filled."""
     path = Path(path)
-    try:
-        with open(path) as handle:
-            config = yaml.safe_load(handle) or {}
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: no such config file") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    config = read_yaml(path) or {}
     if not isinstance(config, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of keys to values")
     return validate_config(config, load_schema(schema_path), source=str(path))

@@ -29,7 +29,6 @@ in the ``n_bad_images``/``bad_images`` attributes; the benchmark leaves such ima
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import sys
@@ -44,7 +43,9 @@ from PIL import Image
 from tqdm import tqdm
 
 from ladbench.atomic import atomic_path, atomic_write_json, file_digest
-from ladbench.data.coco import load_image_table
+from ladbench.cli import output_file
+from ladbench.data.coco import load_image_table, table_fingerprint
+from ladbench.hdf5 import CHECKSUMS, open_h5, reading
 
 DEFAULT_MODEL = "ViT-L-14-quickgelu"
 DEFAULT_PRETRAINED = "openai"
@@ -165,9 +166,9 @@ def load_clip(model_name: str, pretrained: str, model_config: str | os.PathLike 
 def build_tiny_clip(out_dir: str | os.PathLike, seed: int = 0, name: str = TINY_CLIP_NAME) -> dict:
     """Save a tiny randomly initialised open_clip model: ``{name}.json`` config + ``{name}.pt`` weights.
 
-    Also writes ``clip.json`` (model name, config and checkpoint paths, weights sha256)
-    and checks that the checkpoint loads back through :func:`load_clip`. Returns that
-    manifest.
+    Also writes ``clip.json`` (model name, config and checkpoint file names, weights
+    sha256) and checks that the checkpoint loads back through :func:`load_clip`. Returns
+    that manifest with the files' full paths.
     """
     import open_clip
 
@@ -178,13 +179,16 @@ def build_tiny_clip(out_dir: str | os.PathLike, seed: int = 0, name: str = TINY_
     register_model_config(config_path, name)
     torch.manual_seed(seed)
     model = open_clip.create_model(name, pretrained=None)
-    with atomic_path(weights_path) as tmp:
-        torch.save(model.state_dict(), tmp)
+    with atomic_path(weights_path) as tmp, open(tmp, "wb") as handle:
+        # An open handle: given a path, torch.save names the archive's records after the
+        # file (here the temporary, with the writer's pid), and the bytes differ per run.
+        torch.save(model.state_dict(), handle)
     load_clip(name, str(weights_path), config_path)  # the same code path as a real model
-    manifest = {"model": name, "model_config": str(config_path), "pretrained": str(weights_path),
+    manifest = {"model": name, "model_config": config_path.name, "pretrained": weights_path.name,
                 "weights_sha256": file_digest(weights_path), "seed": seed}
+    # File names relative to the folder, so two builds in two places are byte-identical.
     atomic_write_json(out / "clip.json", manifest, indent=2)
-    return manifest
+    return {**manifest, "model_config": str(config_path), "pretrained": str(weights_path)}
 
 
 # --- image decoding ---------------------------------------------------------------------
@@ -243,28 +247,24 @@ def encode_text_batch(model, tokenizer, captions: list[str], device: torch.devic
 
 # --- HDF5 -------------------------------------------------------------------------------
 
-def table_fingerprint(table: dict) -> str:
-    """sha256 of what the features depend on in the table: ids, files and captions."""
-    digest = hashlib.sha256()
-    for row in table["images"]:
-        digest.update(json.dumps([row["image_id"], row["file_name"], row["caption"]]).encode())
-    return digest.hexdigest()
-
-
 def partial_path(out: Path) -> Path:
     """Where the features of ``out`` are written until they are complete."""
     return out.with_name(out.name + ".partial")
 
 
+# What to do with a features file that cannot be read (the end of its one-line error).
+REBUILD = "delete it and rerun the workflow (or `ladbench features`) to rebuild it"
+
+
 def _is_complete(path: Path) -> bool:
-    with h5py.File(path, "r") as h5:
+    with reading(path, "features file", REBUILD) as h5:
         return bool(h5.attrs.get("complete", False))
 
 
 def _existing_file_matches(path: Path, expected: dict, image_ids: np.ndarray, dim: int) -> str | None:
     """None if the existing HDF5 can be resumed, else the reason it cannot."""
     try:
-        with h5py.File(path, "r") as h5:
+        with open_h5(path, "r") as h5:
             for key, value in expected.items():
                 if h5.attrs.get(key) != value:
                     return f"attribute {key}={h5.attrs.get(key)!r}, expected {value!r}"
@@ -281,12 +281,12 @@ def _create_feature_file(path: Path, attrs: dict, image_ids: np.ndarray, dim: in
     n = len(image_ids)
     chunk_rows = max(1, min(n, 1024))
     with atomic_path(path) as tmp:
-        with h5py.File(tmp, "w") as h5:
-            h5.create_dataset("image_id", data=image_ids.astype(np.int64))
+        with open_h5(tmp, "w") as h5:
+            h5.create_dataset("image_id", data=image_ids.astype(np.int64), **CHECKSUMS)
             for name in ("image_emb", "text_emb"):
                 h5.create_dataset(name, shape=(n, dim), dtype=np.float16, chunks=(chunk_rows, dim),
-                                  fillvalue=np.nan)
-            h5.create_dataset("done", shape=(n,), dtype=bool, fillvalue=False)
+                                  fillvalue=np.nan, **CHECKSUMS)
+            h5.create_dataset("done", shape=(n,), dtype=bool, fillvalue=False, **CHECKSUMS)
             for key, value in attrs.items():
                 h5.attrs[key] = value
             h5.attrs["complete"] = False
@@ -319,7 +319,10 @@ def compute_features(images_json: str | os.PathLike, out: str | os.PathLike, mod
     torch_device = pick_device(device)
     model, preprocess, tokenizer, weights = load_clip(model_name, pretrained, model_config, torch_device, cache_dir)
     dim = int(encode_text_batch(model, tokenizer, captions[:1], torch_device).shape[1])
-    attrs = {"model": model_name, "pretrained": str(pretrained), "weights_sha256": file_digest(weights),
+    # A checkpoint file is recorded by name (its identity is weights_sha256), so the file
+    # does not depend on the folder the study runs in.
+    recorded = Path(pretrained).name if os.path.isfile(pretrained) else str(pretrained)
+    attrs = {"model": model_name, "pretrained": recorded, "weights_sha256": file_digest(weights),
              "open_clip_version": open_clip.__version__, "table_sha256": table_fingerprint(table)}
 
     out = Path(out)
@@ -338,7 +341,7 @@ def compute_features(images_json: str | os.PathLike, out: str | os.PathLike, mod
     if not work.exists():
         _create_feature_file(work, attrs, image_ids, dim)
 
-    with h5py.File(work, "r+") as h5:
+    with open_h5(work, "r+") as h5:
         pending = np.flatnonzero(~h5["done"][()]).tolist()
         bad = json.loads(h5.attrs["bad_images"])
         if pending:
@@ -391,7 +394,7 @@ def load_features(path: str | os.PathLike, require_complete: bool = True) -> dic
     path = Path(path)
     if not path.is_file():
         raise FeatureError(f"{path}: features file not found (run `ladbench features`)")
-    with h5py.File(path, "r") as h5:
+    with reading(path, "features file", REBUILD) as h5:
         if require_complete and not bool(h5.attrs.get("complete", False)):
             raise FeatureError(f"{path}: features are incomplete (attribute complete is false); rerun `ladbench features`")
         for name in ("image_id", "image_emb", "text_emb"):
@@ -422,7 +425,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="L2-normalised float16 open_clip embeddings of every image and caption of an image "
                     "table (docs/formats.md §2); resumable after an interruption.")
     parser.add_argument("--images", required=True, help="Image table (images.json from `ladbench captions`).")
-    parser.add_argument("--out", required=True, help="Output HDF5 file.")
+    parser.add_argument("--out", required=True, type=output_file(".h5"), help="Output HDF5 file.")
     parser.add_argument("--model", default=DEFAULT_MODEL, help=f"open_clip model name (default {DEFAULT_MODEL}).")
     parser.add_argument("--pretrained", default=DEFAULT_PRETRAINED,
                         help=f"open_clip pretrained tag or a local checkpoint file (default {DEFAULT_PRETRAINED}).")

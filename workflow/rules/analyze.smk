@@ -16,4 +16,4 @@ rule analyze:
     conda:
         "../../envs/cpu.yaml"
     shell:
-        "ladbench analyze --cache {input} {params.options} --out {output.json} > {log} 2>&1"
+        "ladbench analyze --cache {input:q} {params.options} --out {output.json:q} > {log:q} 2>&1"

@@ -14,6 +14,6 @@ rule benchmark:
     conda:
         "../../envs/cpu.yaml"
     shell:
-        "ladbench benchmark --dataset {wildcards.dataset} --setting {wildcards.setting} "
-        "--n-candidates {wildcards.n} --images {input.images} --features {input.features} "
-        "{params.options} --out {output} > {log} 2>&1"
+        "ladbench benchmark --dataset {wildcards.dataset:q} --setting {wildcards.setting:q} "
+        "--n-candidates {wildcards.n:q} --images {input.images:q} --features {input.features:q} "
+        "{params.options} --out {output:q} > {log:q} 2>&1"

@@ -16,5 +16,5 @@ rule calibrate:
     conda:
         "../../envs/cpu.yaml"
     shell:
-        "ladbench calibrate --cache {input} --n-cal {wildcards.n_cal} --seed {wildcards.seed} "
-        "--score-average {params.average} --pride-original-logs {params.pride_logs} --out {output} > {log} 2>&1"
+        "ladbench calibrate --cache {input:q} --n-cal {wildcards.n_cal:q} --seed {wildcards.seed:q} "
+        "--score-average {params.average:q} --pride-original-logs {params.pride_logs:q} --out {output:q} > {log:q} 2>&1"

@@ -14,4 +14,4 @@ rule captions:
     conda:
         "../../envs/cpu.yaml"
     shell:
-        "ladbench captions --dataset {wildcards.dataset} {params.options} --out {output} > {log} 2>&1"
+        "ladbench captions --dataset {wildcards.dataset:q} {params.options} --out {output:q} > {log:q} 2>&1"

@@ -1,28 +1,36 @@
 # Shared by all included files: the validated config, output paths, and helpers that map
 # config entries to the inputs and command-line flags of each stage.
 import shlex
+import sys
 
-from ladbench.config import ConfigError, benchmark_parts, layer_range_arg, load_schema, model_layer_range, validate_config
+from ladbench.config import (ConfigError, benchmark_parts, check_environment, layer_range_arg, load_schema,
+                             model_layer_range, read_yaml, startup_warnings, study_benchmarks, validate_config)
+from ladbench.cli import put_ladbench_on_path
 from ladbench.stages.evaluate import METHODS_FOR_PROMPT, NEEDS_CALIBRATION
 
+# Everything knowable at start-up is checked here, before any job runs: each config file
+# (duplicate keys, with their line), every value against the schema, the names that refer
+# to each other, and what the config names on this machine (model folders, offline caches).
+_SOURCE = " ".join(str(path) for path in workflow.overwrite_configfiles) or "config.yaml"
 try:
-    validate_config(
-        config,
-        load_schema(workflow.source_path("../schemas/config.schema.yaml")),
-        source=" ".join(str(path) for path in workflow.overwrite_configfiles) or "config.yaml",
-    )
+    for _path in workflow.overwrite_configfiles:
+        read_yaml(_path)
+    validate_config(config, load_schema(workflow.source_path("../schemas/config.schema.yaml")), source=_SOURCE)
+    check_environment(config, source=_SOURCE)
 except ConfigError as error:
     raise WorkflowError(f"invalid configuration: {error}")
+for _warning in startup_warnings(config):
+    print(f"WARNING: {_SOURCE}: {_warning}", file=sys.stderr)
+
+# The jobs run `ladbench`, found beside the Python running Snakemake (no venv activation).
+put_ladbench_on_path()
 
 OUT = config["output_dir"].rstrip("/")
 LOGS = f"{OUT}/logs"
 
-DATASETS = config["benchmarks"]["datasets"]
-SETTINGS = config["benchmarks"]["settings"]
-SIZES = config["benchmarks"]["n_candidates"]
 MODELS = list(config["models"])
 VARIANTS = list(config["inference"]["variants"])
-BENCHMARKS = [f"{d}_{s}_N{n}" for d in DATASETS for s in SETTINGS for n in SIZES]
+BENCHMARKS = study_benchmarks(config)
 CAL_SEEDS = config["calibration"]["seeds"]
 N_CAL = config["calibration"]["n_cal"]
 
@@ -238,7 +246,8 @@ def bootstrap_options():
 
 
 def evaluation_flags(wildcards):
-    return flags(**lad_options(wildcards.model), methods=variant_methods(wildcards.variant), **bootstrap_options())
+    return flags(**lad_options(wildcards.model), methods=variant_methods(wildcards.variant), **bootstrap_options(),
+                 transfer=wildcards.cal_benchmark != wildcards.benchmark)
 
 
 EVALUATIONS = [evaluation_file(m, b, v) for m in MODELS for b in BENCHMARKS for v in VARIANTS]

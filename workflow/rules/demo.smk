@@ -16,7 +16,7 @@ rule demo_scenes:
     conda:
         "../../envs/cpu.yaml"
     shell:
-        "ladbench demo-scenes --out {output} {params.options} > {log} 2>&1"
+        "ladbench demo-scenes --out {output:q} {params.options} > {log:q} 2>&1"
 
 
 rule demo_clip:
@@ -27,7 +27,7 @@ rule demo_clip:
     conda:
         "../../envs/cpu.yaml"
     shell:
-        "ladbench demo-clip --out {output} --seed 0 > {log} 2>&1"
+        "ladbench demo-clip --out {output:q} --seed 0 > {log:q} 2>&1"
 
 
 rule demo_model:
@@ -40,4 +40,4 @@ rule demo_model:
     conda:
         "../../envs/gpu.yaml"
     shell:
-        "ladbench demo-model --family {params.family} --out {output} --seed 0 > {log} 2>&1"
+        "ladbench demo-model --family {params.family:q} --out {output:q} --seed 0 > {log:q} 2>&1"

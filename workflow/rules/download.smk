@@ -16,4 +16,4 @@ rule download:
     conda:
         "../../envs/cpu.yaml"
     shell:
-        "ladbench download --dataset {params.source} --dest {params.root} > {log} 2>&1"
+        "ladbench download --dataset {params.source:q} --dest {params.root:q} > {log:q} 2>&1"

@@ -17,5 +17,5 @@ rule evaluate:
     conda:
         "../../envs/cpu.yaml"
     shell:
-        "ladbench evaluate --cache {input.cache} --calibration {params.calibrations} "
-        "{params.options} --out {output.metrics} > {log} 2>&1"
+        "ladbench evaluate --cache {input.cache:q} --calibration {params.calibrations:q} "
+        "{params.options} --out {output.metrics:q} > {log:q} 2>&1"

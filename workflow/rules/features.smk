@@ -19,5 +19,5 @@ rule features:
     conda:
         "../../envs/gpu.yaml"
     shell:
-        "OMP_NUM_THREADS={threads} ladbench features --images {input.images} --out {output} "
-        "{params.options} > {log} 2>&1"
+        "OMP_NUM_THREADS={threads} ladbench features --images {input.images:q} --out {output:q} "
+        "{params.options} > {log:q} 2>&1"

@@ -22,5 +22,5 @@ rule infer:
     conda:
         "../../envs/gpu.yaml"
     shell:
-        "OMP_NUM_THREADS={threads} ladbench infer --benchmark {input.benchmark} --images {input.images} "
-        "{params.options} --out {output} > {log} 2>&1"
+        "OMP_NUM_THREADS={threads} ladbench infer --benchmark {input.benchmark:q} --images {input.images:q} "
+        "{params.options} --out {output:q} > {log:q} 2>&1"

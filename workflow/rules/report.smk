@@ -21,9 +21,9 @@ rule report_table:
     conda:
         "../../envs/cpu.yaml"
     shell:
-        "ladbench report tables {params.study} {params.options} --evaluations {input.evaluations} "
-        "{input.transfers} --analyses {input.analyses} --caches {input.caches} "
-        "--out-dir {params.out_dir} > {log} 2>&1"
+        "ladbench report tables {params.study} {params.options} --evaluations {input.evaluations:q} "
+        "{input.transfers:q} --analyses {input.analyses:q} --caches {input.caches:q} "
+        "--out-dir {params.out_dir:q} > {log:q} 2>&1"
 
 
 rule report_confusion:
@@ -38,7 +38,7 @@ rule report_confusion:
     conda:
         "../../envs/cpu.yaml"
     shell:
-        "ladbench report confusion --predictions {input} {params.title} --out {output} > {log} 2>&1"
+        "ladbench report confusion --predictions {input:q} {params.title} --out {output:q} > {log:q} 2>&1"
 
 
 rule report_figures:
@@ -60,8 +60,8 @@ rule report_figures:
     conda:
         "../../envs/cpu.yaml"
     shell:
-        "ladbench report figures --analysis {input.json} {params.title} --profile {output.profile} "
-        "--attention {output.attention} --sweeps {output.sweeps} > {log} 2>&1"
+        "ladbench report figures --analysis {input.json:q} {params.title} --profile {output.profile:q} "
+        "--attention {output.attention:q} --sweeps {output.sweeps:q} > {log:q} 2>&1"
 
 
 rule report_model_figures:
@@ -79,8 +79,8 @@ rule report_model_figures:
     conda:
         "../../envs/cpu.yaml"
     shell:
-        "ladbench report model-figures --model {wildcards.model} {params.study} --evaluations {input.evaluations} "
-        "--analyses {input.analyses} --accuracy-vs-n {output.accuracy} --divergence {output.divergence} > {log} 2>&1"
+        "ladbench report model-figures --model {wildcards.model:q} {params.study} --evaluations {input.evaluations:q} "
+        "--analyses {input.analyses:q} --accuracy-vs-n {output.accuracy:q} --divergence {output.divergence:q} > {log:q} 2>&1"
 
 
 rule report_all:

@@ -22,12 +22,15 @@ from __future__ import annotations
 
 import argparse
 import csv
+import hashlib
+import json
 import os
 import sys
 from pathlib import Path
 from typing import Any, Iterable
 
 from ladbench.atomic import atomic_write_json, atomic_write_text, json_one_item_per_line, read_json
+from ladbench.cli import output_file
 
 _MAX_LISTED = 5  # how many offending ids/files an error message lists
 
@@ -181,6 +184,15 @@ def load_image_table(path: str | os.PathLike) -> dict:
     return table
 
 
+def table_fingerprint(table: dict) -> str:
+    """sha256 of what the later stages take from an image table: ids, file names and
+    captions (not ``image_root``: the same images moved elsewhere are the same inputs)."""
+    digest = hashlib.sha256()
+    for row in table["images"]:
+        digest.update(json.dumps([row["image_id"], row["file_name"], row["caption"]]).encode())
+    return digest.hexdigest()
+
+
 # --- Flickr8k ---------------------------------------------------------------------------
 
 def read_flickr8k_captions(path: str | os.PathLike) -> list[tuple[str, str]]:
@@ -280,7 +292,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="Instances file in the MS-COCO format (e.g. instances_val2014.json); omit for datasets without categories (Flickr8k).")
     parser.add_argument("--image-root", required=True, help="Folder holding the images' file_name paths.")
     parser.add_argument("--dataset", required=True, help="Dataset name recorded in the table.")
-    parser.add_argument("--out", required=True, help="Output images.json.")
+    parser.add_argument("--out", required=True, type=output_file(".json"), help="Output images.json.")
     parser.add_argument("--skip-missing", action="store_true", help="Leave out images whose files are missing (count reported) instead of stopping.")
     parser.add_argument("--no-check-files", action="store_true", help="Do not check that the image files exist.")
     parser.set_defaults(func=_run_captions)
@@ -290,5 +302,5 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Convert Flickr8k.token.txt (or Kaggle's captions.txt) to the MS-COCO captions format.")
     flickr.add_argument("--captions", required=True, help="Flickr8k.token.txt or captions.txt.")
     flickr.add_argument("--image-root", default=None, help="Image folder; captions of missing files are dropped.")
-    flickr.add_argument("--out", required=True, help="Output captions JSON.")
+    flickr.add_argument("--out", required=True, type=output_file(".json"), help="Output captions JSON.")
     flickr.set_defaults(func=_run_flickr8k)

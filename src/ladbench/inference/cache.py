@@ -20,6 +20,7 @@ rewritten (the caller checks :func:`is_complete_for`).
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -30,8 +31,15 @@ import h5py
 import numpy as np
 
 from ladbench.atomic import atomic_path
+from ladbench.hdf5 import CHECKSUMS, HDF5FileError, open_h5, reading
 
 log = logging.getLogger(__name__)
+
+# Part of every cache's config_sha256: a cache written in an older layout is rebuilt.
+# 2: per-chunk checksums, text_sha256, benchmark identity attributes.
+CACHE_FORMAT = 2
+# What to do with a cache that cannot be read (the end of its one-line error).
+REBUILD = "delete it and rerun the workflow (or `ladbench infer`) to rebuild it"
 
 SPLIT_EVAL, SPLIT_CALIBRATION = 0, 1
 ROW_TABLE_KEYS = ("split", "instance", "ordering", "order", "target_pos")
@@ -146,6 +154,11 @@ def _write_attrs(h5: h5py.File, attrs: Mapping[str, Any]) -> None:
         h5.attrs[key] = _jsonable(value)
 
 
+def text_sha256(texts: np.ndarray) -> str:
+    """Digest of the reply texts (HDF5 cannot checksum variable-length strings)."""
+    return hashlib.sha256(json.dumps(np.asarray(texts).tolist()).encode()).hexdigest()
+
+
 def partial_path(path: str) -> str:
     """Where the cache ``path`` is built until it is complete."""
     return path + ".partial"
@@ -154,7 +167,7 @@ def partial_path(path: str) -> str:
 def is_complete_for(path: str, config_sha256: str) -> bool:
     """True if ``path`` is a finished cache made from the inputs with this hash."""
     try:
-        with h5py.File(path, "r") as f:
+        with open_h5(path, "r") as f:
             return bool(f.attrs.get("complete", False)) and f.attrs.get("config_sha256") == config_sha256
     except OSError:
         return False
@@ -192,7 +205,7 @@ class CacheWriter:
     @staticmethod
     def _reuse_problem(path: str, plan: RowPlan, layout: CacheLayout, config_sha256: str) -> str | None:
         try:
-            with h5py.File(path, "r") as f:
+            with open_h5(path, "r") as f:
                 if f.attrs.get("config_sha256") != config_sha256:
                     return "its inputs or settings changed (config_sha256 differs)"
                 for key, arr in plan.arrays().items():
@@ -208,17 +221,19 @@ class CacheWriter:
     @staticmethod
     def _create(path: str, plan: RowPlan, layout: CacheLayout, attrs: Mapping[str, Any]) -> None:
         chunk_rows = max(1, min(len(plan), 256))
-        with atomic_path(path) as tmp, h5py.File(tmp, "w") as f:
+        with atomic_path(path) as tmp, open_h5(tmp, "w") as f:
             for key, arr in plan.arrays().items():
-                f.create_dataset(key, data=arr)
+                f.create_dataset(key, data=arr, **CHECKSUMS)
             for key, (shape, dtype, fill) in _result_datasets(layout, len(plan)).items():
                 chunks = (chunk_rows,) + shape[1:] if shape[0] else None
-                f.create_dataset(key, shape=shape, dtype=dtype, fillvalue=fill, chunks=chunks)
+                # HDF5 filters no variable-length strings: `text` is covered by text_sha256
+                checks = {} if h5py.check_string_dtype(np.dtype(dtype)) else CHECKSUMS
+                f.create_dataset(key, shape=shape, dtype=dtype, fillvalue=fill, chunks=chunks, **checks)
             _write_attrs(f, {**attrs, "complete": False})
 
     def pending_rows(self) -> np.ndarray:
         """Indices of the rows not yet written."""
-        with h5py.File(self.path, "r") as f:
+        with open_h5(self.path, "r") as f:
             return np.flatnonzero(~f["done"][()])
 
     def write(self, rows: Sequence[int], results: Mapping[str, np.ndarray]) -> None:
@@ -226,7 +241,7 @@ class CacheWriter:
         idx = np.asarray(rows, dtype=np.int64)
         order = np.argsort(idx)                    # h5py point selection needs increasing indices
         idx = idx[order]
-        with h5py.File(self.path, "a") as f:
+        with open_h5(self.path, "a") as f:
             for key, values in results.items():
                 if key not in f:
                     raise KeyError(f"{self.path}: no dataset {key!r} to write")
@@ -236,24 +251,26 @@ class CacheWriter:
     def finish(self, attrs: Mapping[str, Any]) -> None:
         """Set the final attributes and ``complete`` (only if every row is done), then move
         the work file to the final path."""
-        with h5py.File(self.path, "a") as f:
+        with open_h5(self.path, "a") as f:
             undone = int((~f["done"][()]).sum())
             if undone:
                 raise RuntimeError(f"{self.path}: {undone} rows not written; refusing to mark the cache complete")
+            if "text" in f:
+                attrs = {**attrs, "text_sha256": text_sha256(f["text"].asstr()[()])}
             _write_attrs(f, {**attrs, "complete": True})
         os.replace(self.path, self.final_path)
 
     def read(self, key: str) -> np.ndarray:
         """One dataset of the work file, whole."""
-        with h5py.File(self.path, "r") as f:
+        with open_h5(self.path, "r") as f:
             return f[key][()]
 
     def attr(self, key: str, default: Any = None) -> Any:
-        with h5py.File(self.path, "r") as f:
+        with open_h5(self.path, "r") as f:
             return f.attrs.get(key, default)
 
     def set_attrs(self, attrs: Mapping[str, Any]) -> None:
-        with h5py.File(self.path, "a") as f:
+        with open_h5(self.path, "a") as f:
             _write_attrs(f, attrs)
 
 
@@ -325,19 +342,21 @@ def read_cache(path: str, *, require_complete: bool = True) -> InferenceCache:
     """
     if not require_complete and not os.path.exists(path) and os.path.exists(partial_path(path)):
         path = partial_path(path)
-    with _open_cache(path) as f:
+    with reading(path, "inference cache", REBUILD) as f:
         attrs = _attributes(f)
         if require_complete and not attrs.get("complete", False):
             raise ValueError(f"{path}: inference cache is not complete (job unfinished or killed; rerun `ladbench infer`)")
         arrays = {}
         for key, ds in f.items():
             arrays[key] = ds.asstr()[()] if h5py.check_string_dtype(ds.dtype) else ds[()]
+    if "text" in arrays and attrs.get("complete") and attrs.get("text_sha256") != text_sha256(arrays["text"]):
+        raise HDF5FileError(f"{path}: inference cache: corrupted (the reply texts do not match text_sha256); {REBUILD}")
     return InferenceCache(path=path, arrays=arrays, attrs=attrs)
 
 
 def read_cache_attributes(path: str) -> dict[str, Any]:
     """A cache's attributes plus ``n_rows`` and ``n_eval_rows``, without loading its arrays."""
-    with _open_cache(path) as f:
+    with reading(path, "inference cache", REBUILD) as f:
         attrs = _attributes(f)
         if "split" not in f:
             raise ValueError(f"{path}: no 'split' dataset (docs/formats.md §4)")
@@ -345,13 +364,6 @@ def read_cache_attributes(path: str) -> dict[str, Any]:
     attrs["n_rows"] = int(split.size)
     attrs["n_eval_rows"] = int((split == SPLIT_EVAL).sum())
     return attrs
-
-
-def _open_cache(path: str) -> h5py.File:
-    try:
-        return h5py.File(path, "r")
-    except OSError as exc:  # FileNotFoundError stays one (the CLI prints it as one line)
-        raise type(exc)(f"{path}: cannot open inference cache ({exc})") from exc
 
 
 def _attributes(f: h5py.File) -> dict[str, Any]:

@@ -28,11 +28,13 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
-from ladbench.atomic import file_digest
+from ladbench.atomic import file_digest, sampled_digest
 from ladbench.benchmark import load_benchmark
-from ladbench.data.coco import load_image_table
+from ladbench.cli import output_file
+from ladbench.data.coco import load_image_table, table_fingerprint
+from ladbench.stages.inputs import check_benchmark_table
 
-from .cache import CacheLayout, CacheWriter, RowPlan, is_complete_for, plan_rows
+from .cache import CACHE_FORMAT, CacheLayout, CacheWriter, RowPlan, is_complete_for, plan_rows
 from .greedy import greedy_outputs, greedy_reply_tokens, repetition_penalty, stop_token_ids
 from .prompts import (GENERATIVE_VARIANTS, IDENTIFIER_FORMATS, PROMPT_VARIANTS, identifiers, majority_vote,
                       parse_answer_is, parse_last_identifier, prompt_sha256, prompt_text)
@@ -79,9 +81,10 @@ class InferenceSettings:
     group_by_length: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
-    # fields that do not change any stored number (only speed / how much runs now)
+    # fields that do not change any stored number (only speed / how much runs now), and the
+    # input paths, whose contents are hashed instead (the same inputs elsewhere give the same hash)
     _NOT_HASHED = ("out", "batch_size", "chunk_size", "limit_rows", "model_name", "workers", "vision_tower",
-                   "group_by_length", "extra")
+                   "group_by_length", "extra", "benchmark", "images")
 
     def validate(self) -> None:
         from ladbench.models.vision import VISION_TOWERS
@@ -102,6 +105,8 @@ class InferenceSettings:
     def hashed_fields(self) -> dict[str, Any]:
         """Settings that change the cache content (for ``config_sha256``); variant-irrelevant ones dropped."""
         d = {k: v for k, v in asdict(self).items() if k not in self._NOT_HASHED}
+        if os.path.isdir(self.model_path):
+            d.pop("model_path")                          # a local folder: its files are hashed
         if self.prompt != "sofa":
             d.pop("sofa_sigma"), d.pop("sofa_every")
         if self.prompt != "cot":
@@ -150,8 +155,9 @@ def check_benchmark(bench: dict, path: str, known_images: dict[int, str]) -> Non
 
 
 def model_fingerprint(model_path: str) -> dict[str, Any]:
-    """For a local model folder: its config's hash and its weight files' sizes (a rebuilt or
-    replaced model changes the cache's identity). Hub ids are identified by id + revision."""
+    """For a local model folder: the hashes of its config and of its weight files (sampled
+    blocks: a rebuilt, replaced or fine-tuned model changes the cache's identity; the folder's
+    location does not). Hub ids are identified by id + revision."""
     if not os.path.isdir(model_path):
         return {}
     out: dict[str, Any] = {}
@@ -160,15 +166,16 @@ def model_fingerprint(model_path: str) -> dict[str, Any]:
         if name == "config.json":
             out[name] = file_digest(full)
         elif name.endswith((".safetensors", ".bin")):
-            out[name] = os.path.getsize(full)
+            out[name] = sampled_digest(full)
     return out
 
 
-def config_sha256(settings: InferenceSettings, bench_path: str, images_path: str) -> str:
-    """Identity of a cache's inputs: hashed settings, benchmark and image table, model files."""
+def config_sha256(settings: InferenceSettings, bench_path: str, table: dict) -> str:
+    """Identity of a cache's inputs: hashed settings, the benchmark file, the image table's
+    content (not where the images are) and the model files."""
     payload = {"settings": settings.hashed_fields(), "benchmark_sha256": file_digest(bench_path),
-               "images_sha256": file_digest(images_path), "model": model_fingerprint(settings.model_path),
-               "cache_format": 1}
+               "images_sha256": table_fingerprint(table), "model": model_fingerprint(settings.model_path),
+               "cache_format": CACHE_FORMAT}
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 
@@ -240,8 +247,10 @@ class RowRunner:
         try:
             with Image.open(path) as im:
                 return resize_square(im, self.s.image_size)
-        except OSError as exc:
-            raise OSError(f"cannot read image {image_id} at {path}: {exc}") from None
+        except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:  # what PIL raises
+            raise ValueError(f"{path}: cannot read image {image_id} ({exc}); restore the file (it was readable when "
+                             "the features were computed), or rebuild the features and benchmarks without it "
+                             "(`ladbench features --skip-bad-images`)") from None
 
     def _row_inputs(self, r: int) -> tuple[str, list]:
         split = "eval" if self.plan.split[r] == 0 else "calibration"
@@ -475,11 +484,13 @@ def run_inference(settings: InferenceSettings) -> str:
     settings.validate()
     settings.device = resolve_device(settings.device)        # hashed resolved: a CPU run never resumes a GPU one
     bench = load_benchmark(settings.benchmark)
-    paths = image_paths(load_image_table(settings.images))
+    table = load_image_table(settings.images)
+    paths = image_paths(table)
     check_benchmark(bench, settings.benchmark, paths)
+    check_benchmark_table(settings.benchmark, bench, settings.images, table)
     n = int(bench["n_candidates"])
     plan = plan_rows(bench, shifts_per_ordering=settings.prompt == "permavg")
-    digest = config_sha256(settings, settings.benchmark, settings.images)
+    digest = config_sha256(settings, settings.benchmark, table)
 
     if is_complete_for(settings.out, digest):
         log.info("%s is complete for these inputs; nothing to do", settings.out)
@@ -500,7 +511,8 @@ def run_inference(settings: InferenceSettings) -> str:
              "score_mode": settings.score_mode, "prompt_sha256": prompt_sha256(settings.prompt, n, settings.identifiers),
              "config_sha256": digest, "settings": settings.hashed_fields(), "versions": library_versions(),
              "device": device, "dtype": str(adapter.model.dtype).replace("torch.", ""),
-             "benchmark": os.path.abspath(settings.benchmark),
+             "benchmark": os.path.abspath(settings.benchmark), "benchmark_sha256": file_digest(settings.benchmark),
+             "benchmark_name": f"{bench.get('dataset')}_{bench.get('setting')}_N{n}",
              "calibration_source": bench.get("calibration_source", "pool")}  # read by calibrate / analyze
     if settings.greedy_reply and not generative:
         attrs.update(greedy_repetition_penalty=repetition_penalty(adapter), greedy_stop_ids=stop_token_ids(adapter))
@@ -544,7 +556,12 @@ def _settings_from_args(args: argparse.Namespace) -> InferenceSettings:
 
 
 def _cmd_infer(args: argparse.Namespace) -> None:
+    from ladbench.config import remote_code_warning
+
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    warning = remote_code_warning(args.model_path, args.revision, args.trust_remote_code, "--revision")
+    if warning:
+        log.warning(warning)
     print(run_inference(_settings_from_args(args)))
 
 
@@ -555,7 +572,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     g = p.add_argument_group("inputs and output")
     g.add_argument("--benchmark", required=True, help="benchmark JSON (docs/formats.md §3)")
     g.add_argument("--images", required=True, help="image table JSON (docs/formats.md §1)")
-    g.add_argument("--out", required=True, help="cache HDF5 to write or resume (docs/formats.md §4)")
+    g.add_argument("--out", required=True, type=output_file(".h5"), help="cache HDF5 to write or resume (docs/formats.md §4)")
     g = p.add_argument_group("model")
     g.add_argument("--model-name", required=True, help="short model name stored in the cache (e.g. qwen2_5_vl_3b)")
     g.add_argument("--family", required=True, choices=FAMILY_CHOICES, help="model family (selects the adapter)")

@@ -20,6 +20,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from ladbench.atomic import read_json
 from ladbench.config import benchmark_parts
 from ladbench.inference.cache import read_cache_attributes
+from ladbench.stages.inputs import check_made_from_caches
 
 __all__ = ["Study", "load_study", "parse_assignments"]
 
@@ -140,7 +141,7 @@ def load_study(
     """Read and index every input file of the report."""
     for benchmark in benchmarks:
         benchmark_parts(benchmark)  # validates the names early, with a clear message
-    return Study(
+    study = Study(
         models=list(models),
         benchmarks=list(benchmarks),
         variants=dict(variants),
@@ -150,3 +151,6 @@ def load_study(
         n_cal=n_cal,
         dataset_sources=dict(dataset_sources or {}),
     )
+    check_made_from_caches(study.evaluations, study.caches, "evaluation")
+    check_made_from_caches(study.analyses, study.caches, "analysis")
+    return study

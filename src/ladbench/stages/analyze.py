@@ -30,10 +30,12 @@ from tqdm import tqdm
 from ladbench import divergence, methods, metrics
 from ladbench.atomic import atomic_path, atomic_write_json
 from ladbench.calibration import Calibration, fit_calibration, log_softmax
+from ladbench.cli import output_file
 from ladbench.stages.calibrate import add_pride_argument
 from ladbench.stages.options import add_bootstrap_arguments, add_lad_arguments, lad_settings, metrics_line
 from ladbench.inference.cache import read_cache
 from ladbench.stages.arrays import CalibrationArrays, EvalArrays, calibration_arrays, eval_arrays
+from ladbench.stages.inputs import cache_identity
 
 __all__ = [
     "DEFAULT_DCAL_SIZES",
@@ -320,6 +322,7 @@ def analyze(
     ]
     document: dict[str, Any] = {
         "cache": str(cache_path),
+        "inputs": {"cache": cache_identity(cache_path, cache.attrs)},
         "model": cache.attrs.get("model"),
         "model_path": cache.attrs.get("model_path"),
         "prompt": cache.attrs.get("variant"),
@@ -365,7 +368,7 @@ def register(subparsers) -> None:
     sweeps.add_argument("--dcal-draws", type=int, default=5, help="calibration draws (seeds 0..n-1) per |D_cal| size")
     sweeps.add_argument("--taus", type=float, nargs="+", default=list(DEFAULT_TAUS), help="tau values of the sweep")
     add_bootstrap_arguments(parser.add_argument_group("confidence intervals"), default_resamples=1000)
-    parser.add_argument("--out", required=True, help="output .json (per-row arrays go to the same name .npz)")
+    parser.add_argument("--out", required=True, type=output_file(".json"), help="output .json (per-row arrays go to the same name .npz)")
     parser.set_defaults(func=run)
 
 

@@ -4,10 +4,13 @@ calibration rows of an inference cache, for one |D_cal| draw. Pure numpy; no tor
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 
 from ladbench.calibration import PRIDE_ORIGINAL_LOGS, fit_calibration
+from ladbench.cli import output_file
 from ladbench.inference.cache import read_cache
 from ladbench.stages.arrays import calibration_arrays
+from ladbench.stages.inputs import cache_identity
 
 
 def add_pride_argument(parser) -> None:
@@ -25,18 +28,19 @@ def register(subparsers) -> None:
         help="reference: average raw scores; paper: average probabilities, then log",
     )
     add_pride_argument(parser)
-    parser.add_argument("--out", required=True, help="output .npz")
+    parser.add_argument("--out", required=True, type=output_file(".npz"), help="output .npz")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> None:
-    cal = calibration_arrays(read_cache(args.cache))
+    cache = read_cache(args.cache)
+    cal = calibration_arrays(cache)
     calibration = fit_calibration(
         cal.scores, cal.attn, cal.target_pos, n_cal=args.n_cal, seed=args.seed, average=args.score_average,
         source=cal.source,  # from the benchmark, through the cache
         pride_original_logs=args.pride_original_logs,
     )
-    calibration.to_npz(args.out)
+    replace(calibration, source=cache_identity(args.cache, cache.attrs)).to_npz(args.out)
     how = "the first" if cal.source == "evaluation_head" else f"seed {args.seed},"
     print(f"calibration from {args.n_cal} of {cal.scores.shape[0]} instances ({how} source {cal.source}): "
           f"k = {calibration.k:.4f}")

@@ -16,9 +16,11 @@ import numpy as np
 from ladbench import methods, metrics
 from ladbench.atomic import atomic_path, atomic_write_json
 from ladbench.calibration import Calibration
+from ladbench.cli import output_file
 from ladbench.stages.options import add_bootstrap_arguments, add_lad_arguments, lad_settings, metrics_line
 from ladbench.inference.cache import read_cache
 from ladbench.stages.arrays import EvalArrays, eval_arrays
+from ladbench.stages.inputs import cache_identity, calibration_record, check_calibrations
 
 
 def register(subparsers) -> None:
@@ -35,7 +37,10 @@ def register(subparsers) -> None:
     )
     add_lad_arguments(parser)
     add_bootstrap_arguments(parser, default_resamples=10000)
-    parser.add_argument("--out", required=True, help="output .json (predictions go to the same name .npz)")
+    parser.add_argument("--transfer", action="store_true",
+                        help="the calibrations were fitted on another benchmark (calibration transfer); "
+                        "without it they must come from this cache's benchmark")
+    parser.add_argument("--out", required=True, type=output_file(".json"), help="output .json (predictions go to the same name .npz)")
     parser.set_defaults(func=run)
 
 
@@ -84,7 +89,9 @@ def run(args: argparse.Namespace) -> None:
     arrays = eval_arrays(cache)
     names = args.methods or list(METHODS_FOR_PROMPT[cache.attrs.get("variant", "vanilla")])
     check_methods(names)
-    calibrations = [Calibration.from_npz(path) for path in args.calibration] or [None]
+    loaded = [Calibration.from_npz(path) for path in args.calibration]
+    transfer = check_calibrations(args.cache, cache.attrs, zip(args.calibration, loaded), transfer=args.transfer)
+    calibrations = loaded or [None]
     settings = lad_settings(args)
     n = arrays.scores.shape[-1]
     if cache.has_shifts:
@@ -109,6 +116,9 @@ def run(args: argparse.Namespace) -> None:
     result = {
         "cache": str(args.cache),
         "calibrations": [str(p) for p in args.calibration],
+        "inputs": {"cache": cache_identity(args.cache, cache.attrs),
+                   "calibrations": [calibration_record(p, c) for p, c in zip(args.calibration, loaded)]},
+        "transfer": transfer,
         # pool (disjoint from the evaluation set) or evaluation_head (the reference's: its first instances)
         "calibration_source": calibrations[0].settings.get("source", "pool") if calibrations[0] else None,
         "model": cache.attrs.get("model"),
