@@ -254,8 +254,9 @@ def test_current_config_studies_todays_models_on_the_current_lane():
 
 
 @pytest.mark.slow
-def test_current_config_dry_run_plans_one_inference_per_model_and_benchmark(tmp_path):
+def test_current_config_dry_run_plans_one_inference_per_model_and_benchmark(tmp_path, monkeypatch):
     from workflow_runner import planned_jobs
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)       # hub ids are fetched later, not checked offline
     jobs = planned_jobs(tmp_path, configfile=CURRENT)
     config = load_config(CURRENT)
     assert jobs["infer"] == len(config["models"]) * 4 * len(config["inference"]["variants"])   # 2 settings x 2 N
