@@ -1,5 +1,9 @@
 # Two entry points for a fresh machine: `make demo` and `make test`.
-# Both create ./.venv (Python >= 3.10) and install the pinned set from requirements-lock.txt.
+# Both create ./.venv (Python >= 3.10) and install the paper lane's pinned set from
+# requirements-lock.txt (transformers 4.53, the published numbers). The current lane
+# (transformers 5.x, today's models) lives beside it: `make install-current` creates
+# ./.venv-current from requirements-current.txt, `make test-current` runs the model-facing
+# tests (pytest marker `lanes`) on it.
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(abspath $(VENV))/bin
@@ -8,7 +12,11 @@ CORES  ?= 2
 DEMO_CONFIG := workflow/demo/config.yaml
 SMK    := PATH="$(BIN):$$PATH" $(BIN)/snakemake
 
-.PHONY: install demo test lint figures clean-demo
+CURRENT_VENV := .venv-current
+CURRENT_BIN  := $(abspath $(CURRENT_VENV))/bin
+CURRENT_STAMP := $(CURRENT_VENV)/.installed
+
+.PHONY: install demo test lint figures clean-demo install-current test-current
 
 $(STAMP): pyproject.toml requirements-lock.txt
 	$(PYTHON) -m venv $(VENV)
@@ -18,12 +26,23 @@ $(STAMP): pyproject.toml requirements-lock.txt
 
 install: $(STAMP)
 
+$(CURRENT_STAMP): pyproject.toml requirements-current.txt
+	$(PYTHON) -m venv $(CURRENT_VENV)
+	$(CURRENT_BIN)/pip install -q -c requirements-current.txt torch torchvision
+	$(CURRENT_BIN)/pip install -q -c requirements-current.txt -e ".[test]"
+	touch $(CURRENT_STAMP)
+
+install-current: $(CURRENT_STAMP)
+
 demo: install
 	$(SMK) --cores $(CORES) --configfile $(DEMO_CONFIG) --workflow-profile workflow/profiles/default
 	@PATH="$(BIN):$$PATH" ladbench where --configfile $(DEMO_CONFIG)
 
 test: install
 	PATH="$(BIN):$$PATH" $(BIN)/pytest
+
+test-current: install-current
+	PATH="$(CURRENT_BIN):$$PATH" $(CURRENT_BIN)/pytest -m "lanes and not slurm"
 
 lint: install
 	$(SMK) --lint --configfile $(DEMO_CONFIG)

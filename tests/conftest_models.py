@@ -16,7 +16,10 @@ from typing import Callable
 
 import pytest
 
-FAMILIES = ("qwen2_5_vl", "internvl", "llava_ov15")
+from ladbench.models import lane_families  # noqa: E402
+
+#: the families the model tests run: those of the installed transformers lane (models/compat.py)
+FAMILIES = lane_families()
 #: tiny processors cap images at 112 x 112 px; 56 px gives 4 visual tokens per image (Qwen, OV)
 TINY_IMAGE_SIZE = 56
 

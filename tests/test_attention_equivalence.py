@@ -14,7 +14,7 @@ from ladbench.inference.attention import sofa_attention_bias, sofa_layers
 from ladbench.inference.cache import plan_rows
 from ladbench.inference.runner import InferenceSettings, RowRunner, image_paths
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.lanes]
 
 
 def _runner(adapter, folder, n, family, **overrides) -> RowRunner:

@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ladbench.config import ConfigError, load_config, parse_layer_range, validate_config
+from ladbench.config import (ConfigError, layer_range_arg, load_config, load_schema, model_layer_range,
+                             parse_layer_range, validate_config)
 
 ROOT = Path(__file__).resolve().parents[1]
 PAPER = ROOT / "config.yaml"
@@ -90,8 +91,27 @@ def test_missing_file_and_bad_yaml(tmp_path):
 def test_layer_range_round_trip():
     assert parse_layer_range("all") is None
     assert parse_layer_range("21:35") == (21, 35)
+    assert parse_layer_range("21:35/36") == (21, 35, 36)
+    for layer_range in ("all", [21, 35], (21, 35, 36)):
+        assert parse_layer_range(layer_range_arg(layer_range)) == (None if layer_range == "all" else tuple(layer_range))
     with pytest.raises(ValueError, match="first:last"):
         parse_layer_range("21-35")
+    with pytest.raises(ValueError, match="< of"):
+        parse_layer_range("21:36/36")
+
+
+def test_a_model_without_layer_range_gets_its_family_default():
+    from ladbench.families import DEFAULT_LAYER_RANGES
+    config = load_config(CURRENT)
+    schema_families = load_schema(ROOT / "workflow/schemas/config.schema.yaml")[
+        "properties"]["models"]["additionalProperties"]["properties"]["family"]["enum"]
+    assert sorted(DEFAULT_LAYER_RANGES) == sorted(schema_families)      # every family has one
+    for name, model in config["models"].items():
+        assert "layer_range" not in model, f"config.current.yaml sets {name}'s range: the default is the point"
+        assert model_layer_range(model) == DEFAULT_LAYER_RANGES[model["family"]]
+    paper = load_config(ROOT / "config.yaml")                            # the paper's ranges stay explicit
+    assert {m["family"]: m["layer_range"] for m in paper["models"].values()} == {
+        "qwen2_5_vl": [21, 35], "llava_ov15": [21, 35], "internvl": [21, 27]}
 
 
 def test_transfer_pairs_are_checked():
@@ -216,3 +236,28 @@ def test_reproduce_reference_sets_every_protocol_choice(tmp_path):
     path.write_text(yaml.safe_dump(config))
     with pytest.raises(ConfigError, match="calibration.source: 'pool' conflicts with reproduce: reference"):
         load_config(path)
+
+
+CURRENT = ROOT / "config.current.yaml"
+
+
+def test_current_config_studies_todays_models_on_the_current_lane():
+    from ladbench.models import ADAPTERS
+    config = load_config(CURRENT)
+    families = {m["family"] for m in config["models"].values()}
+    assert {"qwen3_vl", "llava_onevision"} <= families
+    assert all("current" in ADAPTERS[f].lanes for f in families)       # nothing that needs the paper lane
+    qwen3 = sorted(m["path"] for m in config["models"].values() if m["family"] == "qwen3_vl")
+    assert qwen3 == ["Qwen/Qwen3-VL-2B-Instruct", "Qwen/Qwen3-VL-8B-Instruct"]
+    bench = config["benchmarks"]
+    assert bench["n_candidates"] == [4, 8] and bench["settings"] == ["random", "adversarial"]
+
+
+@pytest.mark.slow
+def test_current_config_dry_run_plans_one_inference_per_model_and_benchmark(tmp_path, monkeypatch):
+    from workflow_runner import planned_jobs
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)       # hub ids are fetched later, not checked offline
+    jobs = planned_jobs(tmp_path, configfile=CURRENT)
+    config = load_config(CURRENT)
+    assert jobs["infer"] == len(config["models"]) * 4 * len(config["inference"]["variants"])   # 2 settings x 2 N
+    assert jobs["download"] == 1 and jobs["all"] == 1

@@ -12,7 +12,7 @@ from conftest_models import TINY_IMAGE_SIZE, make_demo_benchmark
 from ladbench.inference import runner
 from ladbench.inference.cache import read_cache
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.lanes]
 
 CONTENT = ("scores", "attn", "attn_text", "order", "target_pos", "split", "instance", "ordering", "done")
 

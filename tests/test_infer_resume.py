@@ -14,10 +14,10 @@ import h5py
 import numpy as np
 import pytest
 
-from conftest_models import TINY_IMAGE_SIZE, make_demo_benchmark
+from conftest_models import FAMILIES, TINY_IMAGE_SIZE, make_demo_benchmark
 from ladbench.inference.cache import partial_path, read_cache
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.lanes]
 
 CHUNK = 3
 # Runs the real CLI, with each batch slowed down (as on a big model) so the kill lands mid-run.
@@ -126,7 +126,7 @@ def test_limit_rows_leaves_an_incomplete_cache(tiny_model, tmp_path):
     assert read_cache(str(out))["done"].all()
 
 
-@pytest.mark.parametrize("family", ["qwen2_5_vl", "llava_ov15"])
+@pytest.mark.parametrize("family", [f for f in ("qwen2_5_vl", "llava_ov15") if f in FAMILIES])
 def test_generative_variants_store_texts_and_parsed_answers(family, tiny_model, tmp_path):
     model = tiny_model(family)
     bench, images = make_demo_benchmark(tmp_path, 4, n_eval=1, n_orderings=2, n_cal=1)

@@ -86,6 +86,9 @@ def test_layer_selection_by_strength_with_ties_and_range():
     with pytest.raises(ValueError, match="holds only 2"):
         select_layers(attn, 3, layer_range=(2, 3), k_beyond_range="error")
     assert select_layers(attn, 2, layer_range=(2, 9)).tolist() == [3, 2]  # clipped to the last layer
+    # a family default (first, last, of) is the same share of this model's 4 layers
+    assert select_layers(attn, 2, layer_range=(21, 35, 36)).tolist() == [3, 2]   # 21..35 of 36 -> 2..3 of 4
+    assert select_layers(attn, 2, layer_range=(2, 5, 8)).tolist() == [1, 2]      # 2..5 of 8 -> 1..2 of 4
     with pytest.raises(ValueError, match="outside the model's layers 0..3"):
         select_layers(attn, 1, layer_range=(4, 6))
     # batched rows select independently
@@ -280,11 +283,21 @@ def test_compatibility_errors_name_the_mismatch():
         METHODS["lad"](arrays, wrong_layers, {})
 
 
+def test_family_default_layer_range_scales_with_depth():
+    from ladbench.families import REFERENCE_LAYER_RANGE, scale_layer_range
+    assert scale_layer_range(*REFERENCE_LAYER_RANGE, 36) == (21, 35)       # the reference's own depth
+    assert scale_layer_range(*REFERENCE_LAYER_RANGE, 28) == (16, 27)       # 7B-class Qwen2 decoders
+    assert scale_layer_range(*REFERENCE_LAYER_RANGE, 24) == (14, 23)
+    assert scale_layer_range(*REFERENCE_LAYER_RANGE, 2) == (1, 1)          # never empty, never past the end
+
+
 def test_settings_validation_and_mapping():
     assert LadSettings.from_mapping({"top_k": 4, "bootstrap": 100}).top_k == 4  # unrelated keys ignored
     assert LadSettings.from_mapping(None) == LadSettings()
     assert LadSettings(layer_range=[21, 35]).as_dict()["layer_range"] == [21, 35]
-    for bad in ({"top_k": 0}, {"tau": 0.0}, {"mixture": "probability"}, {"layer_range": (5, 2)}):
+    assert LadSettings(layer_range=[21, 35, 36]).as_dict()["layer_range"] == [21, 35, 36]
+    for bad in ({"top_k": 0}, {"tau": 0.0}, {"mixture": "probability"}, {"layer_range": (5, 2)},
+                {"layer_range": (21, 36, 36)}, {"layer_range": (1,)}):
         with pytest.raises(ValueError):
             LadSettings(**bad)
 

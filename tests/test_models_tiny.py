@@ -11,17 +11,24 @@ import pytest
 
 from conftest_models import FAMILIES, make_images
 from ladbench.models import ADAPTERS, adapter_class, load_adapter
-from ladbench.models import tiny
+from ladbench.models import compat, tiny
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.lanes]
 
 EXPECTED_CLASS = {"qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration",
                   "internvl": "InternVLForConditionalGeneration",
-                  "llava_ov15": "TinyOV15ForConditionalGeneration"}
+                  "llava_ov15": "TinyOV15ForConditionalGeneration",
+                  "qwen3_vl": "Qwen3VLForConditionalGeneration",
+                  "llava_onevision": "LlavaOnevisionForConditionalGeneration"}
+
+
+paper_lane_only = pytest.mark.skipif(compat.on_current_lane(), reason="paper-lane family or code path")
 
 
 def test_registry():
-    assert set(ADAPTERS) == set(FAMILIES)
+    assert set(FAMILIES) <= set(ADAPTERS) and "qwen2_5_vl" in FAMILIES and "internvl" in FAMILIES
+    from ladbench.families import DEFAULT_LAYER_RANGES
+    assert set(ADAPTERS) == set(DEFAULT_LAYER_RANGES) == set(tiny.FAMILIES)    # each family: a default, a tiny build
     with pytest.raises(ValueError, match="unknown model family 'llama'"):
         adapter_class("llama")
 
@@ -48,12 +55,44 @@ def test_prompt_layout_and_image_spans(family, n, tiny_adapter):
     ids = inputs["input_ids"][0].tolist()
     spans = adapter.image_spans(ids)
     assert len(spans) == n
+    if adapter.image_start_token == adapter.image_token:                       # no markers (LLaVA-OneVision)
+        assert all(set(ids[start:end]) == {adapter.image_token_id} for start, end in spans)
+        assert sum(end - start for start, end in spans) == ids.count(adapter.image_token_id)
+        return
     for start, end in spans:                                                   # markers included, pads inside
         assert ids[start] == adapter.image_start_id and ids[end - 1] == adapter.image_end_id
         assert set(ids[start + 1:end - 1]) == {adapter.image_token_id}
     assert sum(end - start - 2 for start, end in spans) == ids.count(adapter.image_token_id)
 
 
+def test_llava_onevision_multi_image_prompts_are_not_tiled(tiny_adapter):
+    """Several images per prompt: LLaVA-OneVision's multi-image mode (one square view per
+    image, its features plus one newline); one image alone is tiled (anyres), as the
+    processor does it. Adjacent images' token runs are split by that fixed length."""
+    adapter = tiny_adapter("llava_onevision")
+    per_image = adapter.tokens_per_image
+    assert per_image == adapter.processor.num_image_tokens + 1                # 'full' features + image_newline
+    texts = [adapter.chat_text("Caption: a long one\nAnswer: ", 4), adapter.chat_text("Answer: ", 4)]
+    inputs = adapter.encode_on_host(texts, [make_images(4), make_images(4, size=90, offset=4)])
+    assert inputs["pixel_values"].shape[:2] == (8, 1)                          # one view per image, no tiles
+    for row in inputs["input_ids"].tolist():
+        assert [end - start for start, end in adapter.image_spans(row)] == [per_image] * 4
+    single = adapter.encode_on_host([adapter.chat_text("Answer: ", 1)], [make_images(1, size=90)])
+    assert single["pixel_values"].shape[1] > 1                                 # anyres tiles
+    (start, end), = adapter.image_spans(single["input_ids"][0].tolist())
+    assert end - start > per_image
+    image, text = adapter.image_token_id, adapter.end_of_turn_id
+    assert adapter.image_spans([text] + [image] * (2 * per_image) + [text, image] + [image] * (per_image - 1)) == [
+        (1, 1 + per_image), (1 + per_image, 1 + 2 * per_image), (2 + 2 * per_image, 2 + 3 * per_image)]
+
+
+@pytest.mark.skipif(not compat.on_current_lane(), reason="current-lane start-up check")
+def test_ov15_refuses_the_current_lane_in_one_line(tmp_path):
+    with pytest.raises(RuntimeError, match=r"^model family 'llava_ov15' runs only on the paper lane[^\n]*\.venv \(make install\)$"):
+        load_adapter("llava_ov15", str(tmp_path / "never-read"), device="cpu", trust_remote_code=True)
+
+
+@paper_lane_only
 def test_ov15_needs_trust_remote_code(tiny_model):
     with pytest.raises(PermissionError, match="trust_remote_code"):
         load_adapter("llava_ov15", tiny_model("llava_ov15"), device="cpu")
@@ -72,10 +111,13 @@ def test_demo_model_cli_is_deterministic_and_offline(hf_offline, tmp_path):
     meta = json.loads((tmp_path / "a" / "ladbench_tiny.json").read_text())
     assert meta == {**meta, "family": "qwen2_5_vl", "seed": 0, "preset": "tiny"}
     assert not os.path.exists(str(tmp_path / "a") + ".tmp")
-    for f in ("config.json", "chat_template.jinja", "tokenizer.json", "preprocessor_config.json"):
+    for f in ("config.json", "chat_template.jinja", "tokenizer.json"):
         assert (tmp_path / "a" / f).exists(), f
+    # the image processor's settings: their own file (4.53) or inside processor_config.json (5.x)
+    assert any((tmp_path / "a" / f).exists() for f in ("preprocessor_config.json", "processor_config.json"))
 
 
+@paper_lane_only
 @pytest.mark.parametrize("family", ["qwen2_5_vl", "llava_ov15"])
 def test_batched_vision_tower_equals_the_native_joint_encoding(family, tiny_adapter):
     """All images of a batch through the tower together, one attention call per layer (padded
@@ -110,6 +152,13 @@ def test_batched_vision_tower_equals_the_native_joint_encoding(family, tiny_adap
     torch.testing.assert_close(single, native[: single.shape[0]], atol=1e-5, rtol=0)
 
 
+@pytest.mark.skipif(not compat.on_current_lane(), reason="current-lane fallback")
+def test_current_lane_runs_the_native_vision_tower(tiny_adapter):
+    adapter = tiny_adapter("qwen2_5_vl")
+    assert adapter.vision == "native" and "forward" not in vars(adapter.model.model.visual)
+
+
+@paper_lane_only
 def test_native_vision_tower_stays_selectable(tiny_model):
     from ladbench.models import load_adapter
     adapter = load_adapter("qwen2_5_vl", tiny_model("qwen2_5_vl"), device="cpu", vision="native")

@@ -15,6 +15,8 @@ from ladbench.inference.prompts import (identifiers, majority_vote, parse_answer
 from ladbench.inference.runner import InferenceSettings, RowRunner, image_paths
 from ladbench.inference.scoring import IdentifierTrie, identifier_encoder, restricted_log_softmax, trie_scores
 
+pytestmark = pytest.mark.lanes
+
 END = 99
 # toy vocabulary: "1".."9" -> 1..9, "0" -> 10; multi-digit strings are one token per digit
 TOY = {str(d): d for d in range(1, 10)} | {"0": 10}
@@ -125,6 +127,8 @@ def _extend(inputs, tokens):
     out = dict(inputs)
     out["input_ids"] = torch.cat([inputs["input_ids"], add], 1)
     out["attention_mask"] = torch.cat([inputs["attention_mask"], torch.ones_like(add)], 1)
+    if "mm_token_type_ids" in inputs:                # transformers 5.x's Qwen-VL processors: 0 = text token
+        out["mm_token_type_ids"] = torch.cat([inputs["mm_token_type_ids"], torch.zeros_like(add)], 1)
     return out
 
 

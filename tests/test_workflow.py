@@ -30,6 +30,7 @@ def mtimes(root: Path, pattern: str) -> dict[Path, int]:
     return {p: p.stat().st_mtime_ns for p in sorted(root.glob(pattern))}
 
 
+@pytest.mark.lanes        # `make test-current`: the demo DAG on the current lane too
 def test_every_stage_produces_its_outputs(demo_run):
     out = demo_run / "results" / "demo"
     for benchmark in ("scenes_random_N4", "scenes_adversarial_N4"):
@@ -49,6 +50,11 @@ def test_every_stage_produces_its_outputs(demo_run):
     assert "scenes_random_N4" in json.loads(transfer.read_text())["calibrations"][0]
     table = (out / "report" / "table1.md").read_text()
     assert "Ours (LAD)" in table and "PriDe" in table and "Adversarial" in table
+    import transformers
+    from ladbench.inference.cache import read_cache_attributes
+    from ladbench.models.compat import LANE
+    versions = read_cache_attributes(str(out / "cache" / "tiny_qwen2_5_vl" / "scenes_random_N4" / "vanilla.h5"))["versions"]
+    assert versions["lane"] == LANE and versions["transformers"] == transformers.__version__    # which lane wrote it
 
 
 def test_nothing_reruns_when_nothing_changed(demo_run):

@@ -293,19 +293,32 @@ def load_config(path: Path | str, schema_path: Path | str = SCHEMA_PATH) -> dict
     return validate_config(config, load_schema(schema_path), source=str(path))
 
 
+def model_layer_range(model: dict) -> Any:
+    """A model entry's ``layer_range``, or its family's default (``ladbench.families``)."""
+    from ladbench.families import default_layer_range
+    return model["layer_range"] if "layer_range" in model else default_layer_range(model["family"])
+
+
 def layer_range_arg(layer_range: Any) -> str:
-    """The CLI form of a layer range: ``all`` or ``first:last``."""
-    return "all" if layer_range == "all" else f"{layer_range[0]}:{layer_range[1]}"
+    """The CLI form of a layer range: ``all``, ``first:last``, or ``first:last/of`` (layers
+    first..last of an ``of``-layer decoder, scaled to the model's depth: a family default)."""
+    if layer_range == "all":
+        return "all"
+    text = f"{layer_range[0]}:{layer_range[1]}"
+    return text if len(layer_range) == 2 else f"{text}/{layer_range[2]}"
 
 
-def parse_layer_range(text: str) -> tuple[int, int] | None:
+def parse_layer_range(text: str) -> tuple[int, ...] | None:
     """Inverse of :func:`layer_range_arg`; ``None`` means every layer."""
     if text == "all":
         return None
     try:
-        first, last = (int(part) for part in text.split(":"))
+        span, _, of = text.partition("/")
+        first, last = (int(part) for part in span.split(":"))
+        depth = (int(of),) if of else ()
     except ValueError:
-        raise ValueError(f"layer range '{text}': expected 'all' or 'first:last', e.g. 21:35") from None
-    if not 0 <= first <= last:
-        raise ValueError(f"layer range '{text}': need 0 <= first <= last")
-    return first, last
+        raise ValueError(f"layer range '{text}': expected 'all', 'first:last' or 'first:last/of', "
+                         "e.g. 21:35 or 21:35/36") from None
+    if not 0 <= first <= last or (depth and last >= depth[0]):
+        raise ValueError(f"layer range '{text}': need 0 <= first <= last (< of)")
+    return (first, last, *depth)

@@ -28,6 +28,7 @@ from typing import Any, Callable, Iterable, Literal, Mapping, Protocol, Sequence
 import numpy as np
 
 from ladbench.calibration import EPS, log_softmax, pride_log
+from ladbench.families import scale_layer_range
 
 __all__ = [
     "METHODS",
@@ -94,7 +95,9 @@ class LadSettings:
 
     top_k: int = 2
     tau: float = 5.0
-    layer_range: tuple[int, int] | None = None  # inclusive, 0-based; None = every layer
+    # inclusive, 0-based; None = every layer; (first, last, of): layers first..last of an
+    # of-layer decoder, scaled to the model's depth (a family default, ladbench.families)
+    layer_range: tuple[int, ...] | None = None
     use_prior: bool = True  # False: the "no prior" ablation (no division by a_prior)
     all_layers: bool = False  # True: average every layer of layer_range instead of the top-K
     layer_mean: Choice = "reference"
@@ -114,10 +117,12 @@ class LadSettings:
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
         if self.layer_range is not None:
-            lo, hi = self.layer_range
-            if not 0 <= lo <= hi:
-                raise ValueError(f"layer_range must be (first, last) with 0 <= first <= last, got {self.layer_range}")
-            object.__setattr__(self, "layer_range", (int(lo), int(hi)))
+            if len(self.layer_range) not in (2, 3):
+                raise ValueError(f"layer_range must be (first, last) or (first, last, of), got {self.layer_range}")
+            lo, hi = self.layer_range[:2]
+            if not 0 <= lo <= hi or (len(self.layer_range) == 3 and hi >= self.layer_range[2]):
+                raise ValueError(f"layer_range must have 0 <= first <= last (< of), got {self.layer_range}")
+            object.__setattr__(self, "layer_range", tuple(int(v) for v in self.layer_range))
 
     @classmethod
     def from_mapping(cls, settings: Mapping[str, Any] | LadSettings | None) -> LadSettings:
@@ -177,15 +182,16 @@ def layer_strength(attn: np.ndarray) -> np.ndarray:
     return np.asarray(attn).sum(axis=-1)
 
 
-def _candidate_layers(n_layers: int, layer_range: tuple[int, int] | None) -> np.ndarray:
+def _candidate_layers(n_layers: int, layer_range: tuple[int, ...] | None) -> np.ndarray:
     """Layer indices searched by the selection: all, or ``lo..hi`` inclusive.
 
     A range that runs past the last layer is clipped to it (the reference's default 21-35
-    on a 28-layer model searches 21-27); one that starts past it is an error.
+    on a 28-layer model searches 21-27); one that starts past it is an error. A range
+    ``(lo, hi, of)`` (a family default) is first scaled from an ``of``-layer decoder to this one.
     """
     if layer_range is None:
         return np.arange(n_layers)
-    lo, hi = layer_range
+    lo, hi = scale_layer_range(*layer_range, n_layers) if len(layer_range) == 3 else layer_range
     if not 0 <= lo < n_layers or hi < lo:
         raise ValueError(f"layer_range {layer_range} is outside the model's layers 0..{n_layers - 1}")
     return np.arange(lo, min(hi, n_layers - 1) + 1)

@@ -4,7 +4,7 @@ import shlex
 import sys
 
 from ladbench.config import (ConfigError, benchmark_parts, check_environment, layer_range_arg, load_schema,
-                             read_yaml, startup_warnings, study_benchmarks, validate_config)
+                             model_layer_range, read_yaml, startup_warnings, study_benchmarks, validate_config)
 from ladbench.cli import put_ladbench_on_path
 from ladbench.stages.evaluate import METHODS_FOR_PROMPT, NEEDS_CALIBRATION
 
@@ -275,7 +275,7 @@ def evaluation_inputs(wildcards):
 def lad_options(model):
     """LAD's test-time settings for ``model`` (shared by evaluate and analyze)."""
     lad = config["lad"]
-    return dict(layer_range=layer_range_arg(config["models"][model]["layer_range"]), top_k=lad["top_k"],
+    return dict(layer_range=layer_range_arg(model_layer_range(config["models"][model])), top_k=lad["top_k"],
                 tau=lad["tau"], layer_mean=lad["layer_mean"], mixture=lad["mixture"], layer_ties=lad["layer_ties"],
                 k_beyond_range=lad["k_beyond_range"])
 

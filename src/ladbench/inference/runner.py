@@ -43,7 +43,7 @@ from .scoring import SCORE_MODES, IdentifierTrie, identifier_encoder, trie_score
 
 log = logging.getLogger(__name__)
 
-FAMILY_CHOICES = ("qwen2_5_vl", "internvl", "llava_ov15")
+FAMILY_CHOICES = ("qwen2_5_vl", "internvl", "llava_ov15", "qwen3_vl", "llava_onevision")
 
 
 @dataclass
@@ -193,7 +193,8 @@ def library_versions() -> dict[str, str]:
     import transformers
 
     import ladbench
-    return {"python": platform.python_version(), "torch": torch.__version__,
+    from ladbench.models.compat import LANE
+    return {"python": platform.python_version(), "torch": torch.__version__, "lane": LANE,
             "transformers": transformers.__version__, "h5py": h5py.__version__, "numpy": np.__version__,
             "ladbench": ladbench.__version__, "cuda": str(torch.version.cuda)}
 

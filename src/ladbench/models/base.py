@@ -1,4 +1,4 @@
-"""What every model adapter provides, and the code the three families share.
+"""What every model adapter provides, and the code the families share.
 
 An adapter is the ONLY place that knows a model family: how to load it, how its chat
 template lays out images and text, which marker tokens delimit an image's token span
@@ -6,7 +6,7 @@ template lays out images and text, which marker tokens delimit an image's token 
 after a prefill (for KV-cache continuation steps). Everything downstream (attention
 capture, candidate scoring, the cache) talks to models through this interface only.
 
-All three supported families use a ChatML-style template (``<|im_start|>`` /
+All supported families use a ChatML-style template (``<|im_start|>`` /
 ``<|im_end|>``), take images through their own processor, and expose a base model
 (``model.model``) whose output is the last hidden state, plus an ``lm_head``.
 """
@@ -19,6 +19,8 @@ from typing import Any, ClassVar, Sequence
 
 import torch
 from PIL import Image
+
+from . import compat
 
 #: The attention implementation name the adapters load text decoders with. It is
 #: registered by :mod:`ladbench.inference.attention` (fast kernel + last-row capture).
@@ -92,6 +94,11 @@ class ModelAdapter:
     end_of_turn_token: ClassVar[str] = "<|im_end|>"
     #: keys the processor returns that this family's base model does not accept
     drop_input_keys: ClassVar[tuple[str, ...]] = ()
+    #: the processor takes each prompt's images as one list (it treats several images per
+    #: prompt differently from one); otherwise one flat list in prompt order
+    nested_images: ClassVar[bool] = False
+    #: the transformers lanes this family runs on (models/compat.py)
+    lanes: ClassVar[tuple[str, ...]] = compat.LANES
 
     def __init__(self, model: torch.nn.Module, processor: Any, *, model_path: str,
                  revision: str | None = None, attention: str = "sdpa", vision: str = "batched") -> None:
@@ -103,8 +110,9 @@ class ModelAdapter:
         self.model_path = model_path
         self.revision = revision
         self.attention = attention
-        # the eager path stays the reference's (native tower), for comparisons
-        self.vision = vision if attention != "eager" else "native"
+        # the eager path stays the reference's (native tower), for comparisons; the current
+        # lane always runs the native tower (compat.batched_vision_supported)
+        self.vision = vision if attention != "eager" and compat.batched_vision_supported() else "native"
         #: input keys kept on the host by ``to_device`` (read on the host by our code, never by a kernel)
         self.host_input_keys: tuple[str, ...] = ()
         if self.vision == "batched":
@@ -130,6 +138,7 @@ class ModelAdapter:
         (transformers' own; always on the eager path). On GPU the weights are placed with
         ``device_map="auto"``; on CPU everything is float32 unless told otherwise.
         """
+        compat.require_lane(cls.family, cls.lanes)
         dev = resolve_device(device)
         torch_dtype = resolve_dtype(dtype, dev)
         text_impl = {"capture": CAPTURE_ATTENTION, "sdpa": "sdpa", "eager": "eager"}.get(attention)
@@ -138,7 +147,7 @@ class ModelAdapter:
         if text_impl == CAPTURE_ATTENTION:
             from ladbench.inference.attention import register_capture_attention
             register_capture_attention()
-        load_kw: dict[str, Any] = {"torch_dtype": torch_dtype, "revision": revision}
+        load_kw: dict[str, Any] = {**compat.dtype_kwarg(torch_dtype), "revision": revision}
         if dev.startswith("cuda"):
             load_kw["device_map"] = "auto" if dev == "cuda" else dev
         processor = cls._load_processor(model_path, revision=revision, trust_remote_code=trust_remote_code)
@@ -231,7 +240,7 @@ class ModelAdapter:
                        for_prefill: bool = False) -> dict[str, torch.Tensor]:
         """``encode`` without the move to the device (CPU work only: runs in DataLoader workers).
         ``for_prefill`` adds what ``prefill`` would otherwise compute itself (``prefill_extras``)."""
-        flat = [im for row in images for im in row]
+        flat = [list(row) for row in images] if self.nested_images else [im for row in images for im in row]
         inputs = self.processor(text=list(texts), images=flat, return_tensors="pt", padding=True,
                                 padding_side="left")
         out = {k: v for k, v in inputs.items() if k not in self.drop_input_keys}
@@ -283,7 +292,7 @@ class ModelAdapter:
         pos = self.prefill_position_ids(inputs) if "position_ids" not in inputs else None
         if pos is not None:
             kwargs["position_ids"] = pos
-        out = self.model.model(**kwargs, use_cache=use_cache, return_dict=True)
+        out = self.model.model(**compat.forward_kwargs(kwargs), use_cache=use_cache, return_dict=True)
         hidden = out.last_hidden_state[:, -1:]
         logits = self.model.get_output_embeddings()(hidden)[:, -1].float()
         state = PrefillState(past_key_values=out.past_key_values if use_cache else None,
@@ -322,11 +331,11 @@ class ModelAdapter:
         if pos is not None:
             kwargs["position_ids"] = pos
         try:
-            out = self.model.model(**kwargs)
+            out = self.model.model(**compat.forward_kwargs(kwargs))
             hidden = out.last_hidden_state[:, -1:]
             return self.model.get_output_embeddings()(hidden)[:, -1].float()
         finally:
-            state.past_key_values.crop(state.seq_len)
+            compat.crop_cache(state.past_key_values, state.seq_len)
 
     def end_token_ids(self) -> list[int]:
         """Tokens that end a reply: the end of the turn, and the model's own EOS tokens."""

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from . import compat
 from .base import ModelAdapter, PrefillState
 
 
@@ -31,17 +32,17 @@ class Qwen25VLAdapter(ModelAdapter):
         return ("image_grid_thw",)          # the tower and the feature split read it on the host: no sync
 
     def prefill_extras(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        base = self.model.model
-        position_ids, rope_deltas = base.get_rope_index(inputs["input_ids"], inputs.get("image_grid_thw"), None,
-                                                        attention_mask=inputs["attention_mask"])
+        position_ids, rope_deltas = compat.qwen_vl_rope_index(self.model.model, inputs)
         return {"position_ids": position_ids, "rope_deltas": rope_deltas}
 
     def _position_offset(self, inputs: dict[str, torch.Tensor], out: Any) -> torch.Tensor:
         # From this prefill's inputs (host-computed) or output, not from model.model.rope_deltas,
         # which any later prefill (another batch) overwrites.
         if "rope_deltas" in inputs:
-            return inputs["rope_deltas"]
-        return out.rope_deltas
+            deltas = inputs["rope_deltas"]
+        else:   # 5.x's output no longer carries them; this forward has just set the model's attribute
+            deltas = out.rope_deltas if getattr(out, "rope_deltas", None) is not None else self.model.model.rope_deltas
+        return compat.qwen_vl_padded_rope_deltas(deltas, inputs["attention_mask"])
 
     def continuation_position_ids(self, state: PrefillState, n_new: int) -> torch.Tensor:
         steps = torch.arange(state.seq_len, state.seq_len + n_new, device=state.position_offset.device)

@@ -17,14 +17,15 @@ import argparse
 import json
 import os
 import shutil
-import tempfile
 from typing import Any
 
 import torch
 
 from ladbench.provenance import METADATA_FILE, TINY_RANDOM
 
-FAMILIES = ("qwen2_5_vl", "internvl", "llava_ov15")
+from . import compat
+
+FAMILIES = ("qwen2_5_vl", "internvl", "llava_ov15", "qwen3_vl", "llava_onevision")
 
 # Pre-tokenisation of Qwen2 tokenizers (one digit per token, words with one leading non-letter).
 _QWEN_PRETOKENIZE = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
@@ -33,6 +34,7 @@ _QWEN_PRETOKENIZE = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{
 QWEN_SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
                        "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>",
                        "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>")
+LLAVA_ONEVISION_SPECIAL_TOKENS = ("<image>", "<video>")
 INTERNVL_SPECIAL_TOKENS = ("<img>", "</img>", "<IMG_CONTEXT>", "<quad>", "</quad>", "<ref>", "</ref>",
                            "<box>", "</box>", "<video>")
 
@@ -102,15 +104,8 @@ def build_tokenizer(added_special_tokens: tuple[str, ...] = (), **tokenizer_kwar
     core.train_from_iterator(list(_TRAINING_TEXT) * 3, trainer=trainer)
     bpe = json.loads(core.to_str())["model"]
     merges = [m if isinstance(m, str) else " ".join(m) for m in bpe["merges"]]
-    # transformers 4.53's Qwen2TokenizerFast converts from vocab/merges files (the slow class's format)
-    with tempfile.TemporaryDirectory() as tmp:
-        vocab_file, merges_file = os.path.join(tmp, "vocab.json"), os.path.join(tmp, "merges.txt")
-        with open(vocab_file, "w", encoding="utf-8") as f:
-            json.dump(bpe["vocab"], f, ensure_ascii=False)
-        with open(merges_file, "w", encoding="utf-8") as f:
-            f.write("#version: 0.2\n" + "".join(m + "\n" for m in merges))
-        tok = Qwen2TokenizerFast(vocab_file=vocab_file, merges_file=merges_file, unk_token=None, bos_token=None,
-                                 eos_token="<|im_end|>", pad_token="<|endoftext|>", **tokenizer_kwargs)
+    tok = compat.bpe_tokenizer(Qwen2TokenizerFast, bpe["vocab"], merges, unk_token=None, bos_token=None,
+                               eos_token="<|im_end|>", pad_token="<|endoftext|>", **tokenizer_kwargs)
     vocab = tok.get_vocab()
     tok.add_tokens([t for t in QWEN_SPECIAL_TOKENS + added_special_tokens if t not in vocab], special_tokens=True)
     if len(tok) > VOCAB_SIZE:
@@ -160,6 +155,43 @@ def _build_qwen2_5_vl(out_dir: str, p: dict[str, Any]):
         vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
         bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"], pad_token_id=ids["<|endoftext|>"])
     return Qwen2_5_VLForConditionalGeneration(cfg), qwen_processor(tok, p["max_pixels"])
+
+
+# Qwen3-VL's template lays out images like Qwen2.5-VL's but adds no default system turn
+QWEN3_VL_CHAT_TEMPLATE = QWEN2_5_VL_CHAT_TEMPLATE.replace(
+    "{% if loop.first and message['role'] != 'system' %}<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}",
+    "")
+
+
+def _build_qwen3_vl(out_dir: str, p: dict[str, Any]):
+    """Qwen3-VL (transformers 5.x): 16-px patches (32 px per visual token), interleaved M-RoPE,
+    DeepStack features from the first vision block."""
+    from transformers import (Qwen2VLImageProcessor, Qwen3VLConfig, Qwen3VLForConditionalGeneration,
+                              Qwen3VLProcessor, Qwen3VLVideoProcessor)
+    tok = build_tokenizer()
+    ids = _ids(tok, QWEN_SPECIAL_TOKENS)
+    head_dim = p["hidden"] // p["heads"]
+    half = head_dim // 2
+    section = [half - 2 * (half * 5 // 16), half * 5 // 16, half * 5 // 16]       # like the real 24/20/20 of 64
+    norm = dict(image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5], patch_size=16, merge_size=2)
+    improc = Qwen2VLImageProcessor(min_pixels=64 * 64, max_pixels=p["max_pixels"], **norm)
+    vidproc = Qwen3VLVideoProcessor(**norm)
+    proc = Qwen3VLProcessor(image_processor=improc, video_processor=vidproc, tokenizer=tok,
+                            chat_template=QWEN3_VL_CHAT_TEMPLATE)
+    text = _text_config(p, ids, head_dim=head_dim)
+    text.pop("rope_theta")
+    text["rope_parameters"] = {"rope_type": "default", "rope_theta": 5e6, "mrope_section": section,
+                               "mrope_interleaved": True}
+    cfg = Qwen3VLConfig(
+        text_config=text,
+        vision_config=dict(depth=p["vision_depth"], hidden_size=p["vision_hidden"], num_heads=2,
+                           intermediate_size=2 * p["vision_hidden"], out_hidden_size=p["hidden"], patch_size=16,
+                           spatial_merge_size=2, temporal_patch_size=2, num_position_embeddings=64,
+                           deepstack_visual_indexes=[0]),
+        image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
+        eos_token_id=ids["<|im_end|>"], pad_token_id=ids["<|endoftext|>"])
+    return Qwen3VLForConditionalGeneration(cfg), proc
 
 
 def internvl_tokenizer():
@@ -214,7 +246,45 @@ def _build_llava_ov15(out_dir: str, p: dict[str, Any]):
     return remote.TinyOV15ForConditionalGeneration(cfg), proc
 
 
-_BUILDERS = {"qwen2_5_vl": _build_qwen2_5_vl, "internvl": _build_internvl, "llava_ov15": _build_llava_ov15}
+# The template transformers' conversion script gives the llava-hf OneVision checkpoints:
+# each image as "<image>\n", all images before the text.
+LLAVA_ONEVISION_CHAT_TEMPLATE = (
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n'}}"
+    "{% for content in message['content'] | selectattr('type', 'equalto', 'image') %}{{ '<image>\n' }}{% endfor %}"
+    "{% for content in message['content'] | selectattr('type', 'equalto', 'video') %}{{ '<video>\n' }}{% endfor %}"
+    "{% for content in message['content'] | selectattr('type', 'equalto', 'text') %}{{ content['text'] }}{% endfor %}"
+    "{{'<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+
+
+def _build_llava_onevision(out_dir: str, p: dict[str, Any]):
+    """LLaVA-OneVision: a SigLIP tower on 28-px inputs (4 patches of 14 px: 4 features + 1
+    newline per image in a multi-image prompt), a 2-layer projector, a Qwen2 decoder."""
+    from transformers import (LlavaOnevisionConfig, LlavaOnevisionForConditionalGeneration,
+                              LlavaOnevisionImageProcessor, LlavaOnevisionProcessor, LlavaOnevisionVideoProcessor)
+    tok = build_tokenizer(LLAVA_ONEVISION_SPECIAL_TOKENS, extra_special_tokens={"image_token": "<image>",
+                                                                                 "video_token": "<video>"})
+    ids = _ids(tok, QWEN_SPECIAL_TOKENS + LLAVA_ONEVISION_SPECIAL_TOKENS)
+    side, patch = 28, 14
+    grid = [[side * a, side * b] for a in (1, 2) for b in (1, 2)]
+    norm = dict(image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5])
+    improc = LlavaOnevisionImageProcessor(size={"height": side, "width": side}, image_grid_pinpoints=grid, **norm)
+    vidproc = LlavaOnevisionVideoProcessor(size={"height": side, "width": side}, **norm)
+    proc = LlavaOnevisionProcessor(image_processor=improc, video_processor=vidproc, tokenizer=tok,
+                                   num_image_tokens=(side // patch) ** 2, vision_feature_select_strategy="full",
+                                   chat_template=LLAVA_ONEVISION_CHAT_TEMPLATE)
+    cfg = LlavaOnevisionConfig(
+        text_config=dict(model_type="qwen2", **_text_config(p, ids)),
+        vision_config=dict(model_type="siglip_vision_model", hidden_size=p["vision_hidden"],
+                           intermediate_size=2 * p["vision_hidden"], num_hidden_layers=p["vision_depth"],
+                           num_attention_heads=2, image_size=side, patch_size=patch, vision_use_head=False),
+        image_token_index=ids["<image>"], video_token_index=ids["<video>"], image_grid_pinpoints=grid,
+        vision_feature_select_strategy="full", vision_feature_layer=-1, vision_aspect_ratio="anyres_max_9",
+        tie_word_embeddings=False, eos_token_id=ids["<|im_end|>"], pad_token_id=ids["<|endoftext|>"])
+    return LlavaOnevisionForConditionalGeneration(cfg), proc
+
+
+_BUILDERS = {"qwen2_5_vl": _build_qwen2_5_vl, "internvl": _build_internvl, "llava_ov15": _build_llava_ov15,
+             "qwen3_vl": _build_qwen3_vl, "llava_onevision": _build_llava_onevision}
 
 
 def build_tiny_model(family: str, out_dir: str, *, seed: int = 0, preset: str = "tiny") -> str:
@@ -229,6 +299,8 @@ def build_tiny_model(family: str, out_dir: str, *, seed: int = 0, preset: str = 
         raise ValueError(f"unknown family {family!r}; choose one of {', '.join(FAMILIES)}")
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
+    from . import adapter_class
+    compat.require_lane(family, adapter_class(family).lanes)       # e.g. Qwen3-VL needs transformers 5.x
     out_dir = os.path.abspath(out_dir)
     tmp_dir = out_dir.rstrip("/") + ".tmp"
     shutil.rmtree(tmp_dir, ignore_errors=True)

@@ -1,5 +1,10 @@
 """Qwen2.5-VL's vision tower, batched: every image of a batch in one pass, no host syncs per layer.
 
+Paper lane (transformers 4.53) only: 5.x restructured the tower, and the current lane runs
+transformers' own (``compat.batched_vision_supported``; 5.x's tower builds no dense
+all-images mask, but makes one attention call per window and reads the window lengths on
+the host in every layer).
+
 transformers' tower (4.53) recomputes window indices and rotary tables in Python for every
 call, and without flash-attention's variable-length kernel it builds one dense
 [patches, patches] mask over ALL images of the call (quadratic in the number of images)

@@ -14,7 +14,8 @@ def add_lad_arguments(group) -> None:
     """LAD's test-time settings (``lad.*`` and ``models.*.layer_range`` in the config)."""
     group.add_argument("--layer-range", default="21:35",
                        help="layer search range: all (the paper) or first:last, 0-based inclusive, clipped to "
-                       "the model's last layer (default 21:35, the reference's)")
+                       "the model's last layer (default 21:35, the reference's), or first:last/of: layers "
+                       "first..last of an of-layer decoder, scaled to the model's depth (a family default)")
     group.add_argument("--top-k", type=int, default=2, help="K: layers kept by attention strength")
     group.add_argument("--tau", type=float, default=5.0, help="sharpening temperature")
     group.add_argument("--layer-mean", choices=["reference", "paper"], default="reference",

@@ -1,0 +1,36 @@
+"""What the torch-free code (the Snakemake workflow, the methods) knows about each model family.
+
+Stated here once; the adapters (``ladbench.models``) carry the rest of a family's knowledge.
+"""
+from __future__ import annotations
+
+#: The reference's LAD layer search range, "layers 21..35 of a 36-layer decoder", as
+#: ``(first, last, of)``: on a model of another depth it covers the same share of the decoder
+#: (:func:`scale_layer_range`), e.g. layers 16..27 of 28.
+REFERENCE_LAYER_RANGE = (21, 35, 36)
+
+#: LAD's layer search range for a model whose config sets no ``layer_range``, per family.
+#: The paper's config states its ranges explicitly; these serve today's models.
+DEFAULT_LAYER_RANGES: dict[str, tuple[int, int, int]] = {
+    "qwen2_5_vl": REFERENCE_LAYER_RANGE,
+    "internvl": REFERENCE_LAYER_RANGE,
+    "llava_ov15": REFERENCE_LAYER_RANGE,
+    "qwen3_vl": REFERENCE_LAYER_RANGE,
+    "llava_onevision": REFERENCE_LAYER_RANGE,
+}
+
+
+def default_layer_range(family: str) -> tuple[int, int, int]:
+    """The family's default layer range ``(first, last, of)`` (clear error for unknown names)."""
+    try:
+        return DEFAULT_LAYER_RANGES[family]
+    except KeyError:
+        raise ValueError(f"unknown model family {family!r}; known: {', '.join(sorted(DEFAULT_LAYER_RANGES))}") from None
+
+
+def scale_layer_range(first: int, last: int, of: int, n_layers: int) -> tuple[int, int]:
+    """Layers ``first..last`` of an ``of``-layer decoder, for a decoder of ``n_layers``: the
+    half-open share ``[first, last + 1) / of`` of the depth, rounded to whole layers."""
+    lo = round(first * n_layers / of)
+    hi = round((last + 1) * n_layers / of) - 1
+    return min(lo, n_layers - 1), max(min(hi, n_layers - 1), min(lo, n_layers - 1))

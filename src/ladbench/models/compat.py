@@ -1,0 +1,105 @@
+"""The one place that knows which transformers lane is installed, and what differs.
+
+ladbench runs on two lanes (README "Which lane for what"), each with its own lock file:
+
+* paper lane, transformers 4.53 (``requirements-lock.txt``): reproduces the published
+  numbers;
+* current lane, transformers 5.x (``requirements-current.txt``): today's models.
+
+Adapters and the tiny builds ask this module instead of testing versions themselves, so
+every version difference the code knows about is listed here.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+from typing import Any
+
+import transformers
+
+#: major version of the installed transformers (4: paper lane, 5: current lane)
+TRANSFORMERS_MAJOR = int(transformers.__version__.split(".")[0])
+#: the lane this interpreter runs
+LANE = "current" if TRANSFORMERS_MAJOR >= 5 else "paper"
+
+
+def on_current_lane() -> bool:
+    return LANE == "current"
+
+
+def dtype_kwarg(dtype: Any) -> dict[str, Any]:
+    """``from_pretrained`` keyword for the weight dtype: ``torch_dtype`` became ``dtype`` in 5.x."""
+    return {"dtype": dtype} if on_current_lane() else {"torch_dtype": dtype}
+
+
+#: forward keywords 4.53's Qwen-VL / decoder models take that 5.x's no longer accept or need
+#: (``cache_position`` was removed; Qwen2.5-VL's ``rope_deltas`` is no longer a forward input)
+_REMOVED_FORWARD_KWARGS = ("cache_position", "rope_deltas")
+
+
+def forward_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``kwargs`` for a base-model forward call, without the keywords this lane does not take."""
+    if not on_current_lane():
+        return kwargs
+    return {k: v for k, v in kwargs.items() if k not in _REMOVED_FORWARD_KWARGS}
+
+
+def crop_cache(cache: Any, length: int) -> None:
+    """Cut a KV cache back to its first ``length`` positions (4.53's ``crop`` takes the length to
+    keep; 5.x's takes minus the number of positions to remove)."""
+    cache.crop(length - cache.get_seq_length() if on_current_lane() else length)
+
+
+def qwen_vl_rope_index(base_model: Any, inputs: dict[str, Any]) -> tuple[Any, Any]:
+    """Qwen2.5-VL's M-RoPE ``(position_ids [3, B, T], rope_deltas [B, 1])`` for a prefill, computed
+    by the model's own ``get_rope_index`` (5.x takes the processor's ``mm_token_type_ids``)."""
+    if on_current_lane():
+        return base_model.get_rope_index(inputs["input_ids"], inputs["mm_token_type_ids"],
+                                         image_grid_thw=inputs.get("image_grid_thw"),
+                                         attention_mask=inputs["attention_mask"])
+    return base_model.get_rope_index(inputs["input_ids"], inputs.get("image_grid_thw"), None,
+                                     attention_mask=inputs["attention_mask"])
+
+
+def qwen_vl_padded_rope_deltas(rope_deltas: Any, attention_mask: Any) -> Any:
+    """Qwen2.5-VL's ``rope_deltas`` [B, 1] relative to the PADDED prompt length (4.53's convention:
+    next position = padded length + delta). 5.x counts from the real tokens of each row instead
+    (next position = real length + delta), which differs by the row's left padding."""
+    if not on_current_lane():
+        return rope_deltas
+    padding = attention_mask.shape[-1] - attention_mask.long().sum(-1, keepdim=True)
+    return rope_deltas.to(padding.device) - padding
+
+
+def batched_vision_supported() -> bool:
+    """Our batched Qwen2.5-VL vision tower (models/vision.py) is written against 4.53's tower
+    (``get_window_index`` / ``rot_pos_emb``); 5.x restructured the tower (module-level window and
+    rotary helpers, a model output with ``pooler_output``), so the current lane runs the native one."""
+    return not on_current_lane()
+
+
+def bpe_tokenizer(tokenizer_class: Any, vocab: dict[str, int], merges: list[str], **kwargs: Any) -> Any:
+    """A byte-level BPE tokenizer of ``tokenizer_class`` from an in-memory vocab and merges
+    (4.53's fast classes convert from vocab/merges FILES; 5.x's take the vocab and merge pairs)."""
+    if on_current_lane():
+        return tokenizer_class(vocab=vocab, merges=[tuple(m.split(" ")) for m in merges], **kwargs)
+    import json
+    with tempfile.TemporaryDirectory() as tmp:
+        vocab_file, merges_file = os.path.join(tmp, "vocab.json"), os.path.join(tmp, "merges.txt")
+        with open(vocab_file, "w", encoding="utf-8") as f:
+            json.dump(vocab, f, ensure_ascii=False)
+        with open(merges_file, "w", encoding="utf-8") as f:
+            f.write("#version: 0.2\n" + "".join(m + "\n" for m in merges))
+        return tokenizer_class(vocab_file=vocab_file, merges_file=merges_file, **kwargs)
+
+
+#: the lanes there are; an adapter lists those its family runs on (``ModelAdapter.lanes``)
+LANES = ("paper", "current")
+
+
+def require_lane(family: str, lanes: tuple[str, ...]) -> None:
+    """One-line start-up error when ``family`` does not run on the installed lane."""
+    if LANE not in lanes:
+        venv = ".venv (make install)" if "paper" in lanes else ".venv-current (make install-current)"
+        raise RuntimeError(f"model family {family!r} runs only on the {' / '.join(lanes)} lane, not on this "
+                           f"{LANE} lane (transformers {transformers.__version__}): run it from {venv}")
