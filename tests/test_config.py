@@ -191,6 +191,21 @@ def test_offline_a_hub_model_must_be_in_the_local_cache(tmp_path, monkeypatch):
     check_environment(config)
 
 
+def test_a_family_of_the_other_lane_is_refused_at_start_up(monkeypatch):
+    from ladbench import families
+    from ladbench.config import check_environment
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(families, "installed_lane", lambda: "current")
+    with pytest.raises(ConfigError, match=r"models.m: family 'llava_ov15' runs only on the paper lane, and this "
+                                          r"is the current lane: run it from .venv \(make install\)"):
+        check_environment(paper_with(family="llava_ov15", path="lmms-lab/LLaVA-OneVision-1.5-8B-Instruct",
+                                      trust_remote_code=True))
+    check_environment(paper_with(family="qwen2_5_vl", path="Qwen/Qwen2.5-VL-3B-Instruct"))   # both lanes
+    monkeypatch.setattr(families, "installed_lane", lambda: "paper")
+    with pytest.raises(ConfigError, match=r"family 'qwen3_vl' runs only on the current lane"):
+        check_environment(paper_with(family="qwen3_vl", path="Qwen/Qwen3-VL-2B-Instruct"))
+
+
 def test_remote_code_from_an_unpinned_revision_is_warned_about():
     from ladbench.config import startup_warnings
     (warning,) = startup_warnings(load_config(PAPER))
@@ -254,9 +269,16 @@ def test_current_config_studies_todays_models_on_the_current_lane():
 
 
 @pytest.mark.slow
+@pytest.mark.lanes
 def test_current_config_dry_run_plans_one_inference_per_model_and_benchmark(tmp_path, monkeypatch):
+    from ladbench.families import installed_lane
     from workflow_runner import planned_jobs
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)       # hub ids are fetched later, not checked offline
+    if installed_lane() == "paper":                          # Qwen3-VL needs the current lane: refused at start-up
+        with pytest.raises(AssertionError, match=r"family 'qwen3_vl' runs only on the current lane, and this is "
+                                                 r"the paper lane: run it from .venv-current"):
+            planned_jobs(tmp_path, configfile=CURRENT)
+        return
     jobs = planned_jobs(tmp_path, configfile=CURRENT)
     config = load_config(CURRENT)
     assert jobs["infer"] == len(config["models"]) * 4 * len(config["inference"]["variants"])   # 2 settings x 2 N

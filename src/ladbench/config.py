@@ -228,7 +228,14 @@ def check_environment(config: dict, source: str = "config") -> None:
     """Start-up checks of what the config names on this machine (after :func:`validate_config`):
     a model path that is not a hub id must be an existing folder; with ``HF_HUB_OFFLINE`` set, a
     hub model must already be in the local Hugging Face cache; a CLIP checkpoint file must exist."""
+    from ladbench.families import family_lanes, installed_lane, lane_venv
+
+    lane = installed_lane()
     for name, model in config["models"].items():
+        lanes = family_lanes(model["family"])
+        if lane not in lanes:
+            raise ConfigError(f"{source}: models.{name}: family {model['family']!r} runs only on the "
+                              f"{' / '.join(lanes)} lane, and this is the {lane} lane: run it from {lane_venv(lanes)}")
         if model["tiny"]:
             continue
         path = model["path"]

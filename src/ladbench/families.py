@@ -20,6 +20,31 @@ DEFAULT_LAYER_RANGES: dict[str, tuple[int, int, int]] = {
 }
 
 
+#: The transformers lanes (README "Which lane for what"): the paper's (4.53.x) and the current (5.x).
+LANES = ("paper", "current")
+
+#: Families that run on one lane only (every other family runs on both): LLaVA-OneVision-1.5's
+#: hub code does not run on transformers 5.x; Qwen3-VL's class exists only from 5.x on.
+ONE_LANE_FAMILIES: dict[str, tuple[str, ...]] = {"llava_ov15": ("paper",), "qwen3_vl": ("current",)}
+
+
+def family_lanes(family: str) -> tuple[str, ...]:
+    """The lanes ``family`` runs on."""
+    return ONE_LANE_FAMILIES.get(family, LANES)
+
+
+def installed_lane() -> str:
+    """The lane of the installed transformers, read from its metadata (without importing it)."""
+    from importlib.metadata import version
+
+    return "current" if int(version("transformers").split(".")[0]) >= 5 else "paper"
+
+
+def lane_venv(lanes: tuple[str, ...]) -> str:
+    """Where a family of ``lanes`` runs (the remedy in lane errors)."""
+    return ".venv (make install)" if "paper" in lanes else ".venv-current (make install-current)"
+
+
 def default_layer_range(family: str) -> tuple[int, int, int]:
     """The family's default layer range ``(first, last, of)`` (clear error for unknown names)."""
     try:

@@ -17,6 +17,8 @@ from typing import Any
 
 import transformers
 
+from ladbench import families
+
 #: major version of the installed transformers (4: paper lane, 5: current lane)
 TRANSFORMERS_MAJOR = int(transformers.__version__.split(".")[0])
 #: the lane this interpreter runs
@@ -94,12 +96,12 @@ def bpe_tokenizer(tokenizer_class: Any, vocab: dict[str, int], merges: list[str]
 
 
 #: the lanes there are; an adapter lists those its family runs on (``ModelAdapter.lanes``)
-LANES = ("paper", "current")
+LANES = families.LANES
 
 
 def require_lane(family: str, lanes: tuple[str, ...]) -> None:
     """One-line start-up error when ``family`` does not run on the installed lane."""
     if LANE not in lanes:
-        venv = ".venv (make install)" if "paper" in lanes else ".venv-current (make install-current)"
+        venv = families.lane_venv(lanes)
         raise RuntimeError(f"model family {family!r} runs only on the {' / '.join(lanes)} lane, not on this "
                            f"{LANE} lane (transformers {transformers.__version__}): run it from {venv}")
