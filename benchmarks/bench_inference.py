@@ -59,6 +59,16 @@ REFERENCE_PASSES_PER_ROW = 3      # Vanilla, PriDe, LAD each re-run inference in
 
 
 # ------------------------------------------------------------------------------ inputs
+def write_inputs(folder: str, bench: dict, table: list[dict]) -> tuple[str, str]:
+    """The benchmark file and the image table (images under ``folder/img``) of a benchmark run."""
+    bench_path, images_path = os.path.join(folder, "bench.json"), os.path.join(folder, "images.json")
+    with open(bench_path, "w") as f:
+        json.dump(bench, f)
+    with open(images_path, "w") as f:
+        json.dump({"dataset": "bench", "image_root": os.path.join(folder, "img"), "images": table}, f)
+    return bench_path, images_path
+
+
 def _demo_inputs(folder: str, n: int, *, n_eval: int = 1, n_images: int | None = None) -> tuple[str, str]:
     """``n_eval`` evaluation instances over ``n`` of ``n_images`` distinct random-noise images (+ one
     calibration instance)."""
@@ -77,12 +87,7 @@ def _demo_inputs(folder: str, n: int, *, n_eval: int = 1, n_images: int | None =
     bench = {"dataset": "bench", "setting": "random", "n_candidates": n, "seed": 0, "n_orderings": 1,
              "eval": evaluation,
              "calibration": [{"id": 0, "caption": "a cat", "target": 1, "candidates": list(range(n))}]}
-    bench_path, images_path = os.path.join(folder, "bench.json"), os.path.join(folder, "images.json")
-    with open(bench_path, "w") as f:
-        json.dump(bench, f)
-    with open(images_path, "w") as f:
-        json.dump({"dataset": "bench", "image_root": os.path.join(folder, "img"), "images": table}, f)
-    return bench_path, images_path
+    return write_inputs(folder, bench, table)
 
 
 def _family(model_dir: str) -> str:

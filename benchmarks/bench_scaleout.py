@@ -19,12 +19,13 @@ nothing); ``--model-path`` / ``--family`` (and ``--trust-remote-code``) for a re
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
 import tempfile
 import time
+
+from bench_inference import write_inputs    # this folder: the same input files as the inference benchmark
 
 
 def make_inputs(folder: str, n: int, instances: int, orderings: int) -> tuple[str, str]:
@@ -52,12 +53,7 @@ def make_inputs(folder: str, n: int, instances: int, orderings: int) -> tuple[st
         evaluation.append(inst)
     bench = {"dataset": "bench", "setting": "random", "n_candidates": n, "seed": 0, "n_orderings": orderings,
              "eval": evaluation, "calibration": [instance(instances)]}
-    bench_path, images_path = os.path.join(folder, "bench.json"), os.path.join(folder, "images.json")
-    with open(bench_path, "w") as f:
-        json.dump(bench, f)
-    with open(images_path, "w") as f:
-        json.dump({"dataset": "bench", "image_root": os.path.join(folder, "img"), "images": table}, f)
-    return bench_path, images_path
+    return write_inputs(folder, bench, table)
 
 
 def ladbench(*args: str) -> subprocess.Popen:

@@ -117,3 +117,20 @@ def make_demo_benchmark(folder: Path, n: int, *, n_eval: int = 3, n_orderings: i
     bench_path.write_text(json.dumps(bench))
     images_path.write_text(json.dumps({"dataset": "demo", "image_root": str(img_dir), "images": table}))
     return bench_path, images_path
+
+
+def demo_runner(adapter, folder: Path, n: int, *, bench_options: dict | None = None, **settings):
+    """The inference stage's ``RowRunner`` of a tiny ``adapter`` over a demo benchmark of ``n``
+    candidates written to ``folder`` (``bench_options``: :func:`make_demo_benchmark`'s; ``settings``:
+    ``InferenceSettings`` fields beyond the inputs and the model)."""
+    from ladbench.benchmark import load_benchmark
+    from ladbench.data.coco import load_image_table
+    from ladbench.inference.cache import plan_rows
+    from ladbench.inference.runner import InferenceSettings, RowRunner, image_paths
+
+    bench_path, images_path = make_demo_benchmark(folder, n, **(bench_options or {}))
+    bench = load_benchmark(bench_path)
+    config = InferenceSettings(benchmark=str(bench_path), images=str(images_path), out="x", model_name="t",
+                               family=adapter.family, model_path=adapter.model_path, image_size=TINY_IMAGE_SIZE,
+                               **settings)
+    return RowRunner(adapter, config, bench, plan_rows(bench), image_paths(load_image_table(images_path)))

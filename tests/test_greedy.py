@@ -7,12 +7,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from conftest_models import FAMILIES, TINY_IMAGE_SIZE, make_demo_benchmark
-from ladbench.benchmark import load_benchmark
-from ladbench.data.coco import load_image_table
-from ladbench.inference.cache import plan_rows
+from conftest_models import FAMILIES, TINY_IMAGE_SIZE, demo_runner, make_demo_benchmark
 from ladbench.inference.greedy import greedy_reply_texts, stop_token_ids
-from ladbench.inference.runner import InferenceSettings, RowRunner, image_paths
 from ladbench.methods import METHODS, parse_reference_replies
 
 
@@ -42,11 +38,7 @@ def test_reply_text_stops_at_the_first_stop_token():
 @pytest.mark.parametrize("penalty", [1.0, 3.0])
 def test_greedy_reply_equals_generate_row_by_row(family, penalty, tiny_adapter, tmp_path):
     adapter = tiny_adapter(family)
-    bench_path, images_path = make_demo_benchmark(tmp_path, 4)
-    bench = load_benchmark(bench_path)
-    settings = InferenceSettings(benchmark=str(bench_path), images=str(images_path), out="x", model_name="t",
-                                 family=family, model_path=adapter.model_path, image_size=TINY_IMAGE_SIZE)
-    runner = RowRunner(adapter, settings, bench, plan_rows(bench), image_paths(load_image_table(images_path)))
+    runner = demo_runner(adapter, tmp_path, 4)
     config = adapter.model.generation_config
     saved = config.repetition_penalty
     config.repetition_penalty = penalty

@@ -6,13 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from conftest_models import FAMILIES, TINY_IMAGE_SIZE, make_demo_benchmark
-from ladbench.benchmark import load_benchmark
-from ladbench.data.coco import load_image_table
-from ladbench.inference.cache import plan_rows
+from conftest_models import FAMILIES, demo_runner
 from ladbench.inference.prompts import (identifiers, majority_vote, parse_answer_is, parse_last_identifier,
                                         prompt_sha256, prompt_text)
-from ladbench.inference.runner import InferenceSettings, RowRunner, image_paths
 from ladbench.inference.scoring import IdentifierTrie, identifier_encoder, restricted_log_softmax, trie_scores
 
 pytestmark = pytest.mark.lanes
@@ -136,11 +132,7 @@ def _extend(inputs, tokens):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_kv_continuation_equals_full_reforward(family, tiny_adapter, tmp_path):
     adapter = tiny_adapter(family)
-    bench_path, images_path = make_demo_benchmark(tmp_path, 4)
-    bench = load_benchmark(bench_path)
-    settings = InferenceSettings(benchmark=str(bench_path), images=str(images_path), out="x", model_name="t",
-                                 family=family, model_path=adapter.model_path, image_size=TINY_IMAGE_SIZE)
-    runner = RowRunner(adapter, settings, bench, plan_rows(bench), image_paths(load_image_table(images_path)))
+    runner = demo_runner(adapter, tmp_path, 4)
     inputs = runner.encode_rows([0, 3])                                       # left padded batch
     _, state = adapter.prefill(inputs, use_cache=True)
     tok = adapter.tokenizer.convert_tokens_to_ids
@@ -156,12 +148,8 @@ def test_kv_continuation_equals_full_reforward(family, tiny_adapter, tmp_path):
 def test_joint_scores_at_n12_equal_full_reforward_restricted_probs(fmt, tiny_adapter, tmp_path):
     family = "qwen2_5_vl"
     adapter = tiny_adapter(family)
-    bench_path, images_path = make_demo_benchmark(tmp_path, 12, n_eval=2, n_orderings=2, n_cal=1)
-    bench = load_benchmark(bench_path)
-    settings = InferenceSettings(benchmark=str(bench_path), images=str(images_path), out="x", model_name="t",
-                                 family=family, model_path=adapter.model_path, image_size=TINY_IMAGE_SIZE,
-                                 identifiers=fmt, score_mode="reference")
-    runner = RowRunner(adapter, settings, bench, plan_rows(bench), image_paths(load_image_table(images_path)))
+    runner = demo_runner(adapter, tmp_path, 12, bench_options=dict(n_eval=2, n_orderings=2, n_cal=1),
+                         identifiers=fmt, score_mode="reference")
     rows = [0, 2]
     got = runner.score_batch(rows)["scores"]
     # independent computation: every candidate's path by full re-forwards, restricted softmax per step
