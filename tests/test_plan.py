@@ -79,7 +79,8 @@ def test_rates_measured_in_existing_caches_are_used(tmp_path):
     assert other_model.rate == "assumed"
 
 
-def test_plan_command_prints_jobs_totals_and_what_is_assumed(capsys):
+def test_plan_command_prints_jobs_totals_and_what_is_assumed(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)      # the demo's output_dir is relative: no caches of an earlier `make demo`
     main(["plan", "--configfile", str(REPO_ROOT / "workflow" / "demo" / "config.yaml"), "--gpus", "2"])
     out = capsys.readouterr().out
     # the demo: 2 models (the random tiny one and the organism) x 4 benchmarks x the vanilla cache
