@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from conftest_models import FAMILIES, TINY_IMAGE_SIZE, demo_runner, make_demo_benchmark
-from ladbench.inference.greedy import greedy_reply_texts, stop_token_ids
+from ladbench.inference.greedy import greedy_reply_texts
 from ladbench.methods import METHODS, parse_reference_replies
 
 
@@ -49,7 +49,7 @@ def test_greedy_reply_equals_generate_row_by_row(family, penalty, tiny_adapter, 
             inputs = runner.encode_rows([r])
             generated = adapter.model.generate(**inputs, max_new_tokens=2, do_sample=False, num_beams=1)
             new = generated[0, inputs["input_ids"].shape[1]:].tolist()
-            stops = set(stop_token_ids(adapter))
+            stops = set(adapter.end_token_ids())
             assert out["greedy_tokens"][b, :len(new)].tolist() == new, (r, new)
             assert len(new) == 2 or new[0] in stops
             text = adapter.tokenizer.decode(new, skip_special_tokens=True).strip()

@@ -29,14 +29,6 @@ def repetition_penalty(adapter) -> float:
     return float(penalty) if penalty else 1.0
 
 
-def stop_token_ids(adapter) -> list[int]:
-    """Tokens after which ``generate`` stops: the generation config's EOS ids and the end of turn."""
-    config = getattr(adapter.model, "generation_config", None)
-    eos = getattr(config, "eos_token_id", None)
-    eos = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
-    return sorted(set(eos) | {int(adapter.end_of_turn_id)})
-
-
 def _penalised(logits, seen_ids, penalty: float):
     """transformers' repetition penalty: logits of tokens in ``seen_ids`` [B, S] are divided by
     ``penalty`` where positive and multiplied where negative."""
@@ -81,5 +73,5 @@ def greedy_outputs(adapter, tokens: np.ndarray) -> dict[str, np.ndarray]:
     """The cache datasets of the greedy reply (docs/formats.md §4) from host tokens [B, 2]."""
     tokens = np.asarray(tokens)
     return {"greedy_tokens": tokens.astype(np.int32),
-            "greedy_text": np.array(greedy_reply_texts(adapter.tokenizer, tokens, stop_token_ids(adapter)),
+            "greedy_text": np.array(greedy_reply_texts(adapter.tokenizer, tokens, adapter.end_token_ids()),
                                     dtype=object)}

@@ -36,7 +36,7 @@ from ladbench.stages.inputs import check_benchmark_table
 
 from .cache import CACHE_FORMAT, CacheLayout, CacheWriter, RowPlan, is_complete_for, plan_rows
 from .merge import select_shard
-from .greedy import greedy_outputs, greedy_reply_tokens, repetition_penalty, stop_token_ids
+from .greedy import greedy_outputs, greedy_reply_tokens, repetition_penalty
 from .prompts import (GENERATIVE_VARIANTS, IDENTIFIER_FORMATS, PROMPT_VARIANTS, identifiers, majority_vote,
                       parse_answer_is, parse_last_identifier, prompt_sha256, prompt_text)
 from .scoring import SCORE_MODES, IdentifierTrie, identifier_encoder, trie_scores
@@ -525,7 +525,7 @@ def run_inference(settings: InferenceSettings) -> str:
              "calibration_source": bench.get("calibration_source", "pool"),  # read by calibrate / analyze
              **shard_attrs}
     if settings.greedy_reply and not generative:
-        attrs.update(greedy_repetition_penalty=repetition_penalty(adapter), greedy_stop_ids=stop_token_ids(adapter))
+        attrs.update(greedy_repetition_penalty=repetition_penalty(adapter), greedy_stop_ids=adapter.end_token_ids())
     if settings.prompt == "sofa":
         attrs.update(sofa_sigma=settings.sofa_sigma, sofa_every=settings.sofa_every)
     writer = CacheWriter.open(settings.out, plan, layout, attrs)
