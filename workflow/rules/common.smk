@@ -6,6 +6,7 @@ import sys
 from ladbench.config import (ConfigError, benchmark_parts, check_environment, layer_range_arg, load_schema,
                              model_layer_range, read_yaml, startup_warnings, study_benchmarks, validate_config)
 from ladbench.cli import put_ladbench_on_path
+from ladbench.stages.plan import cache_path
 from ladbench.stages.evaluate import METHODS_FOR_PROMPT, NEEDS_CALIBRATION
 
 # Everything knowable at start-up is checked here, before any job runs: each config file
@@ -153,7 +154,7 @@ def organism_flags(wildcards):
 
 # ---- paths of the later stages -------------------------------------------------------
 def cache_file(model, benchmark, variant):
-    return f"{OUT}/cache/{model}/{benchmark}/{variant}.h5"
+    return cache_path(config, model, benchmark, variant)    # the path `ladbench plan` reads rates from
 
 
 # inference.shards > 1: each cache is merged from this many shard caches (infer jobs).

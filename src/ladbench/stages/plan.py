@@ -53,6 +53,7 @@ def benchmark_names(config: dict) -> list[str]:
 
 
 def cache_path(config: dict, model: str, benchmark: str, variant: str) -> str:
+    """Where the workflow writes the cache of one inference job (common.smk's ``cache_file``)."""
     return os.path.join(config["output_dir"], "cache", model, benchmark, f"{variant}.h5")
 
 
