@@ -44,6 +44,10 @@ def lane_venv(lanes: tuple[str, ...]) -> str:
     """Where a family of ``lanes`` runs (the remedy in lane errors)."""
     return ".venv (make install)" if "paper" in lanes else ".venv-current (make install-current)"
 
+#: Every model family: each has a default layer range, an adapter and a tiny offline build
+#: (tests/test_models_tiny.py checks all three).
+FAMILIES = tuple(DEFAULT_LAYER_RANGES)
+
 
 def default_layer_range(family: str) -> tuple[int, int, int]:
     """The family's default layer range ``(first, last, of)`` (clear error for unknown names)."""

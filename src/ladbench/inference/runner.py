@@ -32,6 +32,7 @@ from ladbench.atomic import file_digest, sampled_digest
 from ladbench.benchmark import load_benchmark
 from ladbench.cli import output_file
 from ladbench.data.coco import load_image_table, table_fingerprint
+from ladbench.families import FAMILIES
 from ladbench.stages.inputs import check_benchmark_table
 
 from .cache import CACHE_FORMAT, CacheLayout, CacheWriter, RowPlan, is_complete_for, plan_rows
@@ -43,7 +44,7 @@ from .scoring import SCORE_MODES, IdentifierTrie, identifier_encoder, trie_score
 
 log = logging.getLogger(__name__)
 
-FAMILY_CHOICES = ("qwen2_5_vl", "internvl", "llava_ov15", "qwen3_vl", "llava_onevision")
+FAMILY_CHOICES = FAMILIES
 
 
 @dataclass

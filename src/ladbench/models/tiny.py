@@ -21,11 +21,10 @@ from typing import Any
 
 import torch
 
+from ladbench.families import FAMILIES  # each family has a tiny build
 from ladbench.provenance import METADATA_FILE, TINY_RANDOM
 
 from . import compat
-
-FAMILIES = ("qwen2_5_vl", "internvl", "llava_ov15", "qwen3_vl", "llava_onevision")
 
 # Pre-tokenisation of Qwen2 tokenizers (one digit per token, words with one leading non-letter).
 _QWEN_PRETOKENIZE = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
