@@ -35,7 +35,7 @@ from ladbench.stages.calibrate import add_pride_argument
 from ladbench.stages.options import add_bootstrap_arguments, add_lad_arguments, lad_settings, metrics_line
 from ladbench.inference.cache import read_cache
 from ladbench.stages.arrays import CalibrationArrays, EvalArrays, calibration_arrays, eval_arrays
-from ladbench.stages.inputs import cache_identity
+from ladbench.stages.inputs import cache_identity, what_it_is
 
 __all__ = [
     "DEFAULT_DCAL_SIZES",
@@ -321,12 +321,10 @@ def analyze(
         ("paper_vs_reference", lambda: paper_vs_reference_rows(arrays, cal, base, n_cal, seeds, boot)),
     ]
     document: dict[str, Any] = {
+        **what_it_is(cache.attrs),
         "cache": str(cache_path),
         "inputs": {"cache": cache_identity(cache_path, cache.attrs)},
-        "model": cache.attrs.get("model"),
         "model_path": cache.attrs.get("model_path"),
-        "model_kind": cache.attrs.get("model_kind"),
-        "prompt": cache.attrs.get("variant"),
         "n_instances": int(arrays.scores.shape[0]),
         "n_orderings": int(arrays.scores.shape[1]),
         "n_candidates": int(arrays.scores.shape[-1]),

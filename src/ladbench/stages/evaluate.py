@@ -20,7 +20,7 @@ from ladbench.cli import output_file
 from ladbench.stages.options import add_bootstrap_arguments, add_lad_arguments, lad_settings, metrics_line
 from ladbench.inference.cache import read_cache
 from ladbench.stages.arrays import EvalArrays, eval_arrays
-from ladbench.stages.inputs import cache_identity, calibration_record, check_calibrations
+from ladbench.stages.inputs import cache_identity, calibration_record, check_calibrations, what_it_is
 
 
 def register(subparsers) -> None:
@@ -114,6 +114,9 @@ def run(args: argparse.Namespace) -> None:
                  for d in draws]
             )
     result = {
+        **what_it_is(cache.attrs),
+        # the benchmark the calibrations were fitted on (another one: a calibration transfer)
+        "cal_benchmark": (transfer or {}).get("calibrated_on") or cache.attrs.get("benchmark_name"),
         "cache": str(args.cache),
         "calibrations": [str(p) for p in args.calibration],
         "inputs": {"cache": cache_identity(args.cache, cache.attrs),
@@ -121,9 +124,6 @@ def run(args: argparse.Namespace) -> None:
         "transfer": transfer,
         # pool (disjoint from the evaluation set) or evaluation_head (the reference's: its first instances)
         "calibration_source": calibrations[0].settings.get("source", "pool") if calibrations[0] else None,
-        "model": cache.attrs.get("model"),
-        "model_kind": cache.attrs.get("model_kind"),  # tiny-random / tiny-organism / pretrained
-        "prompt": cache.attrs.get("variant"),  # the cache's prompt variant
         "n_instances": int(arrays.scores.shape[0]),
         "n_orderings": int(arrays.scores.shape[1]),
         "n_candidates": int(n),
