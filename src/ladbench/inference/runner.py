@@ -67,7 +67,7 @@ class InferenceSettings:
     score_mode: str = "reference"
     image_size: int = 336
     batch_size: int = 1
-    chunk_size: int = 16
+    chunk_size: int = 64
     store_head_attention: bool = False
     greedy_reply: bool = True
     limit_rows: int | None = None
@@ -655,7 +655,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     g.add_argument("--vision-tower", default="batched", choices=("batched", "native"),
                    help="batched: all images of a batch through the vision tower together (Qwen2.5-VL-style "
                         "towers); native: transformers' own (for comparison)")
-    g.add_argument("--chunk-size", type=int, default=16, help="rows per write to the cache (the most a kill can lose)")
+    g.add_argument("--chunk-size", type=int, default=InferenceSettings.chunk_size, help="rows per write to the cache (the most a kill can lose)")
     g.add_argument("--shard-index", type=int, default=0, help="run only shard i (0-based) of --shard-count")
     g.add_argument("--shard-count", type=int, default=1,
                    help="split the rows into this many contiguous shards (each its own cache; "

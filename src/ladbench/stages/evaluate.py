@@ -36,7 +36,7 @@ def register(subparsers) -> None:
         "instruction/sofa -> vanilla; permavg -> permutation_average; cot/sc -> generated)",
     )
     add_lad_arguments(parser)
-    add_bootstrap_arguments(parser, default_resamples=10000)
+    add_bootstrap_arguments(parser)
     parser.add_argument("--transfer", action="store_true",
                         help="the calibrations were fitted on another benchmark (calibration transfer); "
                         "without it they must come from this cache's benchmark")
@@ -92,7 +92,7 @@ def run(args: argparse.Namespace) -> None:
     loaded = [Calibration.from_npz(path) for path in args.calibration]
     transfer = check_calibrations(args.cache, cache.attrs, zip(args.calibration, loaded), transfer=args.transfer)
     calibrations = loaded or [None]
-    settings = lad_settings(args)
+    settings = lad_settings(args, cache.attrs)
     n = arrays.scores.shape[-1]
     if cache.has_shifts:
         if names != ["permutation_average"]:
