@@ -574,10 +574,11 @@ def _refresh_names(settings: InferenceSettings) -> None:
     from ladbench.hdf5 import open_h5
 
     names = {"model": settings.model_name, "variant_name": _variant_name(settings)}
-    with open_h5(settings.out, "a") as f:
-        for key, value in names.items():
-            if f.attrs.get(key) != value:
-                f.attrs[key] = value
+    with open_h5(settings.out, "r") as f:
+        stale = {key: value for key, value in names.items() if f.attrs.get(key) != value}
+    if stale:                                       # else untouched (not even opened for writing)
+        with open_h5(settings.out, "a") as f:
+            f.attrs.update(stale)
 
 
 def _settings_from_args(args: argparse.Namespace) -> InferenceSettings:
