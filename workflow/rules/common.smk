@@ -6,7 +6,7 @@ import sys
 from ladbench.config import (ConfigError, benchmark_parts, check_environment, layer_range_arg, load_schema,
                              model_layer_range, read_yaml, startup_warnings, study_benchmarks, validate_config)
 from ladbench.cli import put_ladbench_on_path
-from ladbench.stages.plan import cache_path
+from ladbench.stages.plan import benchmark_path, cache_path
 from ladbench.stages.evaluate import METHODS_FOR_PROMPT, NEEDS_CALIBRATION
 
 # Everything knowable at start-up is checked here, before any job runs: each config file
@@ -176,7 +176,7 @@ def organism_flags(wildcards):
 
 # ---- paths of the later stages -------------------------------------------------------
 def benchmark_file(benchmark):
-    return f"{OUT}/benchmarks/{benchmark}.json"
+    return benchmark_path(config, benchmark)    # the path `ladbench plan` reads row counts from
 
 
 def cache_file(model, benchmark, variant):
