@@ -300,7 +300,8 @@ CLI_OF_KEY = {
     "datasets.*.seed": [("demo-scenes", "seed")],
     "benchmarks.n_eval": [("benchmark", "n_eval")], "benchmarks.n_calibration_pool": [("benchmark", "n_calibration")],
     "benchmarks.n_orderings": [("benchmark", "n_orderings")], "benchmarks.orderings": [("benchmark", "orderings")],
-    "benchmarks.pool_size": [("benchmark", "pool_size")], "benchmarks.caption_sim_max": [("benchmark", "caption_sim_max")],
+    "benchmarks.pool_size": [("benchmark", "pool_size")],
+    "benchmarks.caption_sim_max": [("benchmark", "caption_sim_max")],
     "benchmarks.category_rule": [("benchmark", "category_rule")], "benchmarks.seed": [("benchmark", "seed")],
     "calibration.source": [("benchmark", "calibration_source")],
     **{f"inference.{key}": [("infer", key)] for key in (
@@ -356,7 +357,7 @@ def test_every_schema_default_is_the_default_of_the_stage_that_reads_it():
         assert key in defaults, f"{key}: no default in the schema"
         for command, dest in commands:
             parsed = vars(build_parser(command).parse_args([command, *REQUIRED_ARGS[command]]))
-            assert parsed[dest] == defaults[key], f"{key}: schema {defaults[key]!r} vs `ladbench {command}` {parsed[dest]!r}"
+            assert parsed[dest] == defaults[key], f"{key}: schema {defaults[key]!r}, {command} {parsed[dest]!r}"
 
 
 def test_every_settings_dataclass_has_the_schema_defaults():

@@ -32,7 +32,8 @@ def write_cache(path, n: int = 4, model: str = "toy", variant: str = "vanilla", 
     plan = plan_rows(bench)
     rows = len(plan)
     attrs = {"config_sha256": f"{model}-{variant}-{n}-{benchmark_name}-{seed}", "model": model, "model_path": model,
-             "revision": "", "family": "qwen2_5_vl", "variant": variant, "variant_name": variant, "identifiers": "digits",
+             "revision": "", "family": "qwen2_5_vl", "variant": variant, "variant_name": variant,
+             "identifiers": "digits",
              "score_mode": "reference", "prompt_sha256": f"{variant}{n}", "n_candidates": n, "n_layers": LAYERS,
              "benchmark_name": f"{benchmark_name}_N{n}", "benchmark_sha256": f"sha-of-{benchmark_name}-{n}"}
     writer = CacheWriter.open(str(path), plan, CacheLayout(n, LAYERS, n_heads=2), attrs)

@@ -54,7 +54,8 @@ def write_evaluation(out: Path, model: str, benchmark: str, variant: str, docume
     """An evaluation JSON at the workflow's path, recording what it is as `ladbench evaluate` does."""
     cal_benchmark = cal_benchmark or benchmark
     identity = {"model": model, "benchmark": benchmark, "variant": variant, "cal_benchmark": cal_benchmark}
-    return write_json(out / "eval" / model / benchmark / variant / f"cal-{cal_benchmark}.json", {**identity, **document})
+    path = out / "eval" / model / benchmark / variant / f"cal-{cal_benchmark}.json"
+    return write_json(path, {**identity, **document})
 
 
 def write_cache_stub(path: Path, n_eval_rows: int, n_cal_rows: int, **attrs) -> str:
@@ -154,7 +155,8 @@ def test_demo_tables_say_which_numbers_come_from_which_tiny_model(tmp_path):
     kinds = {"qwen_real_looking": "tiny-organism", "other": "tiny-random", "real": "pretrained"}
     evaluations, caches = [], []
     for model, kind in kinds.items():
-        evaluations.append(write_evaluation(out, model, "toy_random_N4", "vanilla", evaluation_document(0.5, 30, seed=1)))
+        evaluations.append(write_evaluation(out, model, "toy_random_N4", "vanilla",
+                                            evaluation_document(0.5, 30, seed=1)))
         caches.append(write_cache_stub(out / "cache" / model / "toy_random_N4" / "vanilla.h5", 150, 24,
                                        model_kind=kind, rows_per_s=15.0))
     study = load_study(models=list(kinds), benchmarks=["toy_random_N4"], variants={"vanilla": "vanilla"},
@@ -310,8 +312,9 @@ def test_the_report_reads_identity_from_the_files_not_their_folders(tmp_path):
     by_method = {row[1]: row for row in block.rows}
     for method, name in (("Vanilla", "vanilla"), ("Ours (LAD)", "lad"), ("PriDe", "pride")):
         cell = by_method[method][2]
-        assert not cell.missing and cell.value == study.evaluations[next(iter(study.evaluations))]["methods"][name]["acc_mean"]
-    readouts = [cell for block in table7(study).blocks for row in block.rows for cell in row[1:] if hasattr(cell, "missing")]
+        (evaluation,) = study.evaluations.values()
+        assert not cell.missing and cell.value == evaluation["methods"][name]["acc_mean"]
+    readouts = [cell for block in table7(study).blocks for row in block.rows for cell in row[1:]]
     assert readouts and not any(cell.missing for cell in readouts)
 
 

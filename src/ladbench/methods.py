@@ -280,7 +280,8 @@ def _mean_over_mask(values: np.ndarray, mask: np.ndarray) -> np.ndarray:
 
 
 def raw_attention(
-    attn: np.ndarray, top_k: int = 2, layer_range: tuple[int, int] | None = None, all_layers: bool = False, *,
+    attn: np.ndarray, top_k: int = LadSettings.top_k, layer_range: tuple[int, int] | None = None,
+    all_layers: bool = False, *,
     ties: str = LAYER_TIES[0], k_beyond_range: str = K_BEYOND_RANGE[0],
 ) -> np.ndarray:
     """Raw attention evidence [..., N]: mean of ``a^(l)`` over the selected layers, no prior.
@@ -296,7 +297,7 @@ def purified_attention(
     attn: np.ndarray,
     attn_prior: np.ndarray,
     *,
-    top_k: int = 2,
+    top_k: int = LadSettings.top_k,
     layer_range: tuple[int, int] | None = None,
     layer_mean: Choice = "reference",
     use_prior: bool = True,

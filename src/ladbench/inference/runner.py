@@ -89,8 +89,8 @@ class InferenceSettings:
     # fields that do not change any stored number (only speed / how much runs now), and the
     # input paths, whose contents are hashed instead (the same inputs elsewhere give the same hash);
     # a shard's rows are identified by its cache's own config_sha256, see merge.select_shard
-    _NOT_HASHED = ("out", "batch_size", "chunk_size", "limit_rows", "model_name", "variant_name", "workers", "vision_tower",
-                   "group_by_length", "shard_index", "shard_count", "extra", "benchmark", "images")
+    _NOT_HASHED = ("out", "batch_size", "chunk_size", "limit_rows", "model_name", "variant_name", "workers",
+                   "vision_tower", "group_by_length", "shard_index", "shard_count", "extra", "benchmark", "images")
 
     def validate(self) -> None:
         from ladbench.models.vision import VISION_TOWERS
@@ -656,7 +656,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     g.add_argument("--vision-tower", default="batched", choices=("batched", "native"),
                    help="batched: all images of a batch through the vision tower together (Qwen2.5-VL-style "
                         "towers); native: transformers' own (for comparison)")
-    g.add_argument("--chunk-size", type=int, default=InferenceSettings.chunk_size, help="rows per write to the cache (the most a kill can lose)")
+    g.add_argument("--chunk-size", type=int, default=InferenceSettings.chunk_size,
+                   help="rows per write to the cache (the most a kill can lose)")
     g.add_argument("--shard-index", type=int, default=0, help="run only shard i (0-based) of --shard-count")
     g.add_argument("--shard-count", type=int, default=1,
                    help="split the rows into this many contiguous shards (each its own cache; "

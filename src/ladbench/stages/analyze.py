@@ -349,7 +349,8 @@ def register(subparsers) -> None:
     sweeps = parser.add_argument_group("Figure 6 sweeps")
     sweeps.add_argument("--dcal-sizes", type=int, nargs="+", default=list(DEFAULT_DCAL_SIZES),
                         help="|D_cal| sizes (clipped to the pool size)")
-    sweeps.add_argument("--dcal-draws", type=int, default=DEFAULT_DCAL_DRAWS, help="calibration draws (seeds 0..n-1) per |D_cal| size")
+    sweeps.add_argument("--dcal-draws", type=int, default=DEFAULT_DCAL_DRAWS,
+                        help="calibration draws (seeds 0..n-1) per |D_cal| size")
     sweeps.add_argument("--taus", type=float, nargs="+", default=list(DEFAULT_TAUS), help="tau values of the sweep")
     add_bootstrap_arguments(parser.add_argument_group("confidence intervals"))
     parser.add_argument("--out", required=True, type=output_file(".json"), help="output .json (per-row arrays go to the same name .npz)")
