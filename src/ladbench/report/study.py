@@ -20,7 +20,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from ladbench.atomic import read_json
 from ladbench.config import benchmark_parts
 from ladbench.inference.cache import read_cache_attributes
-from ladbench.stages.inputs import check_made_from_caches
+from ladbench.stages.inputs import MismatchError, check_made_from_caches
 
 __all__ = ["Study", "load_study", "parse_assignments"]
 
@@ -180,4 +180,18 @@ def load_study(
     )
     check_made_from_caches(study.evaluations, study.caches, "evaluation")
     check_made_from_caches(study.analyses, study.caches, "analysis")
+    _check_prompts(study)
     return study
+
+
+def _check_prompts(study: Study) -> None:
+    """Refuse a file whose variant ran another prompt than ``--variants`` gives that variant
+    (its numbers would land in another method's row)."""
+    recorded = [("evaluation", key, doc.get("prompt")) for key, doc in study.evaluations.items()]
+    recorded += [("analysis", key, doc.get("prompt")) for key, doc in study.analyses.items()]
+    recorded += [("cache", key, attrs.get("variant")) for key, attrs in study.caches.items()]
+    for what, key, prompt in recorded:
+        expected = study.variants.get(key[2])
+        if prompt and expected and prompt != expected:
+            raise MismatchError(f"the {what} of {'/'.join(key)} records prompt {prompt!r}, but --variants gives "
+                                f"{key[2]}={expected}; give the files of this study's variants")
