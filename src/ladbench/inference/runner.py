@@ -602,7 +602,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="do not store the two greedy reply tokens and their text (the reference's Vanilla readout, "
                         "method vanilla_generate; costs one KV-cache continuation step per batch)")
     add_variant_arguments(p)          # each variant's own settings: --sofa-sigma, --sc-samples, ...
-    g = p.add_argument_group("generation (generative variants: cot, sc)")
+    g = p.add_argument_group("generation (generative variants)")
     g.add_argument("--seed", type=int, default=0,
                    help="self-consistency: sampling seed (each sample is keyed by the seed, its row and its "
                         "index: see inference/sampling.py)")
