@@ -48,7 +48,6 @@ CELL_NOTE = (
 )
 
 
-
 def table1_rows() -> list[tuple[str, str, str, bool]]:
     """Table 1's rows in order: (label, prompt variant of the cache, method, always shown).
     The prompt variants placed in Table 1 (read out by their first method) and the methods
