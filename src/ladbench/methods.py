@@ -15,8 +15,9 @@ ones) and the paper's equations:
 4. :func:`expected_bias`      prior_j from pi and B (Eq. 13), ``mixture="reference"|"paper"``;
 5. :func:`lad`                s' = s - prior (Eq. 14).
 
-:data:`METHODS` maps a method name to ``callable(arrays, calibration, settings) ->
-predictions [I, T]``; :func:`ablation_grid`, :func:`tau_sweep` and friends list the
+:data:`METHODS` maps a method name to its :class:`Method` entry, a ``callable(arrays,
+calibration, settings) -> predictions [I, T]`` that also says whether it needs a
+calibration, its label and which prompt variant's cache it reads; :func:`ablation_grid`, :func:`tau_sweep` and friends list the
 variants of Tables 4 and 7 and Figure 6 as :class:`Variant` entries.
 """
 
@@ -28,11 +29,12 @@ from typing import Any, Callable, Iterable, Literal, Mapping, Protocol, Sequence
 import numpy as np
 
 from ladbench.calibration import EPS, log_softmax, pride_log
-from ladbench.families import scale_layer_range
+from ladbench.families import parse_layer_range, scale_layer_range
 
 __all__ = [
     "METHODS",
     "LadSettings",
+    "Method",
     "Variant",
     "ablation_grid",
     "check_compatible",
@@ -41,6 +43,7 @@ __all__ = [
     "identity_indexed",
     "lad",
     "layer_selection_mask",
+    "method",
     "layer_strength",
     "paper_vs_reference_grid",
     "permutation_average",
@@ -49,6 +52,7 @@ __all__ = [
     "pride",
     "purified_attention",
     "raw_attention",
+    "register_method",
     "select_layers",
     "selection_warnings",
     "sharpen",
@@ -116,13 +120,7 @@ class LadSettings:
         for name, allowed in (("layer_ties", LAYER_TIES), ("k_beyond_range", K_BEYOND_RANGE)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
-        if self.layer_range is not None:
-            if len(self.layer_range) not in (2, 3):
-                raise ValueError(f"layer_range must be (first, last) or (first, last, of), got {self.layer_range}")
-            lo, hi = self.layer_range[:2]
-            if not 0 <= lo <= hi or (len(self.layer_range) == 3 and hi >= self.layer_range[2]):
-                raise ValueError(f"layer_range must have 0 <= first <= last (< of), got {self.layer_range}")
-            object.__setattr__(self, "layer_range", tuple(int(v) for v in self.layer_range))
+        object.__setattr__(self, "layer_range", parse_layer_range(self.layer_range))
 
     @classmethod
     def from_mapping(cls, settings: Mapping[str, Any] | LadSettings | None) -> LadSettings:
@@ -286,7 +284,8 @@ def _mean_over_mask(values: np.ndarray, mask: np.ndarray) -> np.ndarray:
 
 
 def raw_attention(
-    attn: np.ndarray, top_k: int = 2, layer_range: tuple[int, int] | None = None, all_layers: bool = False, *,
+    attn: np.ndarray, top_k: int = LadSettings.top_k, layer_range: tuple[int, int] | None = None,
+    all_layers: bool = False, *,
     ties: str = LAYER_TIES[0], k_beyond_range: str = K_BEYOND_RANGE[0],
 ) -> np.ndarray:
     """Raw attention evidence [..., N]: mean of ``a^(l)`` over the selected layers, no prior.
@@ -302,7 +301,7 @@ def purified_attention(
     attn: np.ndarray,
     attn_prior: np.ndarray,
     *,
-    top_k: int = 2,
+    top_k: int = LadSettings.top_k,
     layer_range: tuple[int, int] | None = None,
     layer_mean: Choice = "reference",
     use_prior: bool = True,
@@ -368,17 +367,18 @@ def lad(
     attn: np.ndarray,
     calibration: CalibrationLike,
     *,
-    top_k: int = 2,
-    tau: float = 5.0,
-    layer_range: tuple[int, int] | None = None,
-    use_prior: bool = True,
-    all_layers: bool = False,
-    layer_mean: Choice = "reference",
-    mixture: Choice = "reference",
-    layer_ties: str = LAYER_TIES[0],
-    k_beyond_range: str = K_BEYOND_RANGE[0],
+    top_k: int = LadSettings.top_k,
+    tau: float = LadSettings.tau,
+    layer_range: tuple[int, int] | None = LadSettings.layer_range,
+    use_prior: bool = LadSettings.use_prior,
+    all_layers: bool = LadSettings.all_layers,
+    layer_mean: Choice = LadSettings.layer_mean,
+    mixture: Choice = LadSettings.mixture,
+    layer_ties: str = LadSettings.layer_ties,
+    k_beyond_range: str = LadSettings.k_beyond_range,
 ) -> np.ndarray:
-    """LAD's corrected scores ``s' = s - prior(pi(attn))`` [..., N] (Eqs. 8-14)."""
+    """LAD's corrected scores ``s' = s - prior(pi(attn))`` [..., N] (Eqs. 8-14); the defaults
+    are :class:`LadSettings`'."""
     scores = np.asarray(scores, dtype=np.float64)
     check_compatible(scores, attn, calibration)
     log_pi = purified_attention(
@@ -467,8 +467,14 @@ def _purified_attention_method(arrays: EvalArraysLike, calibration: CalibrationL
 
 
 def _permutation_average_method(arrays: EvalArraysLike, calibration: CalibrationLike, settings=None) -> np.ndarray:
-    # Averages over the T orderings the cache holds for each instance (T passes), then
-    # reports the chosen identity's position under every ordering: Cons. is 100% by design.
+    # A permavg cache ([I, T, N(shift), N]): per instance x ordering, average the scores per
+    # image identity over the N cyclic shifts of that ordering and report where the chosen
+    # identity sits in the unshifted ordering (shift 0). Any other cache ([I, T, N]): average
+    # over the T orderings (T passes) and report the chosen identity's position under every
+    # ordering: Cons. is 100% by design.
+    if np.ndim(arrays.scores) == 4:
+        identity = permutation_average(arrays.scores, arrays.order).argmax(axis=-1)          # [I, T]
+        return np.argmax(np.asarray(arrays.order)[:, :, 0] == identity[..., None], axis=-1)
     identity = np.argmax(permutation_average(arrays.scores, arrays.order), axis=-1)
     return predict_identity_under_orderings(identity, arrays.order)
 
@@ -501,17 +507,57 @@ def _generated_method(arrays: EvalArraysLike, calibration: CalibrationLike, sett
     return np.asarray(parsed).astype(np.int64)
 
 
-METHODS: dict[str, MethodFn] = {
-    "vanilla": _vanilla_method,
-    "vanilla_generate": _vanilla_generate_method,
-    "pride": _pride_method,
-    "pride_original": _pride_original_method,
-    "lad": _lad_method,
-    "raw_attention": _raw_attention_method,
-    "purified_attention": _purified_attention_method,
-    "permutation_average": _permutation_average_method,
-    "generated": _generated_method,
+@dataclass(frozen=True)
+class Method:
+    """A registered method: its function and what the stages and the report need to know of it.
+
+    ``reads``: the prompt variant (``ladbench.variants``) whose cache the tables read it from
+    (None: each variant that lists it among its methods, e.g. ``generated`` for CoT and
+    self-consistency). ``place``: its row in Table 1 among the variants' rows (None: not a
+    Table 1 row). ``reads_shifts``: it reads a cache whose orderings are also shown at their N
+    cyclic shifts (arrays [I, T, N(shift), N]) and returns positions in the unshifted orderings.
+    """
+
+    predict: MethodFn
+    label: str
+    needs_calibration: bool = False
+    selects_layers: bool = False   # selects layers by attention strength (its warnings are recorded)
+    reads: str | None = "vanilla"
+    reads_shifts: bool = False
+    place: float | None = None
+
+    def __call__(self, arrays: EvalArraysLike, calibration: CalibrationLike, settings=None) -> np.ndarray:
+        return self.predict(arrays, calibration, settings)
+
+
+METHODS: dict[str, Method] = {
+    "vanilla": Method(_vanilla_method, "Vanilla", place=1),
+    "vanilla_generate": Method(_vanilla_generate_method, "Vanilla (greedy reply, parsed)", place=7),
+    "pride": Method(_pride_method, "PriDe", needs_calibration=True, place=4),
+    "pride_original": Method(_pride_original_method, "PriDe (original)", needs_calibration=True, place=8),
+    "lad": Method(_lad_method, "Ours (LAD)", needs_calibration=True, selects_layers=True, place=6),
+    "raw_attention": Method(_raw_attention_method, "Raw attention", selects_layers=True),
+    "purified_attention": Method(_purified_attention_method, "Purified attention", needs_calibration=True,
+                                 selects_layers=True),
+    "permutation_average": Method(_permutation_average_method, "Permutation averaging", reads="permavg",
+                                  reads_shifts=True),
+    "generated": Method(_generated_method, "Generated answer", reads=None),
 }
+
+
+def register_method(name: str, method: Method) -> Method:
+    """Add a method to the registry (a plugin module calls this at import)."""
+    if name in METHODS:
+        raise ValueError(f"method {name!r} is already registered")
+    METHODS[name] = method
+    return method
+
+
+def method(name: str) -> Method:
+    try:
+        return METHODS[name]
+    except KeyError:
+        raise ValueError(f"unknown method {name!r}; known: {', '.join(sorted(METHODS))}") from None
 
 
 # --------------------------------------------------------------------------- variant grids

@@ -1,13 +1,15 @@
 # Shared by all included files: the validated config, output paths, and helpers that map
 # config entries to the inputs and command-line flags of each stage.
+import os
 import shlex
 import sys
 
 from ladbench.config import (ConfigError, benchmark_parts, check_environment, layer_range_arg, load_schema,
                              model_layer_range, read_yaml, startup_warnings, study_benchmarks, validate_config)
 from ladbench.cli import put_ladbench_on_path
-from ladbench.stages.plan import cache_path
-from ladbench.stages.evaluate import METHODS_FOR_PROMPT, NEEDS_CALIBRATION
+from ladbench.stages.plan import benchmark_path, cache_path
+from ladbench.methods import METHODS
+from ladbench.variants import PLUGINS_ENV, variant as prompt_variant
 
 # Everything knowable at start-up is checked here, before any job runs: each config file
 # (duplicate keys, with their line), every value against the schema, the names that refer
@@ -22,12 +24,16 @@ except ConfigError as error:
     raise WorkflowError(f"invalid configuration: {error}")
 for _warning in startup_warnings(config):
     print(f"WARNING: {_SOURCE}: {_warning}", file=sys.stderr)
+# The config's plugins (imported by validate_config: they register variants and methods) are
+# imported by every `ladbench` command the jobs run too.
+os.environ[PLUGINS_ENV] = ",".join(config["plugins"])
 
 # The jobs run `ladbench`, found beside the Python running Snakemake (no venv activation).
 put_ladbench_on_path()
 
 OUT = config["output_dir"].rstrip("/")
 LOGS = f"{OUT}/logs"
+REPORT = f"{OUT}/report"
 
 MODELS = list(config["models"])
 VARIANTS = list(config["inference"]["variants"])
@@ -35,6 +41,14 @@ BENCHMARKS = study_benchmarks(config)
 CAL_SEEDS = config["calibration"]["seeds"]
 N_CAL = config["calibration"]["n_cal"]
 
+
+
+# Every output path of the study is built by the helpers below (named `*_file`, `*_dir`),
+# called with names or with wildcard patterns such as "{model}"; no rule spells a path.
+# Nothing reads identity back out of these paths: every output records what it is.
+def log_file(*parts):
+    """``{OUT}/logs/<stage>/<name>/.../<last>.log``: the log of one job."""
+    return f"{LOGS}/{'/'.join(parts)}.log"
 
 
 def flags(**options):
@@ -63,7 +77,7 @@ def raw_dataset_files(name):
     """Where the captions, instances and image folder of a dataset are read from."""
     ds = dataset_config(name)
     if ds["source"] == "synthetic":
-        root = f"{OUT}/data/{name}/raw"
+        root = scenes_dir(name)
         return {
             "captions": f"{root}/annotations/captions.json",
             "instances": f"{root}/annotations/instances.json",
@@ -87,6 +101,15 @@ def raw_dataset_files(name):
         "instances": ds.get("instances_json", defaults["instances"]),
         "images": ds.get("images_dir", defaults["images"]),
     }
+
+
+def scenes_dir(name):
+    """The demo's synthetic scenes of a dataset (images and annotation files)."""
+    return f"{OUT}/data/{name}/raw"
+
+
+def download_marker(name):
+    return f"{OUT}/data/{name}/download.done"
 
 
 def image_table(name):
@@ -120,10 +143,14 @@ def clip_flags():
 
 
 # ---- models --------------------------------------------------------------------------
+def tiny_model_dir(model):
+    return f"{OUT}/models/{model}"
+
+
 def model_dir(model):
     """A tiny model is built into the study's folder; a real one is a hub id or folder."""
     spec = config["models"][model]
-    return f"{OUT}/models/{model}" if spec["tiny"] else spec["path"]
+    return tiny_model_dir(model) if spec["tiny"] else spec["path"]
 
 
 def model_inputs(wildcards):
@@ -153,6 +180,10 @@ def organism_flags(wildcards):
 
 
 # ---- paths of the later stages -------------------------------------------------------
+def benchmark_file(benchmark):
+    return benchmark_path(config, benchmark)    # the path `ladbench plan` reads row counts from
+
+
 def cache_file(model, benchmark, variant):
     return cache_path(config, model, benchmark, variant)    # the path `ladbench plan` reads rates from
 
@@ -174,8 +205,9 @@ def calibration_file(model, benchmark, variant, seed, n_cal=None):
     return f"{OUT}/calibration/{model}/{benchmark}/{variant}/dcal{n_cal}_seed{seed}.npz"
 
 
-def evaluation_file(model, benchmark, variant, cal_benchmark=None):
-    return f"{OUT}/eval/{model}/{benchmark}/{variant}/cal-{cal_benchmark or benchmark}.json"
+def evaluation_file(model, benchmark, variant, cal_benchmark=None, ext="json"):
+    """The evaluation's JSON (ext json) or its predictions (ext npz)."""
+    return f"{OUT}/eval/{model}/{benchmark}/{variant}/cal-{cal_benchmark or benchmark}.{ext}"
 
 
 def benchmark_dataset(benchmark):
@@ -187,9 +219,9 @@ def captions_inputs(wildcards):
     """Synthetic scenes and downloads are made by the workflow; local copies must exist."""
     ds = dataset_config(wildcards.dataset)
     if ds["source"] == "synthetic":
-        return [f"{OUT}/data/{wildcards.dataset}/raw"]
+        return [scenes_dir(wildcards.dataset)]
     if ds["download"]:
-        return [f"{OUT}/data/{wildcards.dataset}/download.done"]
+        return [download_marker(wildcards.dataset)]
     return [f for f in raw_dataset_files(wildcards.dataset).values() if f is not None]
 
 
@@ -239,7 +271,8 @@ def infer_flags(wildcards):
     inference = config["inference"]
     variant = inference["variants"][wildcards.variant]
     return flags(
-        model_name=wildcards.model, family=model["family"], model_path=model_dir(wildcards.model),
+        model_name=wildcards.model, variant_name=wildcards.variant, family=model["family"],
+        model_path=model_dir(wildcards.model),
         revision=None if model["tiny"] else model["revision"],
         trust_remote_code=model["trust_remote_code"],
         prompt=variant["prompt"], identifiers=variant["identifiers"],
@@ -250,22 +283,35 @@ def infer_flags(wildcards):
         dtype=inference["dtype"], device=inference["device"],
         store_head_attention=inference["store_head_attention"], no_greedy_reply=not inference["greedy_reply"],
         shard_index=wildcards.get("shard"), shard_count=SHARDS if SHARDS > 1 else None,
+        **prompt_setting_options(variant["prompt"]),
     )
 
 
+def prompt_setting_options(prompt):
+    """The prompt variant's own settings (inference.prompt_settings.<prompt>) as the infer
+    stage's --<prompt>-<setting> flags."""
+    settings = config["inference"]["prompt_settings"].get(prompt, {})
+    return {f"{prompt}_{key}": value for key, value in settings.items()}
+
+
 # ---- evaluate ----
-def variant_methods(variant):
-    """Methods for a cache: the configured ones on vanilla-prompt caches; the variant's own
-    readout otherwise (Instruction and SoFA: vanilla argmax; CoT/SC: parsed answers)."""
-    prompt = config["inference"]["variants"][variant]["prompt"]
+def variant_methods(name):
+    """Methods for a cache: the configured ones on vanilla-prompt caches; its prompt variant's
+    own otherwise (ladbench.variants: Instruction and SoFA, vanilla argmax; CoT/SC, parsed answers)."""
+    prompt = config["inference"]["variants"][name]["prompt"]
     if prompt == "vanilla":
         return config["evaluation"]["methods"]
-    return list(METHODS_FOR_PROMPT[prompt])
+    return list(prompt_variant(prompt).methods)
+
+
+def needs_calibration(name):
+    """Whether a method evaluated on the cache variant ``name`` reads a calibration."""
+    return any(METHODS[method].needs_calibration for method in variant_methods(name))
 
 
 def evaluation_inputs(wildcards):
     inputs = {"cache": cache_file(wildcards.model, wildcards.benchmark, wildcards.variant)}
-    if NEEDS_CALIBRATION.intersection(variant_methods(wildcards.variant)):
+    if needs_calibration(wildcards.variant):
         inputs["calibrations"] = [
             calibration_file(wildcards.model, wildcards.cal_benchmark, wildcards.variant, seed)
             for seed in CAL_SEEDS
@@ -298,7 +344,7 @@ TRANSFERS = [
     evaluation_file(m, t["evaluate_on"], v, t["calibrate_on"])
     for m in MODELS
     for v in VARIANTS
-    if NEEDS_CALIBRATION.intersection(variant_methods(v))
+    if needs_calibration(v)
     for t in config["evaluation"]["transfer"]
 ]
 
@@ -350,11 +396,15 @@ def table_files():
     files = []
     for name in TABLE_BUILDERS:
         for fmt in TABLE_FORMATS:
-            path = f"{OUT}/report/{name}.{fmt}"
+            path = f"{REPORT}/{name}.{fmt}"
             if fmt == "html":
                 path = report(path, caption=f"../report/{name}.rst", category="Tables")
             files.append(path)
     return files
+
+
+def figure_file(stem, ext):
+    return f"{REPORT}/figures/{stem}.{ext}"
 
 
 def figure_files(stem, caption, subcategory):
@@ -364,7 +414,7 @@ def figure_files(stem, caption, subcategory):
     shown = "png" if "png" in formats else formats[0]
     files = []
     for ext in formats:
-        path = f"{OUT}/report/figures/{stem}.{ext}"
+        path = figure_file(stem, ext)
         if ext == shown:
             path = report(path, caption=f"../report/{caption}.rst", category="Figures", subcategory=subcategory)
         files.append(path)
@@ -372,7 +422,7 @@ def figure_files(stem, caption, subcategory):
 
 
 def expand_figures(stem, **wildcards):
-    return expand(f"{OUT}/report/figures/{stem}.{{ext}}", ext=config["report"]["figure_formats"], **wildcards)
+    return expand(figure_file(stem, "{ext}"), ext=config["report"]["figure_formats"], **wildcards)
 
 
 def model_evaluations(wildcards):
