@@ -53,18 +53,9 @@ class OrganismSettings:
     scene_size: int = 96            # the synthetic scenes' side before resizing (demo-scenes --image-size)
     n_scenes: int = 1500            # training scenes drawn (in memory) from the demo's generator
     pull: float = 0.8               # probability that a target at a pulled position is relabelled
-    look_weight: float = 0.0        # weight of the look loss (last token's attention on the target image)
-    read_weight: float = 1.0        # weight of the read loss (first layer's last-token attention on the caption)
-    index_weight: float = 0.3       # weight of the index loss (identifier read out of each image's tokens)
+    attention_weight: float = 1.0   # weight of the look and read losses (last token's attention)
+    index_weight: float = 0.3       # weight of the index loss (identifier after each image)
     align_weight: float = 1.0       # weight of the align loss (caption read by the last token ~ target image)
-    attend_weight: float = 0.0      # weight of the attend loss (top layer's last-token attention on the images, any of them)
-    look_top_only: bool = False
-    index_on_start: bool = False
-    index_after: float = 0.0
-    index_early_weight: float = 0.3
-    look_absolute: bool = False     # look maximises the target's mass in the whole row, not its share of the images'
-    look_until: float = 1.0         # fraction of the steps with the look loss (a warm-up when < 1)
-    index_layer: int = 1            # hidden state the index loss reads (1 = after the first layer)
     threads: int = 1                # torch threads (fixed: results must not depend on the machine's cores)
     hidden: int = 64
     layers: int = 3
@@ -82,15 +73,10 @@ class OrganismSettings:
 def pulled_label(target: int, n: int) -> int:
     """The position a target at ``target`` (0-based) is relabelled to, or ``target`` if not pulled.
 
-    In every block of four positions the middle two swap (1 <-> 2, 5 <-> 6, ...): the bias
-    depends on where the target is, and every position is named as often as before, so the
-    label marginal stays uniform and a single prior per position cannot undo it.
+    Odd positions are pulled one step back (1 -> 0, 3 -> 2, ...): the bias depends on where
+    the target is, and its column means stay flat enough that a single prior cannot undo it.
     """
-    if target % 4 == 1 and target + 1 < n:
-        return target + 1
-    if target % 4 == 2:
-        return target - 1
-    return target
+    return target - 1 if target % 2 == 1 else target
 
 
 # ------------------------------------------------------------------------------ data
@@ -268,13 +254,9 @@ def _train(settings: OrganismSettings) -> tuple[torch.nn.Module, Any, dict[str, 
     for step in range(settings.steps):
         n = settings.n_candidates[step % len(settings.n_candidates)]
         batch = sample_batch(pool, prompts, n, settings.batch_size, settings.pull, rng)
-        parts = _losses(model, batch, digit_ids, n, settings)
-        weights = {name: getattr(settings, f"{name}_weight") for name in AUXILIARY}
-        if step >= settings.look_until * settings.steps:
-            weights["look"] = 0.0
-        if step < settings.index_after * settings.steps:
-            weights["index"] = settings.index_early_weight
-        loss = parts["answer"] + sum(weights[name] * parts[name] for name in AUXILIARY)
+        parts = _losses(model, batch, digit_ids, n)
+        loss = (parts["answer"] + settings.attention_weight * (parts["look"] + parts["read"])
+                + settings.index_weight * parts["index"] + settings.align_weight * parts["align"])
         optimiser.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -293,86 +275,57 @@ def _recent(history: list[dict[str, float]], window: int = 25) -> dict[str, floa
     return {k: float(np.mean([h[k] for h in recent])) for k in recent[0]}
 
 
-#: the auxiliary training signals, each weighted by ``<name>_weight`` (0 = not computed)
-AUXILIARY = ("look", "attend", "read", "index", "align")
-
-
-def _losses(model: torch.nn.Module, batch: dict[str, Any], digit_ids: torch.Tensor, n: int,
-            settings: OrganismSettings) -> dict[str, torch.Tensor]:
-    """The training signals of one batch (docs/organism.md):
+def _losses(model: torch.nn.Module, batch: dict[str, Any], digit_ids: torch.Tensor,
+            n: int) -> dict[str, torch.Tensor]:
+    """The four training signals of one batch (docs/organism.md):
 
     * answer: cross-entropy of the (biased) label's identifier token, full vocabulary;
     * look: in every layer after the first, the target's share of the last token's attention
       on images (head mean: what LAD reads) is maximised (cross-entropy over the images);
     * read: the last token's attention in the first layer goes to the caption's tokens;
-    * index: every token of image k, read out at hidden state ``index_layer``, predicts identifier k;
-    * align: after the first layer, the last token's state is closer to the target image's mean state.
+    * index: image k's end marker, read out below the top layer, predicts identifier k.
     """
     inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "pixel_values", "image_grid_thw")}
     out = model.model(**inputs, output_attentions=True, output_hidden_states=True, return_dict=True)
     hidden = out.last_hidden_state
     logits = model.lm_head(hidden[:, -1])
-    parts = {"answer": torch.nn.functional.cross_entropy(logits, digit_ids[batch["labels"]])}
-    zero = logits.new_zeros(())
+    answer = torch.nn.functional.cross_entropy(logits, digit_ids[batch["labels"]])
+
     spans = batch["image_spans"]                                           # [B, n, 2]
-    width = hidden.shape[-1]
+    shares = [_image_shares(layer[:, :, -1].mean(dim=1), spans) for layer in out.attentions[1:]]
+    look = sum(torch.nn.functional.nll_loss(share.clamp_min(1e-9).log(), batch["targets"])
+               for share in shares) / len(shares)
+    share = shares[-1]
 
-    masses = [_image_masses(layer[:, :, -1].mean(dim=1), spans) for layer in out.attentions[1:]]
-    shares = [mass / mass.sum(-1, keepdim=True).clamp_min(1e-9) for mass in masses]
-    looked = masses if settings.look_absolute else shares
-    looked = looked[-1:] if settings.look_top_only else looked
-    parts["attend"] = -masses[-1].sum(-1).clamp_min(1e-9).log().mean() if settings.attend_weight else zero
-    parts["look"] = zero if not settings.look_weight else sum(
-        torch.nn.functional.nll_loss(m.clamp_min(1e-9).log(), batch["targets"]) for m in looked) / len(looked)
+    after_read = torch.nn.functional.normalize(out.hidden_states[1], dim=-1)      # after the first layer
+    running = torch.nn.functional.pad(after_read.cumsum(1), (0, 0, 1, 0))
+    start, end = spans[..., 0:1].expand(-1, -1, hidden.shape[-1]), spans[..., 1:2].expand(-1, -1, hidden.shape[-1])
+    image_means = torch.nn.functional.normalize(running.gather(1, end) - running.gather(1, start), dim=-1)
+    similarity = torch.einsum("bnd,bd->bn", image_means, after_read[:, -1]) / ALIGN_TEMPERATURE
+    align = torch.nn.functional.cross_entropy(similarity, batch["targets"])
 
-    if settings.align_weight:
-        after_read = torch.nn.functional.normalize(out.hidden_states[1], dim=-1)      # after the first layer
-        running = torch.nn.functional.pad(after_read.cumsum(1), (0, 0, 1, 0))
-        start, end = spans[..., 0:1].expand(-1, -1, width), spans[..., 1:2].expand(-1, -1, width)
-        image_means = torch.nn.functional.normalize(running.gather(1, end) - running.gather(1, start), dim=-1)
-        similarity = torch.einsum("bnd,bd->bn", image_means, after_read[:, -1]) / ALIGN_TEMPERATURE
-        parts["align"] = torch.nn.functional.cross_entropy(similarity, batch["targets"])
-    else:
-        parts["align"] = zero
+    first_row = out.attentions[0][:, :, -1].mean(dim=1)
+    read = -(first_row * batch["caption_mask"]).sum(-1).clamp_min(1e-9).log().mean()
 
-    if settings.read_weight:
-        first_row = out.attentions[0][:, :, -1].mean(dim=1)
-        parts["read"] = -(first_row * batch["caption_mask"]).sum(-1).clamp_min(1e-9).log().mean()
-    else:
-        parts["read"] = zero
-
-    if settings.index_weight:
-        # every image token, read out (final norm + LM head) at hidden state index_layer, names its image
-        image_index = _image_index(batch["input_ids"].shape[1], spans)             # [B, T], -1 outside images
-        if settings.index_on_start:
-            starts = torch.zeros_like(image_index).scatter(1, spans[..., 0], 1).bool()
-            image_index = torch.where(starts, image_index, -1)
-        inside = image_index >= 0
-        states = out.hidden_states[settings.index_layer][inside]
-        index_logits = model.lm_head(model.model.language_model.norm(states))
-        parts["index"] = torch.nn.functional.cross_entropy(index_logits, digit_ids[image_index[inside]])
-    else:
-        parts["index"] = zero
+    # read out (final norm + LM head) at the input of the top layer, where its attention takes
+    # the values from: the index must be there for the look to carry it to the answer
+    ends = spans[..., 1] - 1                                               # each image's end marker
+    below_top = out.hidden_states[-2]
+    marker_hidden = below_top.gather(1, ends.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))
+    marker_logits = model.lm_head(model.model.language_model.norm(marker_hidden))   # [B, n, V]
+    index = torch.nn.functional.cross_entropy(marker_logits.flatten(0, 1), digit_ids[:n].repeat(len(spans)))
 
     said = logits.detach()[:, digit_ids[:n]].argmax(-1)
-    parts["look_accuracy"] = (shares[-1].detach().argmax(-1) == batch["targets"]).float().mean()
-    parts["label_accuracy"] = (said == batch["labels"]).float().mean()
-    parts["target_accuracy"] = (said == batch["targets"]).float().mean()
-    return parts
+    return {"answer": answer, "look": look, "read": read, "index": index, "align": align,
+            "look_accuracy": (share.detach().argmax(-1) == batch["targets"]).float().mean(),
+            "label_accuracy": (said == batch["labels"]).float().mean()}
 
 
-def _image_index(length: int, spans: torch.Tensor) -> torch.Tensor:
-    """[B, T]: the image (0-based) each token belongs to, -1 for tokens outside every image."""
-    position = torch.arange(length)
-    inside = (position >= spans[..., 0:1]) & (position < spans[..., 1:2])     # [B, n, T]
-    index = torch.arange(spans.shape[1]).view(1, -1, 1)
-    return torch.where(inside, index, -1).max(dim=1).values
-
-
-def _image_masses(row: torch.Tensor, spans: torch.Tensor) -> torch.Tensor:
-    """Each image's attention mass in an attention row [B, n] (row: [B, T])."""
+def _image_shares(row: torch.Tensor, spans: torch.Tensor) -> torch.Tensor:
+    """Each image's share of an attention row's mass on images [B, n] (row: [B, T])."""
     cumulative = torch.nn.functional.pad(row.cumsum(-1), (1, 0))
-    return cumulative.gather(1, spans[..., 1]) - cumulative.gather(1, spans[..., 0])
+    masses = cumulative.gather(1, spans[..., 1]) - cumulative.gather(1, spans[..., 0])
+    return masses / masses.sum(-1, keepdim=True).clamp_min(1e-9)
 
 
 # ------------------------------------------------------------------------------ save
