@@ -9,7 +9,6 @@ import tempfile
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HOME", tempfile.mkdtemp(prefix="ladbench-hf-"))
 
-import argparse  # noqa: E402
 import json  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -21,6 +20,7 @@ from PIL import Image  # noqa: E402
 
 from ladbench.atomic import file_digest  # noqa: E402
 from ladbench import features as ft  # noqa: E402
+from ladbench.cli import build_parser  # noqa: E402
 from ladbench.data import coco, synthetic  # noqa: E402
 
 
@@ -218,15 +218,14 @@ def test_bad_arguments(tiny, tmp_path):
 
 
 def test_cli(tiny, tmp_path, reference_file):
-    parser = argparse.ArgumentParser()
-    ft.register(parser.add_subparsers())
+    parser = build_parser(only="features")
     m = tiny["manifest"]
     args = parser.parse_args(["features", "--images", str(tiny["images"]), "--out", str(tmp_path / "f.h5"),
                               "--model", m["model"], "--pretrained", m["pretrained"], "--model-config",
                               m["model_config"], "--batch-size", "5", "--workers", "0", "--device", "cpu"])
     args.func(args)
     np.testing.assert_array_equal(read_all(tmp_path / "f.h5")["text_emb"], read_all(reference_file)["text_emb"])
-    args = parser.parse_args(["demo-clip", "--out", str(tmp_path / "clip"), "--seed", "0"])
+    args = build_parser(only="demo-clip").parse_args(["demo-clip", "--out", str(tmp_path / "clip"), "--seed", "0"])
     args.func(args)
     assert (tmp_path / "clip" / "ladbench-tiny-clip.pt").is_file()
 

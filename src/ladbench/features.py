@@ -28,7 +28,6 @@ in the ``n_bad_images``/``bad_images`` attributes; the benchmark leaves such ima
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -43,7 +42,6 @@ from PIL import Image
 from tqdm import tqdm
 
 from ladbench.atomic import atomic_path, atomic_write_json, file_digest
-from ladbench.cli import output_file
 from ladbench.data.coco import load_image_table, table_fingerprint
 from ladbench.hdf5 import CHECKSUMS, open_h5, reading
 
@@ -403,46 +401,3 @@ def load_features(path: str | os.PathLike, require_complete: bool = True) -> dic
         data = {name: h5[name][()] for name in ("image_id", "image_emb", "text_emb")}
         data["attrs"] = dict(h5.attrs)
     return data
-
-
-# --- CLI --------------------------------------------------------------------------------
-
-def _run_features(args: argparse.Namespace) -> None:
-    out = compute_features(args.images, args.out, args.model, args.pretrained, args.model_config,
-                           args.batch_size, args.workers, args.device, args.skip_bad_images, args.cache_dir)
-    print(f"features: {out}")
-
-
-def _run_demo_clip(args: argparse.Namespace) -> None:
-    manifest = build_tiny_clip(args.out, args.seed, args.name)
-    print(f"demo-clip: model {manifest['model']} -> {manifest['pretrained']} (config {manifest['model_config']})")
-
-
-def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add the ``features`` and ``demo-clip`` subcommands."""
-    parser = subparsers.add_parser(
-        "features", help="CLIP image and caption embeddings -> features.h5.",
-        description="L2-normalised float16 open_clip embeddings of every image and caption of an image "
-                    "table (docs/formats.md §2); resumable after an interruption.")
-    parser.add_argument("--images", required=True, help="Image table (images.json from `ladbench captions`).")
-    parser.add_argument("--out", required=True, type=output_file(".h5"), help="Output HDF5 file.")
-    parser.add_argument("--model", default=DEFAULT_MODEL, help=f"open_clip model name (default {DEFAULT_MODEL}).")
-    parser.add_argument("--pretrained", default=DEFAULT_PRETRAINED,
-                        help=f"open_clip pretrained tag or a local checkpoint file (default {DEFAULT_PRETRAINED}).")
-    parser.add_argument("--model-config", default=None,
-                        help="JSON config of a custom open_clip architecture; its file stem must equal --model.")
-    parser.add_argument("--batch-size", type=int, default=64, help="Images per batch (default 64).")
-    parser.add_argument("--workers", type=int, default=4, help="DataLoader worker processes for image decoding (default 4).")
-    parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="auto = CUDA when present.")
-    parser.add_argument("--skip-bad-images", action="store_true",
-                        help="Record unreadable images (NaN embedding, count in the file) instead of stopping.")
-    parser.add_argument("--cache-dir", default=None, help="open_clip weights cache folder (default: the library's).")
-    parser.set_defaults(func=_run_features)
-
-    demo = subparsers.add_parser(
-        "demo-clip", help="Build the demo's tiny random open_clip model locally.",
-        description="Write a tiny open_clip config (NAME.json), random weights (NAME.pt) and clip.json into --out.")
-    demo.add_argument("--out", required=True, help="Output folder.")
-    demo.add_argument("--seed", type=int, default=0, help="Seed of the random weights.")
-    demo.add_argument("--name", default=TINY_CLIP_NAME, help=f"Model (and config file) name (default {TINY_CLIP_NAME}).")
-    demo.set_defaults(func=_run_demo_clip)
