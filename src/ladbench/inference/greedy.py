@@ -19,6 +19,7 @@ from typing import Sequence
 
 import numpy as np
 
+
 def repetition_penalty(adapter) -> float:
     """The repetition penalty ``generate`` applies for this model (1.0 = none)."""
     config = getattr(adapter.model, "generation_config", None)
