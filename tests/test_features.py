@@ -21,6 +21,7 @@ from PIL import Image  # noqa: E402
 from ladbench.atomic import file_digest  # noqa: E402
 from ladbench import features as ft  # noqa: E402
 from ladbench.cli import build_parser  # noqa: E402
+from ladbench.hdf5 import partial_path  # noqa: E402
 from ladbench.data import coco, synthetic  # noqa: E402
 
 
@@ -123,7 +124,7 @@ def test_resumes_after_an_interrupted_run(tiny, reference_file, tmp_path, monkey
     with pytest.raises(KeyboardInterrupt):
         run(tiny, out)
     assert not out.exists()  # only the work file: a workflow manager may delete `out` itself
-    work = ft.partial_path(out)
+    work = partial_path(out)
     partial = read_all(work)
     assert partial["done"].tolist() == [True] * 8 + [False] * 2  # two batches of 4 were written
     with h5py.File(work, "r") as h5:
@@ -148,7 +149,7 @@ def test_resumes_after_an_interrupted_run(tiny, reference_file, tmp_path, monkey
 
 def test_file_of_other_weights_is_started_over(tiny, reference_file, tmp_path, capsys):
     out = tmp_path / "features.h5"
-    for stale, message in ((ft.partial_path(out), "starting over"), (out, "rebuilding")):
+    for stale, message in ((partial_path(out), "starting over"), (out, "rebuilding")):
         stale.write_bytes(reference_file.read_bytes())
         with h5py.File(stale, "r+") as h5:
             h5.attrs["weights_sha256"] = "0" * 64
