@@ -13,6 +13,7 @@ from ladbench.data.coco import load_image_table
 from ladbench.inference.attention import sofa_attention_bias, sofa_layers
 from ladbench.inference.cache import plan_rows
 from ladbench.inference.runner import InferenceSettings, RowRunner, image_paths
+from ladbench.variants import SofaSettings
 
 pytestmark = [pytest.mark.slow, pytest.mark.lanes]
 
@@ -91,8 +92,8 @@ def test_sofa_bias_by_hand():
 def test_sofa_sigma_zero_is_vanilla_and_sigma_positive_changes_scores(family, tiny_adapter, tmp_path):
     adapter = tiny_adapter(family)
     vanilla = _runner(adapter, tmp_path, 4, family).score_batch([0, 3])
-    off = _runner(adapter, tmp_path, 4, family, prompt="sofa", sofa_sigma=0.0).score_batch([0, 3])
-    on = _runner(adapter, tmp_path, 4, family, prompt="sofa", sofa_sigma=1.0, sofa_every=1).score_batch([0, 3])
+    off = _runner(adapter, tmp_path, 4, family, prompt="sofa", options=SofaSettings(sigma=0.0)).score_batch([0, 3])
+    on = _runner(adapter, tmp_path, 4, family, prompt="sofa", options=SofaSettings(sigma=1.0, every=1)).score_batch([0, 3])
     np.testing.assert_allclose(off["scores"], vanilla["scores"], atol=1e-4)
     np.testing.assert_allclose(off["attn"], vanilla["attn"], atol=1e-5)
     assert np.abs(on["scores"] - vanilla["scores"]).max() > 1e-3

@@ -46,10 +46,13 @@ def mechanics_config(destination: Path) -> Path:
 DEMO_CONFIG = mechanics_config(Path(tempfile.mkdtemp(prefix="ladbench-mechanics-config-")))
 
 
-def environment() -> dict:
-    """The tests' interpreter's bin folder first on PATH, so rules find `ladbench`."""
+def environment(extra: dict | None = None) -> dict:
+    """The tests' interpreter's bin folder first on PATH, so rules find `ladbench`; ``extra``
+    variables are added (a PYTHONPATH in front of the one set)."""
     env = dict(os.environ)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    for key, value in (extra or {}).items():
+        env[key] = os.pathsep.join(filter(None, [value, env.get(key)])) if key == "PYTHONPATH" else value
     return env
 
 
@@ -70,10 +73,11 @@ def snakemake_command(workdir: Path, *args: str, configfile: Path = DEMO_CONFIG)
     ]
 
 
-def snakemake(workdir: Path, *args: str, configfile: Path = DEMO_CONFIG, timeout: int = 1200) -> str:
+def snakemake(workdir: Path, *args: str, configfile: Path = DEMO_CONFIG, timeout: int = 1200,
+              extra_env: dict | None = None) -> str:
     """Run snakemake on 2 local cores inside ``workdir``; returns its output."""
     command = snakemake_command(workdir, "--cores", "2", *args, configfile=configfile)
-    result = subprocess.run(command, capture_output=True, text=True, env=environment(), timeout=timeout)
+    result = subprocess.run(command, capture_output=True, text=True, env=environment(extra_env), timeout=timeout)
     output = result.stdout + result.stderr
     if result.returncode != 0:
         raise AssertionError(f"snakemake {' '.join(args)} failed ({result.returncode}):\n{output[-6000:]}")

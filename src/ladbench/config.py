@@ -151,6 +151,8 @@ def validate_config(config: dict, schema: Mapping | None = None, source: str = "
     Raises :class:`ConfigError` naming ``source`` and the key path of the first problem.
     """
     schema = load_schema() if schema is None else schema
+    _load_plugins(config, source)
+    schema = with_registered_names(schema)
     apply_reproduce(config, schema, source)
     validator = _DefaultFillingValidator(schema)
     errors = sorted(validator.iter_errors(config), key=lambda e: list(map(str, e.absolute_path)))
@@ -159,6 +161,44 @@ def validate_config(config: dict, schema: Mapping | None = None, source: str = "
         raise ConfigError(f"{source}: {key_path(error)}: {error.message}")
     _check_cross_references(config, source)
     return config
+
+
+def _load_plugins(config: dict, source: str) -> None:
+    """Import the modules of the config's ``plugins`` list: they register variants and methods."""
+    from ladbench.variants import load_plugins
+
+    plugins = config.get("plugins") or []
+    if isinstance(plugins, list) and all(isinstance(name, str) for name in plugins):   # else the schema says why
+        try:
+            load_plugins(plugins)
+        except ValueError as error:
+            raise ConfigError(f"{source}: plugins: {error}") from None
+
+
+_JSON_TYPES = {bool: "boolean", int: "integer", float: "number", str: "string"}
+
+
+def with_registered_names(schema: Mapping) -> dict:
+    """``schema`` whose prompt-variant and method enums are the registries' (ladbench.variants,
+    ladbench.methods), which plugins extend; the file lists the built-in ones (a test checks
+    they agree). A plugin variant's settings get a block under inference.prompt_settings."""
+    from dataclasses import MISSING, fields
+
+    from ladbench.methods import METHODS
+    from ladbench.variants import VARIANTS
+
+    schema = copy.deepcopy(dict(schema))
+    inference = schema["properties"]["inference"]["properties"]
+    inference["variants"]["additionalProperties"]["properties"]["prompt"]["enum"] = list(VARIANTS)
+    schema["properties"]["evaluation"]["properties"]["methods"]["items"]["enum"] = list(METHODS)
+    blocks = inference["prompt_settings"]["properties"]
+    for name, entry in VARIANTS.items():
+        settings = fields(entry.settings)
+        if name not in blocks and settings:
+            blocks[name] = {"type": "object", "additionalProperties": False, "default": {}, "properties": {
+                f.name: {"type": _JSON_TYPES[type(f.default)], "default": f.default}
+                for f in settings if f.default is not MISSING}}
+    return schema
 
 
 def _check_cross_references(config: dict, source: str) -> None:

@@ -15,8 +15,9 @@ ones) and the paper's equations:
 4. :func:`expected_bias`      prior_j from pi and B (Eq. 13), ``mixture="reference"|"paper"``;
 5. :func:`lad`                s' = s - prior (Eq. 14).
 
-:data:`METHODS` maps a method name to ``callable(arrays, calibration, settings) ->
-predictions [I, T]``; :func:`ablation_grid`, :func:`tau_sweep` and friends list the
+:data:`METHODS` maps a method name to its :class:`Method` entry, a ``callable(arrays,
+calibration, settings) -> predictions [I, T]`` that also says whether it needs a
+calibration, its label and which prompt variant's cache it reads; :func:`ablation_grid`, :func:`tau_sweep` and friends list the
 variants of Tables 4 and 7 and Figure 6 as :class:`Variant` entries.
 """
 
@@ -33,6 +34,7 @@ from ladbench.families import scale_layer_range
 __all__ = [
     "METHODS",
     "LadSettings",
+    "Method",
     "Variant",
     "ablation_grid",
     "check_compatible",
@@ -41,6 +43,7 @@ __all__ = [
     "identity_indexed",
     "lad",
     "layer_selection_mask",
+    "method",
     "layer_strength",
     "paper_vs_reference_grid",
     "permutation_average",
@@ -49,6 +52,7 @@ __all__ = [
     "pride",
     "purified_attention",
     "raw_attention",
+    "register_method",
     "select_layers",
     "selection_warnings",
     "sharpen",
@@ -467,8 +471,14 @@ def _purified_attention_method(arrays: EvalArraysLike, calibration: CalibrationL
 
 
 def _permutation_average_method(arrays: EvalArraysLike, calibration: CalibrationLike, settings=None) -> np.ndarray:
-    # Averages over the T orderings the cache holds for each instance (T passes), then
-    # reports the chosen identity's position under every ordering: Cons. is 100% by design.
+    # A permavg cache ([I, T, N(shift), N]): per instance x ordering, average the scores per
+    # image identity over the N cyclic shifts of that ordering and report where the chosen
+    # identity sits in the unshifted ordering (shift 0). Any other cache ([I, T, N]): average
+    # over the T orderings (T passes) and report the chosen identity's position under every
+    # ordering: Cons. is 100% by design.
+    if np.ndim(arrays.scores) == 4:
+        identity = permutation_average(arrays.scores, arrays.order).argmax(axis=-1)          # [I, T]
+        return np.argmax(np.asarray(arrays.order)[:, :, 0] == identity[..., None], axis=-1)
     identity = np.argmax(permutation_average(arrays.scores, arrays.order), axis=-1)
     return predict_identity_under_orderings(identity, arrays.order)
 
@@ -501,17 +511,57 @@ def _generated_method(arrays: EvalArraysLike, calibration: CalibrationLike, sett
     return np.asarray(parsed).astype(np.int64)
 
 
-METHODS: dict[str, MethodFn] = {
-    "vanilla": _vanilla_method,
-    "vanilla_generate": _vanilla_generate_method,
-    "pride": _pride_method,
-    "pride_original": _pride_original_method,
-    "lad": _lad_method,
-    "raw_attention": _raw_attention_method,
-    "purified_attention": _purified_attention_method,
-    "permutation_average": _permutation_average_method,
-    "generated": _generated_method,
+@dataclass(frozen=True)
+class Method:
+    """A registered method: its function and what the stages and the report need to know of it.
+
+    ``reads``: the prompt variant (``ladbench.variants``) whose cache the tables read it from
+    (None: each variant that lists it among its methods, e.g. ``generated`` for CoT and
+    self-consistency). ``place``: its row in Table 1 among the variants' rows (None: not a
+    Table 1 row). ``reads_shifts``: it reads a cache whose orderings are also shown at their N
+    cyclic shifts (arrays [I, T, N(shift), N]) and returns positions in the unshifted orderings.
+    """
+
+    predict: MethodFn
+    label: str
+    needs_calibration: bool = False
+    selects_layers: bool = False   # selects layers by attention strength (its warnings are recorded)
+    reads: str | None = "vanilla"
+    reads_shifts: bool = False
+    place: float | None = None
+
+    def __call__(self, arrays: EvalArraysLike, calibration: CalibrationLike, settings=None) -> np.ndarray:
+        return self.predict(arrays, calibration, settings)
+
+
+METHODS: dict[str, Method] = {
+    "vanilla": Method(_vanilla_method, "Vanilla", place=1),
+    "vanilla_generate": Method(_vanilla_generate_method, "Vanilla (greedy reply, parsed)", place=7),
+    "pride": Method(_pride_method, "PriDe", needs_calibration=True, place=4),
+    "pride_original": Method(_pride_original_method, "PriDe (original)", needs_calibration=True, place=8),
+    "lad": Method(_lad_method, "Ours (LAD)", needs_calibration=True, selects_layers=True, place=6),
+    "raw_attention": Method(_raw_attention_method, "Raw attention", selects_layers=True),
+    "purified_attention": Method(_purified_attention_method, "Purified attention", needs_calibration=True,
+                                 selects_layers=True),
+    "permutation_average": Method(_permutation_average_method, "Permutation averaging", reads="permavg",
+                                  reads_shifts=True),
+    "generated": Method(_generated_method, "Generated answer", reads=None),
 }
+
+
+def register_method(name: str, method: Method) -> Method:
+    """Add a method to the registry (a plugin module calls this at import)."""
+    if name in METHODS:
+        raise ValueError(f"method {name!r} is already registered")
+    METHODS[name] = method
+    return method
+
+
+def method(name: str) -> Method:
+    try:
+        return METHODS[name]
+    except KeyError:
+        raise ValueError(f"unknown method {name!r}; known: {', '.join(sorted(METHODS))}") from None
 
 
 # --------------------------------------------------------------------------- variant grids

@@ -1,5 +1,6 @@
 # Shared by all included files: the validated config, output paths, and helpers that map
 # config entries to the inputs and command-line flags of each stage.
+import os
 import shlex
 import sys
 
@@ -7,7 +8,8 @@ from ladbench.config import (ConfigError, benchmark_parts, check_environment, la
                              model_layer_range, read_yaml, startup_warnings, study_benchmarks, validate_config)
 from ladbench.cli import put_ladbench_on_path
 from ladbench.stages.plan import cache_path
-from ladbench.stages.evaluate import METHODS_FOR_PROMPT, NEEDS_CALIBRATION
+from ladbench.methods import METHODS
+from ladbench.variants import PLUGINS_ENV, variant as prompt_variant
 
 # Everything knowable at start-up is checked here, before any job runs: each config file
 # (duplicate keys, with their line), every value against the schema, the names that refer
@@ -22,6 +24,9 @@ except ConfigError as error:
     raise WorkflowError(f"invalid configuration: {error}")
 for _warning in startup_warnings(config):
     print(f"WARNING: {_SOURCE}: {_warning}", file=sys.stderr)
+# The config's plugins (imported by validate_config: they register variants and methods) are
+# imported by every `ladbench` command the jobs run too.
+os.environ[PLUGINS_ENV] = ",".join(config["plugins"])
 
 # The jobs run `ladbench`, found beside the Python running Snakemake (no venv activation).
 put_ladbench_on_path()
@@ -250,22 +255,35 @@ def infer_flags(wildcards):
         dtype=inference["dtype"], device=inference["device"],
         store_head_attention=inference["store_head_attention"], no_greedy_reply=not inference["greedy_reply"],
         shard_index=wildcards.get("shard"), shard_count=SHARDS if SHARDS > 1 else None,
+        **prompt_setting_options(variant["prompt"]),
     )
 
 
+def prompt_setting_options(prompt):
+    """The prompt variant's own settings (inference.prompt_settings.<prompt>) as the infer
+    stage's --<prompt>-<setting> flags."""
+    settings = config["inference"]["prompt_settings"].get(prompt, {})
+    return {f"{prompt}_{key}": value for key, value in settings.items()}
+
+
 # ---- evaluate ----
-def variant_methods(variant):
-    """Methods for a cache: the configured ones on vanilla-prompt caches; the variant's own
-    readout otherwise (Instruction and SoFA: vanilla argmax; CoT/SC: parsed answers)."""
-    prompt = config["inference"]["variants"][variant]["prompt"]
+def variant_methods(name):
+    """Methods for a cache: the configured ones on vanilla-prompt caches; its prompt variant's
+    own otherwise (ladbench.variants: Instruction and SoFA, vanilla argmax; CoT/SC, parsed answers)."""
+    prompt = config["inference"]["variants"][name]["prompt"]
     if prompt == "vanilla":
         return config["evaluation"]["methods"]
-    return list(METHODS_FOR_PROMPT[prompt])
+    return list(prompt_variant(prompt).methods)
+
+
+def needs_calibration(name):
+    """Whether a method evaluated on the cache variant ``name`` reads a calibration."""
+    return any(METHODS[method].needs_calibration for method in variant_methods(name))
 
 
 def evaluation_inputs(wildcards):
     inputs = {"cache": cache_file(wildcards.model, wildcards.benchmark, wildcards.variant)}
-    if NEEDS_CALIBRATION.intersection(variant_methods(wildcards.variant)):
+    if needs_calibration(wildcards.variant):
         inputs["calibrations"] = [
             calibration_file(wildcards.model, wildcards.cal_benchmark, wildcards.variant, seed)
             for seed in CAL_SEEDS
@@ -298,7 +316,7 @@ TRANSFERS = [
     evaluation_file(m, t["evaluate_on"], v, t["calibrate_on"])
     for m in MODELS
     for v in VARIANTS
-    if NEEDS_CALIBRATION.intersection(variant_methods(v))
+    if needs_calibration(v)
     for t in config["evaluation"]["transfer"]
 ]
 

@@ -1,7 +1,7 @@
 """The inference stage: last-row attention capture, candidate scoring, prompts, and the cache.
 
 Modules: ``attention`` (fast kernel + exact last-query attention, SoFA masks), ``scoring``
-(identifier prefix trie, restricted normalisation), ``prompts`` (variants, identifier
-formats, answer parsing), ``cache`` (row plan, resumable HDF5 writer, ``read_cache``),
-``runner`` (the ``ladbench infer`` subcommand).
+(identifier prefix trie, restricted normalisation), ``prompts`` (prompt texts, identifier
+formats, answer parsing; which variant uses which: ``ladbench.variants``), ``cache`` (row
+plan, resumable HDF5 writer, ``read_cache``), ``runner`` (the ``ladbench infer`` subcommand).
 """

@@ -1,4 +1,6 @@
-"""Prompt variants, identifier formats, and parsing of generated answers (METHOD §1, §6).
+"""Prompt texts, identifier formats, and parsing of generated answers (METHOD §1, §6).
+
+Which variant uses which text is declared in the variant registry (``ladbench.variants``).
 
 The digit prompts are the reference's text verbatim. Other identifier formats (paper,
 Appendix D.2) use the same sentences with the identifiers named, e.g. "indexed from A to
@@ -10,12 +12,9 @@ import hashlib
 import re
 from collections import Counter
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 IDENTIFIER_FORMATS = ("digits", "upper", "lower", "roman", "words")
-#: prompt variants = cache variants; sofa and permavg use the vanilla text
-PROMPT_VARIANTS = ("vanilla", "instruction", "sofa", "permavg", "cot", "sc")
-GENERATIVE_VARIANTS = ("cot", "sc")
 
 _ROMAN = ("I", "II", "III", "IV", "V", "VI", "VII", "VIII", "IX", "X", "XI", "XII", "XIII", "XIV", "XV", "XVI")
 _WORDS = ("first", "second", "third", "fourth", "fifth", "sixth", "seventh", "eighth", "ninth", "tenth",
@@ -66,24 +65,41 @@ INSTRUCTION_SENTENCE = ("Please note that the provided images have been randomly
                         "be influenced by the order of the images.")
 
 
-def prompt_text(variant: str, n: int, caption: str, fmt: str = "digits") -> str:
-    """The text that follows the ``n`` images, for a prompt variant and identifier format."""
-    if variant not in PROMPT_VARIANTS:
-        raise ValueError(f"unknown prompt variant {variant!r}; choose one of {', '.join(PROMPT_VARIANTS)}")
+def _task(n: int, fmt: str) -> tuple[str, _Naming]:
     nm = _naming(fmt, n)
-    task = (f"Given {n} images indexed {nm.indexed}, identify the image that best matches the provided caption.")
-    if variant in ("vanilla", "sofa", "permavg"):
-        return f"{task} Respond with the {nm.answer} only and nothing else.\nCaption: {caption}\nAnswer: "
-    if variant == "instruction":
-        return (f"{task} {INSTRUCTION_SENTENCE} Respond with the {nm.answer} only and nothing else.\n"
-                f"Caption: {caption}\nAnswer: ")
-    if variant == "cot":
-        return (f"{task}\nPlease think step by step. First, write your reasoning inside <think> and </think> tags. "
-                f"Then, after the closing </think> tag, output only the final answer index ({nm.final}).\n"
-                f"Caption: {caption}\nAnswer: <think>")
-    # self-consistency
+    return f"Given {n} images indexed {nm.indexed}, identify the image that best matches the provided caption.", nm
+
+
+def answer_prompt(sentence: str | None = None) -> Callable[[int, str, str], str]:
+    """The scoring prompt (vanilla), with ``sentence`` between the task and the answer format
+    when given (the instruction variant's)."""
+    def text(n: int, caption: str, fmt: str = "digits") -> str:
+        task, nm = _task(n, fmt)
+        middle = f"{sentence} " if sentence else ""
+        return f"{task} {middle}Respond with the {nm.answer} only and nothing else.\nCaption: {caption}\nAnswer: "
+    return text
+
+
+def cot_prompt(n: int, caption: str, fmt: str = "digits") -> str:
+    """Chain of thought: reasoning inside <think> tags, then the index."""
+    task, nm = _task(n, fmt)
+    return (f"{task}\nPlease think step by step. First, write your reasoning inside <think> and </think> tags. "
+            f"Then, after the closing </think> tag, output only the final answer index ({nm.final}).\n"
+            f"Caption: {caption}\nAnswer: <think>")
+
+
+def self_consistency_prompt(n: int, caption: str, fmt: str = "digits") -> str:
+    """Self-consistency: reasoning, then "The answer is <index>"."""
+    task, _ = _task(n, fmt)
     return (f"{task}\nPlease think step by step to analyze the content of the images. After your reasoning, "
             f"provide the final answer in the exact format: \"The answer is <index>\".\nCaption: {caption}\nAnswer: ")
+
+
+def prompt_text(variant: str, n: int, caption: str, fmt: str = "digits") -> str:
+    """The text that follows the ``n`` images, for a prompt variant (``ladbench.variants``)
+    and identifier format."""
+    from ladbench.variants import variant as lookup     # the registry imports this module's builders
+    return lookup(variant).text(n, caption, fmt)
 
 
 def prompt_sha256(variant: str, n: int, fmt: str) -> str:

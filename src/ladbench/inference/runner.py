@@ -34,12 +34,12 @@ from ladbench.cli import output_file
 from ladbench.data.coco import load_image_table, table_fingerprint
 from ladbench.families import FAMILIES
 from ladbench.stages.inputs import check_benchmark_table
+from ladbench.variants import PromptVariant, add_variant_arguments, options_from_args, variant, variant_names
 
 from .cache import CACHE_FORMAT, CacheLayout, CacheWriter, RowPlan, is_complete_for, plan_rows
 from .merge import select_shard
 from .greedy import greedy_outputs, greedy_reply_tokens, repetition_penalty
-from .prompts import (GENERATIVE_VARIANTS, IDENTIFIER_FORMATS, PROMPT_VARIANTS, identifiers, majority_vote,
-                      parse_answer_is, parse_last_identifier, prompt_sha256, prompt_text)
+from .prompts import IDENTIFIER_FORMATS, identifiers, majority_vote, prompt_sha256, prompt_text
 from .scoring import SCORE_MODES, IdentifierTrie, identifier_encoder, trie_scores
 
 log = logging.getLogger(__name__)
@@ -70,14 +70,9 @@ class InferenceSettings:
     store_head_attention: bool = False
     greedy_reply: bool = True
     limit_rows: int | None = None
-    sofa_sigma: float = 0.5
-    sofa_every: int = 2
-    cot_max_new_tokens: int = 1024
-    sc_samples: int = 10
-    sc_temperature: float = 0.7
-    sc_top_k: int = 40
-    sc_max_new_tokens: int = 512
-    seed: int = 0
+    # the prompt variant's own settings (its dataclass, ladbench.variants); None: its defaults
+    options: Any = None
+    seed: int = 0                  # generative variants: the sampling seed
     workers: int | None = None
     vision_tower: str = "batched"
     group_by_length: bool = False
@@ -89,44 +84,41 @@ class InferenceSettings:
     # input paths, whose contents are hashed instead (the same inputs elsewhere give the same hash);
     # a shard's rows are identified by its cache's own config_sha256, see merge.select_shard
     _NOT_HASHED = ("out", "batch_size", "chunk_size", "limit_rows", "model_name", "workers", "vision_tower",
-                   "group_by_length", "shard_index", "shard_count", "extra", "benchmark", "images")
+                   "group_by_length", "shard_index", "shard_count", "extra", "benchmark", "images",
+                   "options")           # hashed through its variant (PromptVariant.hashed_settings)
+
+    def __post_init__(self) -> None:
+        if self.options is None and self.prompt in variant_names():
+            self.options = variant(self.prompt).options()
+
+    @property
+    def variant(self) -> PromptVariant:
+        return variant(self.prompt)
 
     def validate(self) -> None:
         from ladbench.models.vision import VISION_TOWERS
-        checks = [("family", self.family, FAMILY_CHOICES), ("prompt", self.prompt, PROMPT_VARIANTS),
+        checks = [("family", self.family, FAMILY_CHOICES), ("prompt", self.prompt, variant_names()),
                   ("vision_tower", self.vision_tower, VISION_TOWERS),
                   ("identifiers", self.identifiers, IDENTIFIER_FORMATS), ("score_mode", self.score_mode, SCORE_MODES)]
         for name, value, allowed in checks:
             if value not in allowed:
                 raise ValueError(f"--{name.replace('_', '-')} {value!r} is not one of {', '.join(allowed)}")
-        for name in ("image_size", "batch_size", "chunk_size", "sofa_every", "sc_samples", "shard_count"):
+        if not isinstance(self.options, self.variant.settings):
+            raise ValueError(f"--prompt {self.prompt}: its settings must be a {self.variant.settings.__name__}, "
+                             f"got {type(self.options).__name__}")
+        for name in ("image_size", "batch_size", "chunk_size", "shard_count"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1; got {getattr(self, name)}")
         if self.workers is not None and self.workers < 0:
             raise ValueError(f"--workers must be >= 0; got {self.workers}")
-        if not 0.0 <= self.sofa_sigma <= 1.0:
-            raise ValueError(f"--sofa-sigma must be in [0, 1]; got {self.sofa_sigma}")
 
     def hashed_fields(self) -> dict[str, Any]:
         """Settings that change the cache content (for ``config_sha256``); variant-irrelevant ones dropped."""
         d = {k: v for k, v in asdict(self).items() if k not in self._NOT_HASHED}
         if os.path.isdir(self.model_path):
             d.pop("model_path")                          # a local folder: its files are hashed
-        if self.prompt != "sofa":
-            d.pop("sofa_sigma"), d.pop("sofa_every")
-        if self.prompt != "cot":
-            d.pop("cot_max_new_tokens")
-        if self.prompt != "sc":
-            for k in ("sc_samples", "sc_temperature", "sc_top_k", "sc_max_new_tokens"):
-                d.pop(k)
-        if self.prompt not in GENERATIVE_VARIANTS:
-            d.pop("seed")
-        else:
-            d.pop("greedy_reply")
-        if self.prompt == "sc":
-            from .sampling import SAMPLER
-            d["sampler"] = SAMPLER
-        return d
+        d.pop("greedy_reply" if self.variant.generative else "seed")
+        return {**d, **self.variant.hashed_settings(self.options)}
 
     def loader_workers(self) -> int:
         """DataLoader workers preparing batches: as set, else none on the CPU (they would take the
@@ -241,7 +233,7 @@ class RowRunner:
         self.ids = identifiers(settings.identifiers, self.n)
         self._image = lru_cache(maxsize=512)(self._load_image)
         self._paths = paths
-        self.generative = settings.prompt in GENERATIVE_VARIANTS
+        self.generative = settings.variant.generative
         if not self.generative:
             self.trie = IdentifierTrie.build(self.ids, identifier_encoder(adapter.tokenizer), adapter.end_of_turn_id)
             self.nodes = self.trie.nodes_needing_logits(settings.score_mode)
@@ -313,18 +305,15 @@ class RowRunner:
         """
         import torch
 
-        from .attention import LastRowCapture, SofaMask, sofa_attention_bias, sofa_layers
+        from .attention import LastRowCapture
         ad, n = self.adapter, self.n
         batch = self._prepared(batch)
         inputs = ad.to_device(batch.inputs, for_prefill=True)
         seg = batch.segments.to(ad.device, non_blocking=True)
         modules = ad.attention_modules()
-        sofa_ctx = contextlib.nullcontext()
-        if self.s.prompt == "sofa":
-            bias = sofa_attention_bias(inputs["attention_mask"], inputs["input_ids"] == ad.image_token_id,
-                                       self.s.sofa_sigma, ad.model.dtype)
-            sofa_ctx = SofaMask([modules[i] for i in sofa_layers(len(modules), self.s.sofa_every)], bias)
-        with LastRowCapture(modules, seg, n + 2) as cap, sofa_ctx:
+        hook = self.s.variant.prefill_hook           # e.g. SoFA's attention masks
+        prefill_ctx = hook(ad, inputs, modules, self.s.options) if hook else contextlib.nullcontext()
+        with LastRowCapture(modules, seg, n + 2) as cap, prefill_ctx:
             logits, state = ad.prefill(inputs, use_cache=len(self.nodes) > 1 or self.s.greedy_reply)
         on_device = {"mass": cap.masses()}                               # [B, L, H, N + 2]
         for i, node in enumerate(self.nodes):
@@ -351,34 +340,35 @@ class RowRunner:
 
     def generate_batch(self, batch: Sequence[int] | PreparedBatch) -> dict[str, np.ndarray]:
         """Replies and parsed answers of a batch of rows, generated together, each sequence
-        stopping at its end token. CoT: one greedy reply per row. SC: the S samples of
-        every row of the batch in one batch, each drawn with its own key (sampling.py), so
-        the samples do not depend on the batch size, chunking or shards."""
+        stopping at its end token. A greedy variant (CoT): one reply per row. A sampled one
+        (self-consistency): the S samples of every row of the batch in one batch, each drawn
+        with its own key (sampling.py), so the samples do not depend on the batch size,
+        chunking or shards; the answer is their majority vote."""
         import torch
 
         from .sampling import KeyedSampler, sequence_keys
-        s = self.s
+        s, entry, options = self.s, self.s.variant, self.s.options
         batch = self._prepared(batch)
         rows, inputs = batch.rows, self.adapter.to_device(batch.inputs)
-        if s.prompt == "cot":
-            texts, counts = self.adapter.generate(inputs, max_new_tokens=s.cot_max_new_tokens, do_sample=False)
-            parsed = [parse_last_identifier(t, self.n, s.identifiers) for t in texts]
+        if not entry.sampled:
+            texts, counts = self.adapter.generate(inputs, max_new_tokens=options.max_new_tokens, do_sample=False)
+            parsed = [entry.parse(t, self.n, s.identifiers) for t in texts]
             return {"text": np.array(texts, dtype=object), "parsed": np.array(parsed, dtype=np.int16),
                     "n_generated": counts.cpu().numpy().astype(np.int32)}
         plan_rows_of_batch = torch.as_tensor(np.asarray(rows, dtype=np.int64) + self.plan.first_row)
-        sampler = KeyedSampler(sequence_keys(s.seed, plan_rows_of_batch, s.sc_samples),
-                               prompt_length=inputs["input_ids"].shape[1], temperature=s.sc_temperature,
-                               top_k=s.sc_top_k)
+        sampler = KeyedSampler(sequence_keys(s.seed, plan_rows_of_batch, options.samples),
+                               prompt_length=inputs["input_ids"].shape[1], temperature=options.temperature,
+                               top_k=options.top_k)
         # The sampler leaves one finite logit per sequence: transformers' own sampling then
         # takes it whatever its warpers (disabled here) would do.
-        texts, counts = self.adapter.generate(inputs, max_new_tokens=s.sc_max_new_tokens, do_sample=True,
+        texts, counts = self.adapter.generate(inputs, max_new_tokens=options.max_new_tokens, do_sample=True,
                                               temperature=1.0, top_k=0, top_p=1.0,
-                                              num_return_sequences=s.sc_samples, logits_processor=[sampler])
-        texts = np.array(texts, dtype=object).reshape(len(rows), s.sc_samples)
-        samples = np.array([[parse_answer_is(t, self.n, s.identifiers) for t in row] for row in texts], np.int16)
+                                              num_return_sequences=options.samples, logits_processor=[sampler])
+        texts = np.array(texts, dtype=object).reshape(len(rows), options.samples)
+        samples = np.array([[entry.parse(t, self.n, s.identifiers) for t in row] for row in texts], np.int16)
         return {"text": texts, "parsed": np.array([majority_vote(row) for row in samples], dtype=np.int16),
                 "sample_parsed": samples,
-                "n_generated": counts.view(len(rows), s.sc_samples).sum(-1).cpu().numpy().astype(np.int32)}
+                "n_generated": counts.view(len(rows), options.samples).sum(-1).cpu().numpy().astype(np.int32)}
 
 
 def to_host(tensors: dict[Any, "torch.Tensor"]) -> dict[Any, np.ndarray]:
@@ -496,7 +486,8 @@ def run_inference(settings: InferenceSettings) -> str:
     check_benchmark(bench, settings.benchmark, paths)
     check_benchmark_table(settings.benchmark, bench, settings.images, table)
     n = int(bench["n_candidates"])
-    plan = plan_rows(bench, shifts_per_ordering=settings.prompt == "permavg")
+    entry = settings.variant
+    plan = plan_rows(bench, shifts_per_ordering=entry.shifts_per_ordering)
     digest = config_sha256(settings, settings.benchmark, table)
     plan, digest, shard_attrs = select_shard(plan, digest, settings.shard_index, settings.shard_count)
 
@@ -508,11 +499,11 @@ def run_inference(settings: InferenceSettings) -> str:
     device = settings.device
     adapter = load_adapter(settings.family, settings.model_path, revision=settings.revision, dtype=settings.dtype,
                            device=device, trust_remote_code=settings.trust_remote_code, vision=settings.vision_tower)
-    generative = settings.prompt in GENERATIVE_VARIANTS
+    generative = entry.generative
     layout = CacheLayout(n_candidates=n, n_layers=adapter.n_layers, n_heads=adapter.n_heads,
                          store_heads=settings.store_head_attention, generative=generative,
                          greedy=settings.greedy_reply and not generative,
-                         n_samples=settings.sc_samples if settings.prompt == "sc" else 1)
+                         n_samples=entry.samples_per_row(settings.options))
     from ladbench.provenance import model_kind
     attrs = {"model": settings.model_name, "model_path": settings.model_path, "revision": settings.revision or "",
              "model_kind": model_kind(settings.model_path),
@@ -527,8 +518,7 @@ def run_inference(settings: InferenceSettings) -> str:
              **shard_attrs}
     if settings.greedy_reply and not generative:
         attrs.update(greedy_repetition_penalty=repetition_penalty(adapter), greedy_stop_ids=adapter.end_token_ids())
-    if settings.prompt == "sofa":
-        attrs.update(sofa_sigma=settings.sofa_sigma, sofa_every=settings.sofa_every)
+    attrs.update(entry.hashed_settings(settings.options))      # the variant's own settings, e.g. sofa_sigma
     writer = CacheWriter.open(settings.out, plan, layout, attrs)
     pending = writer.pending_rows()
     if 0 < len(pending) < len(plan):
@@ -563,7 +553,8 @@ def run_inference(settings: InferenceSettings) -> str:
 
 def _settings_from_args(args: argparse.Namespace) -> InferenceSettings:
     fields = InferenceSettings.__dataclass_fields__
-    return InferenceSettings(**{k: getattr(args, k) for k in fields if k != "extra" and hasattr(args, k)})
+    return InferenceSettings(**{k: getattr(args, k) for k in fields if k not in ("extra", "options") and hasattr(args, k)},
+                             options=options_from_args(args.prompt, args))
 
 
 def _cmd_infer(args: argparse.Namespace) -> None:
@@ -598,7 +589,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="weights dtype; auto = bfloat16 on GPU, float32 on CPU")
     g.add_argument("--device", default="auto", help="auto, cpu or cuda (GPU: weights placed with device_map=auto)")
     g = p.add_argument_group("prompt and scoring")
-    g.add_argument("--prompt", default="vanilla", choices=PROMPT_VARIANTS, help="prompt / cache variant")
+    g.add_argument("--prompt", default="vanilla", choices=variant_names(),
+                   help="prompt / cache variant (the registry ladbench.variants)")
     g.add_argument("--identifiers", default="digits", choices=IDENTIFIER_FORMATS, help="candidate identifier format")
     g.add_argument("--score-mode", default="reference", choices=SCORE_MODES,
                    help="reference: raw logits when every identifier is one token, else joint restricted "
@@ -608,15 +600,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     g.add_argument("--no-greedy-reply", dest="greedy_reply", action="store_false",
                    help="do not store the two greedy reply tokens and their text (the reference's Vanilla readout, "
                         "method vanilla_generate; costs one KV-cache continuation step per batch)")
-    g = p.add_argument_group("SoFA (--prompt sofa)")
-    g.add_argument("--sofa-sigma", type=float, default=0.5, help="future image-to-image attention weight (0.5)")
-    g.add_argument("--sofa-every", type=int, default=2, help="apply SoFA in every n-th decoder layer from 0 (2)")
-    g = p.add_argument_group("generation (--prompt cot / sc)")
-    g.add_argument("--cot-max-new-tokens", type=int, default=1024, help="CoT: greedy reply length limit (1024)")
-    g.add_argument("--sc-samples", type=int, default=10, help="self-consistency: samples per row (10)")
-    g.add_argument("--sc-temperature", type=float, default=0.7, help="self-consistency: temperature (0.7)")
-    g.add_argument("--sc-top-k", type=int, default=40, help="self-consistency: top-k (40)")
-    g.add_argument("--sc-max-new-tokens", type=int, default=512, help="self-consistency: reply length limit (512)")
+    add_variant_arguments(p)          # each variant's own settings: --sofa-sigma, --sc-samples, ...
+    g = p.add_argument_group("generation (generative variants)")
     g.add_argument("--seed", type=int, default=0,
                    help="self-consistency: sampling seed (each sample is keyed by the seed, its row and its "
                         "index: see inference/sampling.py)")

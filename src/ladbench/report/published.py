@@ -11,7 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["PAPER_MODELS", "PAPER_PROTOCOL", "PUBLISHED", "Published", "protocol_mismatches"]
+from ladbench.methods import METHODS
+from ladbench.variants import VARIANTS
+
+__all__ = ["PAPER_MODELS", "PAPER_PROTOCOL", "PUBLISHED", "Published", "protocol_mismatches", "readout_of_label"]
 
 # Display name in the paper -> Hugging Face hub id.
 PAPER_MODELS = {
@@ -49,16 +52,19 @@ class Published:
 
 
 _MODEL_ORDER = ("Qwen2.5-VL-3B", "LLaVA-OV-1.5-8B", "InternVL3-8B")
-# Table 1 / 6 rows, in the paper's order: label, prompt of the cache, method of its evaluation.
-TABLE1_ROWS = (
-    ("Vanilla", "vanilla", "vanilla"),
-    ("Instruction", "instruction", "vanilla"),
-    ("CoT", "cot", "generated"),
-    ("PriDe", "vanilla", "pride"),
-    ("Self-Consistency", "sc", "generated"),
-    ("Ours (LAD)", "vanilla", "lad"),
-)
-_TABLE1_METHODS = {label: (prompt, method) for label, prompt, method in TABLE1_ROWS}
+
+
+def readout_of_label(label: str) -> tuple[str, str]:
+    """(prompt variant of the cache, method of its evaluation) of a row the paper labels
+    ``label``: a method's label (read from the variant it reads) or a prompt variant's (read
+    out by its first method), as the registries state them."""
+    readouts = {m.label: (m.reads, name) for name, m in METHODS.items() if m.reads is not None}
+    readouts.update({v.label: (v.name, v.methods[0]) for v in VARIANTS.values()})
+    try:
+        return readouts[label]
+    except KeyError:
+        raise ValueError(f"published row {label!r} is the label of no registered method or prompt variant") from None
+
 
 # setting, N, method | Acc std RStd Cons. for each model in _MODEL_ORDER
 _TABLES_1_AND_6 = """
@@ -107,14 +113,14 @@ coco adversarial | coco random    | 67.52 1.06 | 68.88 0.83 | 96.98 0.22
 """
 
 # Tables 7 and 8 (LLaVA-OV-1.5-8B, COCO, accuracy only): setting N | values in the columns below
-_TABLE7_COLUMNS = (("Raw attention", "vanilla", "raw_attention"), ("Purified attention", "vanilla", "purified_attention"))
+_TABLE7_COLUMNS = ("Raw attention", "Purified attention")
 _TABLE7 = """
 random 4 | 91.08 96.14
 random 8 | 80.78 91.16
 adversarial 4 | 42.36 64.38
 adversarial 8 | 32.84 48.48
 """
-_TABLE8_COLUMNS = (("SoFA", "sofa", "vanilla"), ("Permutation averaging", "permavg", "permutation_average"))
+_TABLE8_COLUMNS = ("SoFA", "Permutation averaging")
 _TABLE8 = """
 random 4 | 59.70 99.04
 random 8 | 32.16 92.86
@@ -135,7 +141,7 @@ def _tables_1_and_6() -> list[Published]:
     rows = []
     for head, *per_model in _lines(_TABLES_1_AND_6):
         setting, n, label = head.split(maxsplit=2)
-        prompt, method = _TABLE1_METHODS[label]
+        prompt, method = readout_of_label(label)
         table = "Table 1" if int(n) == 4 else "Table 6"
         for model, numbers in zip(_MODEL_ORDER, per_model):
             acc, std, rstd, cons = _floats(numbers)
@@ -158,9 +164,10 @@ def _table3() -> list[Published]:
     for cal, target, *numbers in _lines(_TABLE3):
         cal_source, cal_setting = cal.split()
         source, setting = target.split()
-        for (label, method), values in zip((("Vanilla", "vanilla"), ("PriDe", "pride"), ("Ours (LAD)", "lad")), numbers):
+        for label, values in zip(("Vanilla", "PriDe", "Ours (LAD)"), numbers):
+            prompt, method = readout_of_label(label)
             acc, std = _floats(values)
-            rows.append(Published("Table 3", "LLaVA-OV-1.5-8B", source, setting, 4, "transfer", "vanilla", method,
+            rows.append(Published("Table 3", "LLaVA-OV-1.5-8B", source, setting, 4, "transfer", prompt, method,
                                   f"{label}, calibrated on {cal}", acc, std, cal=(cal_source, cal_setting, 4)))
     return rows
 
@@ -169,7 +176,8 @@ def _accuracy_table(name: str, text: str, columns) -> list[Published]:
     rows = []
     for head, numbers in _lines(text):
         setting, n = head.split()
-        for (label, prompt, method), acc in zip(columns, _floats(numbers)):
+        for label, acc in zip(columns, _floats(numbers)):
+            prompt, method = readout_of_label(label)
             rows.append(Published(name, "LLaVA-OV-1.5-8B", "coco", setting, int(n), "method", prompt, method, label, acc))
     return rows
 

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from ladbench.report.published import PAPER_MODELS, PUBLISHED, TABLE1_ROWS, Published, protocol_mismatches
+from ladbench.report.published import PAPER_MODELS, PUBLISHED, Published, protocol_mismatches
 from ladbench.report.render import Block, Cell, Table
 from ladbench.config import benchmark_parts
+from ladbench.methods import METHODS
+from ladbench.variants import VARIANTS, PromptVariant
 from ladbench.provenance import demo_note, demo_suffix
 from ladbench.report.study import SETTING_NAMES, Study
 
@@ -34,19 +36,8 @@ __all__ = [
     "table8",
 ]
 
-DISPLAY_NAMES = {
-    "vanilla": "Vanilla",
-    "instruction": "Instruction",
-    "cot": "CoT",
-    "pride": "PriDe",
-    "pride_original": "PriDe (original)",
-    "sc": "Self-Consistency",
-    "lad": "Ours (LAD)",
-    "raw_attention": "Raw attention",
-    "purified_attention": "Purified attention",
-    "permutation_average": "Permutation averaging",
-    "generated": "Generated answer",
-}
+#: a method's or prompt variant's name -> its label (the registries' ``label``)
+DISPLAY_NAMES = {**{name: v.label for name, v in VARIANTS.items()}, **{name: m.label for name, m in METHODS.items()}}
 
 CELL_NOTE = (
     "Cells: Acc = mean ± std over the T orderings (%; sample std, ddof = evaluation.acc_ddof, 1 by default as the "
@@ -56,9 +47,22 @@ CELL_NOTE = (
     "'–': not computed in this study."
 )
 
-# Shown only when the study evaluated them.
-TABLE1_OPTIONAL_ROWS = (("Vanilla (greedy reply, parsed)", "vanilla", "vanilla_generate"),
-                        ("PriDe (original)", "vanilla", "pride_original"))
+
+def table1_rows() -> list[tuple[str, str, str, bool]]:
+    """Table 1's rows in order: (label, prompt variant of the cache, method, always shown).
+    The prompt variants placed in Table 1 (read out by their first method) and the methods
+    with a Table 1 place (read from the variant they read), ordered by place. Rows the paper
+    has are always shown ('–' when not run); the others only when the study evaluated them."""
+    rows = [(v.place, v.label, v.name, v.methods[0]) for v in VARIANTS.values() if v.table == "table1"]
+    rows += [(m.place, m.label, m.reads, name) for name, m in METHODS.items() if m.place is not None]
+    published = {row.label for row in PUBLISHED if row.table in ("Table 1", "Table 6")}
+    return [(label, prompt, method, label in published)
+            for _, label, prompt, method in sorted(rows, key=lambda row: row[0])]
+
+
+def variants_in_order(table: str | None = None) -> list[PromptVariant]:
+    """The registered prompt variants by place (those placed in ``table`` when given)."""
+    return sorted((v for v in VARIANTS.values() if table is None or v.table == table), key=lambda v: v.place)
 
 
 # --------------------------------------------------------------------------- cells
@@ -107,9 +111,9 @@ def table1(study: Study) -> Table:
             rows = []
             for benchmark in members:
                 setting = SETTING_NAMES.get(benchmark_parts(benchmark)[1], benchmark_parts(benchmark)[1])
-                optional = [r for r in TABLE1_OPTIONAL_ROWS
-                            if any(study.method_metrics(m, benchmark, r[1], r[2]) for m in study.models)]
-                for label, prompt, method in TABLE1_ROWS + tuple(optional):
+                for label, prompt, method, always in table1_rows():
+                    if not always and not any(study.method_metrics(m, benchmark, prompt, method) for m in study.models):
+                        continue
                     cells = []
                     for model in study.models:
                         cells += three_cells(study.method_metrics(model, benchmark, prompt, method))
@@ -144,17 +148,6 @@ def _instances_note(study: Study) -> str:
 
 
 # --------------------------------------------------------------------------- Table 2
-
-
-# The passes of Table 2: the prompt of a cache -> the methods read from it.
-PASSES = (
-    ("vanilla", "Vanilla, PriDe, Ours (LAD) and the attention readouts (one shared pass)"),
-    ("instruction", "Instruction"),
-    ("cot", "CoT"),
-    ("sc", "Self-Consistency"),
-    ("sofa", "SoFA"),
-    ("permavg", "Permutation averaging (N passes per row)"),
-)
 
 
 def pass_cost_cells(attrs: dict | None, n_orderings: int | None) -> list[Cell]:
@@ -195,7 +188,8 @@ def table2(study: Study) -> Table:
                 benchmarks = {n: f"{dataset}_{setting}_N{n}" for n in sizes}
                 if not any(b in study.benchmarks for b in benchmarks.values()):
                     continue
-                for prompt, label in PASSES:
+                for entry in variants_in_order():
+                    prompt, label = entry.name, entry.cost_label or entry.label
                     variants = study.variants_with_prompt(prompt)
                     if not variants:
                         continue
@@ -250,9 +244,10 @@ def table3(study: Study) -> Table:
             label = f"{_short_benchmark(cal)} → {_short_benchmark(benchmark)}, N={n}"
             cells = []
             for method in ("vanilla", "pride", "lad"):
-                metrics = study.method_metrics(model, benchmark, "vanilla", method, cal)
-                if metrics is None and method == "vanilla":  # vanilla does not use the calibration
-                    metrics = study.method_metrics(model, benchmark, "vanilla", method)
+                prompt = METHODS[method].reads
+                metrics = study.method_metrics(model, benchmark, prompt, method, cal)
+                if metrics is None and not METHODS[method].needs_calibration:  # then the same in any evaluation
+                    metrics = study.method_metrics(model, benchmark, prompt, method)
                 cells.append(acc_cell(metrics))
             rows.append([label] + cells)
         blocks.append(Block(model, rows))
@@ -301,7 +296,7 @@ def table4(study: Study) -> Table:
 
 def _readout_metrics(study: Study, model: str, benchmark: str, method: str) -> dict | None:
     """A Table 7 readout: from the evaluation when configured, else from the analysis."""
-    metrics = study.method_metrics(model, benchmark, "vanilla", method)
+    metrics = study.method_metrics(model, benchmark, METHODS[method].reads, method)
     if metrics is not None:
         return metrics
     analysis = study.analysis(model, benchmark) or {}
@@ -339,8 +334,10 @@ def _accuracy_blocks(study: Study, metrics_of: Callable[[str, str], list]) -> li
 
 def table8(study: Study) -> Table:
     """Table 8 (other baselines): Vanilla, SoFA, permutation averaging, Ours, per setting."""
-    columns = (("Vanilla", "vanilla", "vanilla"), ("SoFA", "sofa", "vanilla"),
-               ("Permutation averaging (N passes)", "permavg", "permutation_average"), ("Ours", "vanilla", "lad"))
+    columns = (("Vanilla", "vanilla", "vanilla"),
+               *((v.label + (" (N passes)" if v.shifts_per_ordering else ""), v.name, v.methods[0])
+                 for v in variants_in_order("table8")),
+               ("Ours", "vanilla", "lad"))
     header = ["Setting"] + [c[0] for c in columns]
     blocks = _accuracy_blocks(study, lambda model, b: [study.method_metrics(model, b, prompt, method)
                                                        for _, prompt, method in columns])

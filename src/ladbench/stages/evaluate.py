@@ -9,6 +9,7 @@ has to share N and the model's layer count. Writes a JSON summary and, beside it
 from __future__ import annotations
 
 import argparse
+from dataclasses import fields
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +22,7 @@ from ladbench.stages.options import add_bootstrap_arguments, add_lad_arguments, 
 from ladbench.inference.cache import read_cache
 from ladbench.stages.arrays import EvalArrays, eval_arrays
 from ladbench.stages.inputs import cache_identity, calibration_record, check_calibrations
+from ladbench.variants import VARIANTS, variant
 
 
 def register(subparsers) -> None:
@@ -32,8 +34,8 @@ def register(subparsers) -> None:
     )
     parser.add_argument(
         "--methods", nargs="+", default=None,
-        help="methods to evaluate (default: by the cache's prompt variant: vanilla -> vanilla pride lad; "
-        "instruction/sofa -> vanilla; permavg -> permutation_average; cot/sc -> generated)",
+        help="methods to evaluate (default: by the cache's prompt variant: "
+        + "; ".join(f"{name} -> {' '.join(v.methods)}" for name, v in VARIANTS.items()) + ")",
     )
     add_lad_arguments(parser)
     add_bootstrap_arguments(parser, default_resamples=10000)
@@ -44,63 +46,54 @@ def register(subparsers) -> None:
     parser.set_defaults(func=run)
 
 
-# Methods that read a calibration; the others need none (e.g. on CoT caches).
-NEEDS_CALIBRATION = frozenset({"pride", "pride_original", "lad", "purified_attention"})
-# Methods that select layers by attention strength (their selection warnings are recorded).
-SELECTS_LAYERS = frozenset({"lad", "raw_attention", "purified_attention"})
-# What a cache of each prompt variant is evaluated with, unless --methods says otherwise.
-METHODS_FOR_PROMPT = {
-    "vanilla": ("vanilla", "pride", "lad"),
-    "instruction": ("vanilla",),
-    "sofa": ("vanilla",),
-    "permavg": ("permutation_average",),
-    "cot": ("generated",),
-    "sc": ("generated",),
-}
-
-
 def check_methods(names) -> None:
-    unknown = sorted(set(names) - set(methods.METHODS))
-    if unknown:
-        raise ValueError(f"unknown method(s) {unknown}; known: {sorted(methods.METHODS)}")
+    for name in names:
+        methods.method(name)                         # an unknown name: a one-line error listing the known ones
+
+
+def default_methods(prompt: str) -> list[str]:
+    """The methods a cache of prompt variant ``prompt`` is evaluated with unless --methods says otherwise."""
+    return list(variant(prompt).methods)
 
 
 def predict_all(names, arrays: EvalArrays, calibration: Calibration | None, settings: methods.LadSettings) -> dict[str, np.ndarray]:
-    if calibration is None and NEEDS_CALIBRATION.intersection(names):
-        raise ValueError(f"methods {sorted(NEEDS_CALIBRATION.intersection(names))} need --calibration")
+    needing = sorted(name for name in names if methods.method(name).needs_calibration)
+    if calibration is None and needing:
+        raise ValueError(f"methods {needing} need --calibration")
     return {name: methods.METHODS[name](arrays, calibration, settings) for name in names}
 
 
-def shifted_permutation_average(arrays: EvalArrays) -> tuple[EvalArrays, dict[str, np.ndarray]]:
-    """A permavg cache holds, per instance x ordering, all N cyclic shifts of that ordering
-    ([I, T, N(shift), N]). Average the scores per image identity over the shifts, choose the
-    best identity, and report where it sits in the unshifted ordering (shift 0)."""
-    identity = methods.permutation_average(arrays.scores, arrays.order).argmax(axis=-1)  # [I, T]
-    unshifted = EvalArrays(
-        scores=arrays.scores[:, :, 0], attn=arrays.attn[:, :, 0], target_pos=arrays.target_pos[:, :, 0],
-        order=arrays.order[:, :, 0],
-    )
-    position = np.argmax(unshifted.order == identity[..., None], axis=-1)
-    return unshifted, {"permutation_average": position}
+def check_shifts(path, names, shifted: bool) -> None:
+    """A cache whose orderings are also shown at their N cyclic shifts (permavg's row plan) is
+    read only by the methods that read shifts (``Method.reads_shifts``)."""
+    wrong = [name for name in names if not methods.method(name).reads_shifts]
+    if shifted and wrong:
+        readers = [name for name, m in methods.METHODS.items() if m.reads_shifts]
+        raise ValueError(f"{path}: a cache of cyclic shifts per ordering is evaluated with {readers} only, "
+                         f"not {wrong}")
+
+
+def unshifted(arrays: EvalArrays) -> EvalArrays:
+    """The rows of shift 0 of a cache of cyclic shifts per ordering ([I, T, N(shift), N] -> [I, T, N]):
+    the orderings the metrics are computed under."""
+    return EvalArrays(**{f.name: None if getattr(arrays, f.name) is None else getattr(arrays, f.name)[:, :, 0]
+                         for f in fields(arrays)})
 
 
 def run(args: argparse.Namespace) -> None:
     cache = read_cache(args.cache)
     arrays = eval_arrays(cache)
-    names = args.methods or list(METHODS_FOR_PROMPT[cache.attrs.get("variant", "vanilla")])
+    names = args.methods or default_methods(cache.attrs.get("variant", "vanilla"))
     check_methods(names)
+    check_shifts(args.cache, names, cache.has_shifts)
     loaded = [Calibration.from_npz(path) for path in args.calibration]
     transfer = check_calibrations(args.cache, cache.attrs, zip(args.calibration, loaded), transfer=args.transfer)
     calibrations = loaded or [None]
     settings = lad_settings(args)
     n = arrays.scores.shape[-1]
+    draws = [predict_all(names, arrays, cal, settings) for cal in calibrations]
     if cache.has_shifts:
-        if names != ["permutation_average"]:
-            raise ValueError(f"{args.cache}: a permutation-averaging cache is evaluated with permutation_average only")
-        arrays, predictions = shifted_permutation_average(arrays)
-        draws = [predictions]
-    else:
-        draws = [predict_all(names, arrays, cal, settings) for cal in calibrations]
+        arrays = unshifted(arrays)
 
     summary = {}
     for name in names:
@@ -131,7 +124,8 @@ def run(args: argparse.Namespace) -> None:
                      "acc_ddof": args.acc_ddof},
         "methods": summary,
         # where the layer-selection rules (lad.layer_ties, lad.k_beyond_range) decided something
-        "warnings": methods.selection_warnings(arrays.attn, settings) if SELECTS_LAYERS.intersection(names) else [],
+        "warnings": (methods.selection_warnings(arrays.attn, settings)
+                     if any(methods.method(name).selects_layers for name in names) else []),
     }
     atomic_write_json(args.out, result, indent=1)
     npz = Path(args.out).with_suffix(".npz")

@@ -19,6 +19,7 @@ import os
 from dataclasses import dataclass
 
 from ladbench.config import load_config
+from ladbench.variants import variant
 
 #: Assumed rates where nothing is measured: guesses on the slow side, not measurements
 #: (recipes/gpu measured 3.7 rows/s at N = 4 and 1.95 at N = 8 on one H100 before
@@ -64,15 +65,16 @@ def job_rows(config: dict, benchmark: str, n: int, prompt: str) -> int:
     path = os.path.join(config["output_dir"], "benchmarks", f"{benchmark}.json")
     if os.path.exists(path):
         from ladbench.benchmark import load_benchmark
-        return len(plan_rows(load_benchmark(path), shifts_per_ordering=prompt == "permavg"))
+        return len(plan_rows(load_benchmark(path), shifts_per_ordering=variant(prompt).shifts_per_ordering))
     bench = config["benchmarks"]
-    return bench["n_eval"] * bench["n_orderings"] * (n if prompt == "permavg" else 1) + bench["n_calibration_pool"] * n
+    return (bench["n_eval"] * bench["n_orderings"] * variant(prompt).rows_per_ordering(n)
+            + bench["n_calibration_pool"] * n)
 
 
-def max_generated_per_row(prompt: str) -> int:
-    """The length limits ``ladbench infer`` generates with (its defaults)."""
-    from ladbench.inference.runner import InferenceSettings as S
-    return {"cot": S.cot_max_new_tokens, "sc": S.sc_samples * S.sc_max_new_tokens}.get(prompt, 0)
+def max_generated_per_row(config: dict, prompt: str) -> int:
+    """The most tokens a row of ``prompt`` generates, at the config's prompt settings."""
+    entry = variant(prompt)
+    return entry.max_generated_per_row(entry.options(config["inference"]["prompt_settings"].get(prompt)))
 
 
 def measured_rates(config: dict) -> dict[tuple[str, str, str], dict]:
@@ -93,10 +95,10 @@ def measured_rates(config: dict) -> dict[tuple[str, str, str], dict]:
 
 
 def _generating(prompt: str) -> bool:
-    return max_generated_per_row(prompt) > 0
+    return variant(prompt).generative
 
 
-def job_seconds(rows: int, prompt: str, n: int, attrs: dict | None) -> tuple[float, int, bool]:
+def job_seconds(config: dict, rows: int, prompt: str, n: int, attrs: dict | None) -> tuple[float, int, bool]:
     """(seconds, generated tokens, measured?) of ``rows`` rows at the rates of ``attrs``
     (a cache's attributes) or the assumed ones."""
     if not _generating(prompt):
@@ -105,7 +107,7 @@ def job_seconds(rows: int, prompt: str, n: int, attrs: dict | None) -> tuple[flo
     if attrs and attrs.get("generated_tokens_per_s", 0) > 0 and attrs.get("timed_rows", 0) > 0:
         tokens = round(rows * attrs["generated_tokens"] / attrs["timed_rows"])
         return tokens / attrs["generated_tokens_per_s"], tokens, True
-    tokens = rows * max_generated_per_row(prompt)
+    tokens = rows * max_generated_per_row(config, prompt)
     return tokens / ASSUMED_GENERATED_TOKENS_PER_S, tokens, False
 
 
@@ -132,7 +134,7 @@ def plan_jobs(config: dict) -> list[Job]:
                 rows = job_rows(config, benchmark, n, prompt)
                 for shard in range(shards):
                     start, stop = rows * shard // shards, rows * (shard + 1) // shards
-                    seconds, tokens, _ = job_seconds(stop - start, prompt, n, attrs)
+                    seconds, tokens, _ = job_seconds(config, stop - start, prompt, n, attrs)
                     jobs.append(Job(model, benchmark, variant, shard, shards, stop - start, tokens, seconds,
                                     max(gpus, 1), source))
     return jobs

@@ -1,0 +1,248 @@
+"""Prompt variants: every way the ``infer`` stage asks a model, each declared once (a registry).
+
+A :class:`PromptVariant` states
+
+- its prompt text (a builder from :mod:`ladbench.inference.prompts`);
+- its kind: ``scoring`` (one forward pass per row: candidate scores and attention) or
+  ``generative`` (replies, parsed into the position they name);
+- its row plan: whether every ordering is also shown at its N cyclic shifts (N rows per
+  ordering: permutation averaging), and how many replies a row samples (self-consistency);
+- its own settings: a small frozen dataclass with defaults (config
+  ``inference.prompt_settings.<variant>``, flags ``--<variant>-<field>``), and which of them
+  enter the cache hash (``config_sha256``);
+- the methods that read its cache (``ladbench evaluate``'s default; the first is its readout
+  in the tables);
+- its label and place in the tables (Table 1 or 8, and Table 2's passes).
+
+The infer stage, ``evaluate``, ``plan``, the report and the config schema's enums derive from
+:data:`VARIANTS`. Torch-free: hooks that need torch import it when called.
+
+Adding a variant is one :func:`register_variant` call. Outside this file it goes in a plugin
+module, named in the config's ``plugins`` list (imported before the config is validated;
+the workflow hands the list to its jobs in the ``LADBENCH_PLUGINS`` environment variable,
+which ``ladbench`` reads at start-up).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib
+import os
+from dataclasses import dataclass, field, fields
+from typing import Any, Callable, Iterable, Mapping
+
+from ladbench.inference import prompts
+
+__all__ = ["PLUGINS_ENV", "PromptVariant", "VARIANTS", "add_variant_arguments", "load_plugins", "register_variant",
+           "setting", "variant", "variant_names"]
+
+SCORING, GENERATIVE = "scoring", "generative"
+#: environment variable naming plugin modules (comma-separated) that ``ladbench`` imports at start-up
+PLUGINS_ENV = "LADBENCH_PLUGINS"
+
+
+def setting(default: Any, help: str, *, hashed: bool = True) -> Any:
+    """A field of a variant's settings dataclass: its default, its help text, and whether it
+    changes the cache's content (then it enters the cache hash as ``<variant>_<field>``)."""
+    return field(default=default, metadata={"help": help, "hashed": hashed})
+
+
+@dataclass(frozen=True)
+class NoSettings:
+    """A variant without settings of its own."""
+
+
+@dataclass(frozen=True)
+class SofaSettings:
+    sigma: float = setting(0.5, "future image-to-image attention weight, in [0, 1]")
+    every: int = setting(2, "apply SoFA in every n-th decoder layer from layer 0")
+
+    def __post_init__(self) -> None:
+        _at_least_one(self, "every")
+        if not 0.0 <= self.sigma <= 1.0:
+            raise ValueError(f"sofa sigma must be in [0, 1]; got {self.sigma}")
+
+
+@dataclass(frozen=True)
+class CotSettings:
+    max_new_tokens: int = setting(1024, "greedy reply length limit")
+
+    def __post_init__(self) -> None:
+        _at_least_one(self, "max_new_tokens")
+
+
+@dataclass(frozen=True)
+class ScSettings:
+    samples: int = setting(10, "sampled replies per row (majority vote)")
+    temperature: float = setting(0.7, "sampling temperature")
+    top_k: int = setting(40, "top-k of the sampling")
+    max_new_tokens: int = setting(512, "reply length limit")
+
+    def __post_init__(self) -> None:
+        for name in ("samples", "max_new_tokens"):
+            _at_least_one(self, name)
+
+
+def _at_least_one(settings: Any, name: str) -> None:
+    if getattr(settings, name) < 1:
+        raise ValueError(f"{type(settings).__name__}.{name} must be >= 1; got {getattr(settings, name)}")
+
+
+def _sofa_masks(adapter, inputs, modules, settings: SofaSettings):
+    """SoFA's attention masks on every ``settings.every``-th layer, active during the prefill."""
+    from ladbench.inference.attention import SofaMask, sofa_attention_bias, sofa_layers
+    bias = sofa_attention_bias(inputs["attention_mask"], inputs["input_ids"] == adapter.image_token_id,
+                               settings.sigma, adapter.model.dtype)
+    return SofaMask([modules[i] for i in sofa_layers(len(modules), settings.every)], bias)
+
+
+def _sampler_identity() -> dict[str, str]:
+    from ladbench.inference.sampling import SAMPLER       # the sampling scheme changes the replies
+    return {"sampler": SAMPLER}
+
+
+@dataclass(frozen=True)
+class PromptVariant:
+    """One prompt variant (module docstring). ``text(n, caption, identifiers)`` is the text
+    after the N images; ``place`` orders rows across Tables 1, 2 and 8 (Table 1 interleaves
+    it with the methods' places, ``ladbench.methods``)."""
+
+    name: str
+    label: str
+    text: Callable[[int, str, str], str]
+    kind: str = SCORING
+    methods: tuple[str, ...] = ("vanilla",)
+    settings: type = NoSettings
+    shifts_per_ordering: bool = False
+    parse: Callable[[str, int, str], int] | None = None     # generative: the position a reply names
+    sampled: bool = False          # generative: settings.samples keyed samples per row, majority vote
+    prefill_hook: Callable | None = None     # (adapter, inputs, attention modules, settings) -> context
+    hash_extra: Callable[[], dict] | None = None              # more identity of the cache's content
+    table: str | None = None       # "table1" or "table8": where its row (column) is
+    place: float = 0.0
+    cost_label: str | None = None  # Table 2's pass; default: the label
+
+    def __post_init__(self) -> None:
+        if self.kind not in (SCORING, GENERATIVE):
+            raise ValueError(f"variant {self.name!r}: kind must be {SCORING!r} or {GENERATIVE!r}, got {self.kind!r}")
+        if self.kind == GENERATIVE and self.parse is None:
+            raise ValueError(f"variant {self.name!r}: a generative variant needs parse")
+
+    @property
+    def generative(self) -> bool:
+        return self.kind == GENERATIVE
+
+    def options(self, values: Mapping[str, Any] | None = None) -> Any:
+        """Its settings from ``values`` (a config block or flags; missing or None = the default)."""
+        known = {f.name for f in fields(self.settings)}
+        unknown = sorted(set(values or {}) - known)
+        if unknown:
+            raise ValueError(f"prompt variant {self.name!r} has no setting(s) {unknown}; known: {sorted(known)}")
+        return self.settings(**{k: v for k, v in (values or {}).items() if v is not None})
+
+    def hashed_settings(self, options: Any) -> dict[str, Any]:
+        """The settings that change a cache's content, as ``<variant>_<field>``: part of its hash."""
+        options = self.options() if options is None else options
+        out = {f"{self.name}_{f.name}": getattr(options, f.name)
+               for f in fields(options) if f.metadata.get("hashed", True)}
+        return {**out, **(self.hash_extra() if self.hash_extra else {})}
+
+    def samples_per_row(self, options: Any) -> int:
+        return int(getattr(options, "samples", 1)) if self.sampled else 1
+
+    def rows_per_ordering(self, n: int) -> int:
+        return n if self.shifts_per_ordering else 1
+
+    def max_generated_per_row(self, options: Any) -> int:
+        """Most tokens a row generates (every reply at its length limit); 0 when scoring."""
+        if not self.generative:
+            return 0
+        return self.samples_per_row(options) * int(options.max_new_tokens)
+
+
+VARIANTS: dict[str, PromptVariant] = {}
+
+
+def register_variant(entry: PromptVariant) -> PromptVariant:
+    """Add ``entry`` to the registry (a plugin module calls this at import)."""
+    if entry.name in VARIANTS:
+        raise ValueError(f"prompt variant {entry.name!r} is already registered")
+    if not dataclasses.is_dataclass(entry.settings):
+        raise ValueError(f"variant {entry.name!r}: settings must be a dataclass")
+    VARIANTS[entry.name] = entry
+    return entry
+
+
+def variant(name: str) -> PromptVariant:
+    try:
+        return VARIANTS[name]
+    except KeyError:
+        raise ValueError(f"unknown prompt variant {name!r}; choose one of {', '.join(VARIANTS)}") from None
+
+
+def variant_names() -> tuple[str, ...]:
+    return tuple(VARIANTS)
+
+
+for _entry in (
+    PromptVariant("vanilla", "Vanilla", prompts.answer_prompt(), methods=("vanilla", "pride", "lad"), place=1,
+                  cost_label="Vanilla, PriDe, Ours (LAD) and the attention readouts (one shared pass)"),
+    PromptVariant("instruction", "Instruction", prompts.answer_prompt(prompts.INSTRUCTION_SENTENCE),
+                  table="table1", place=2),
+    PromptVariant("sofa", "SoFA", prompts.answer_prompt(), settings=SofaSettings, prefill_hook=_sofa_masks,
+                  table="table8", place=7),
+    PromptVariant("permavg", "Permutation averaging", prompts.answer_prompt(), methods=("permutation_average",),
+                  shifts_per_ordering=True, table="table8", place=8,
+                  cost_label="Permutation averaging (N passes per row)"),
+    PromptVariant("cot", "CoT", prompts.cot_prompt, kind=GENERATIVE, methods=("generated",),
+                  settings=CotSettings, parse=prompts.parse_last_identifier, table="table1", place=3),
+    PromptVariant("sc", "Self-Consistency", prompts.self_consistency_prompt, kind=GENERATIVE, methods=("generated",),
+                  settings=ScSettings, parse=prompts.parse_answer_is, sampled=True, hash_extra=_sampler_identity,
+                  table="table1", place=5),
+):
+    register_variant(_entry)
+
+
+# --------------------------------------------------------------------------- flags
+
+
+def add_variant_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--<variant>-<field>`` for every setting of every variant (default: the dataclass's)."""
+    for entry in VARIANTS.values():
+        settings = fields(entry.settings)
+        if not settings:
+            continue
+        group = parser.add_argument_group(f"{entry.label} (--prompt {entry.name}; config inference.prompt_settings."
+                                          f"{entry.name})")
+        for f in settings:
+            group.add_argument(f"--{entry.name}-{f.name}".replace("_", "-"), dest=f"{entry.name}_{f.name}",
+                               type=type(f.default), default=None, help=f"{f.metadata.get('help', '')} ({f.default})")
+
+
+def options_from_args(name: str, args: argparse.Namespace) -> Any:
+    """The settings of variant ``name`` from the flags of :func:`add_variant_arguments`."""
+    entry = variant(name)
+    return entry.options({f.name: getattr(args, f"{name}_{f.name}", None) for f in fields(entry.settings)})
+
+
+# --------------------------------------------------------------------------- plugins
+
+_LOADED: list[str] = []
+
+
+def load_plugins(modules: Iterable[str] | None = None) -> list[str]:
+    """Import plugin modules (default: those named in ``$LADBENCH_PLUGINS``); each registers
+    its variants (and methods) when imported. Returns every plugin imported so far."""
+    if modules is None:
+        modules = [m.strip() for m in os.environ.get(PLUGINS_ENV, "").split(",") if m.strip()]
+    for name in modules:
+        if name in _LOADED:
+            continue
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:
+            raise ValueError(f"plugin module {name!r} cannot be imported ({exc}); put its folder on PYTHONPATH") \
+                from None
+        _LOADED.append(name)
+    return list(_LOADED)
