@@ -16,9 +16,9 @@ import pytest
 import yaml
 
 from ladbench.config import ConfigError, load_schema, validate_config
-from ladbench.inference.prompts import IDENTIFIER_FORMATS, prompt_sha256, prompt_text
+from ladbench.inference.prompts import IDENTIFIER_FORMATS
 from ladbench.methods import METHODS
-from ladbench.variants import VARIANTS, PromptVariant, SofaSettings, variant
+from ladbench.variants import VARIANTS, PromptVariant, SofaSettings, prompt_sha256, prompt_text, variant
 
 DEMO = Path(__file__).resolve().parents[1] / "workflow" / "demo" / "config.yaml"
 

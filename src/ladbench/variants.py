@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import importlib
 import os
 from dataclasses import dataclass, field, fields
@@ -183,6 +184,16 @@ def variant(name: str) -> PromptVariant:
 
 def variant_names() -> tuple[str, ...]:
     return tuple(VARIANTS)
+
+
+def prompt_text(name: str, n: int, caption: str, fmt: str = "digits") -> str:
+    """The text that follows the ``n`` images, for prompt variant ``name`` and identifier format."""
+    return variant(name).text(n, caption, fmt)
+
+
+def prompt_sha256(name: str, n: int, fmt: str) -> str:
+    """Hash of the prompt template (caption left as a placeholder) for the cache metadata."""
+    return hashlib.sha256(prompt_text(name, n, "{caption}", fmt).encode("utf-8")).hexdigest()
 
 
 for _entry in (

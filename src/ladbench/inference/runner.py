@@ -34,12 +34,13 @@ from ladbench.cli import output_file
 from ladbench.data.coco import load_image_table, table_fingerprint
 from ladbench.families import FAMILIES
 from ladbench.stages.inputs import check_benchmark_table
-from ladbench.variants import PromptVariant, add_variant_arguments, options_from_args, variant, variant_names
+from ladbench.variants import (PromptVariant, add_variant_arguments, options_from_args, prompt_sha256, prompt_text, variant,
+                               variant_names)
 
 from .cache import CACHE_FORMAT, CacheLayout, CacheWriter, RowPlan, is_complete_for, plan_rows
 from .merge import select_shard
 from .greedy import greedy_outputs, greedy_reply_tokens, repetition_penalty
-from .prompts import IDENTIFIER_FORMATS, identifiers, majority_vote, prompt_sha256, prompt_text
+from .prompts import IDENTIFIER_FORMATS, identifiers, majority_vote
 from .scoring import SCORE_MODES, IdentifierTrie, identifier_encoder, trie_scores
 
 log = logging.getLogger(__name__)
