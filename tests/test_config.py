@@ -283,3 +283,156 @@ def test_current_config_dry_run_plans_one_inference_per_model_and_benchmark(tmp_
     config = load_config(CURRENT)
     assert jobs["infer"] == len(config["models"]) * 4 * len(config["inference"]["variants"])   # 2 settings x 2 N
     assert jobs["download"] == 1 and jobs["all"] == 1
+
+
+# --------------------------------------------------------------------------- each fact once
+
+SCHEMA = load_schema(ROOT / "workflow/schemas/config.schema.yaml")
+
+# Where each defaulted key of the schema is a default of the code: the stage command (and its
+# argument) that the workflow passes it to. A `ladbench <stage>` run by hand must behave as the
+# config's default does.
+CLI_OF_KEY = {
+    "clip.model": [("features", "model")], "clip.pretrained": [("features", "pretrained")],
+    "clip.batch_size": [("features", "batch_size")], "clip.workers": [("features", "workers")],
+    "clip.device": [("features", "device")],
+    "datasets.*.n_images": [("demo-scenes", "n_images")], "datasets.*.image_size": [("demo-scenes", "image_size")],
+    "datasets.*.seed": [("demo-scenes", "seed")],
+    "benchmarks.n_eval": [("benchmark", "n_eval")], "benchmarks.n_calibration_pool": [("benchmark", "n_calibration")],
+    "benchmarks.n_orderings": [("benchmark", "n_orderings")], "benchmarks.orderings": [("benchmark", "orderings")],
+    "benchmarks.pool_size": [("benchmark", "pool_size")],
+    "benchmarks.caption_sim_max": [("benchmark", "caption_sim_max")],
+    "benchmarks.category_rule": [("benchmark", "category_rule")], "benchmarks.seed": [("benchmark", "seed")],
+    "calibration.source": [("benchmark", "calibration_source")],
+    **{f"inference.{key}": [("infer", key)] for key in (
+        "image_size", "batch_size", "chunk_size", "group_by_length", "vision_tower", "dtype", "device", "score_mode",
+        "store_head_attention", "greedy_reply")},
+    "inference.shards": [("infer", "shard_count")],
+    "calibration.n_cal": [("calibrate", "n_cal"), ("analyze", "n_cal")],
+    "calibration.seeds": [("analyze", "seeds")],
+    "calibration.score_average": [("calibrate", "score_average"), ("analyze", "score_average")],
+    "calibration.pride_original_logs": [("calibrate", "pride_original_logs"), ("analyze", "pride_original_logs")],
+    **{f"lad.{key}": [("evaluate", key), ("analyze", key)] for key in (
+        "top_k", "tau", "layer_mean", "mixture", "layer_ties", "k_beyond_range")},
+    **{f"evaluation.{key}": [("evaluate", key), ("analyze", key)] for key in ("bootstrap", "ci", "seed", "acc_ddof")},
+    **{f"analysis.{key}": [("analyze", key)] for key in ("dcal_sizes", "dcal_draws", "taus")},
+}
+# Defaulted keys only the workflow reads (no stage command has a default for them), and the
+# prompt variants' own settings (inference.prompt_settings: checked against the variant registry).
+CHECKED_ELSEWHERE = ("inference.prompt_settings.",)
+WORKFLOW_ONLY = {"reproduce", "output_dir", "plugins", "datasets.*.download", "clip.tiny", "benchmarks.settings",
+                 "benchmarks.n_candidates", "models.*.revision", "models.*.trust_remote_code", "models.*.tiny",
+                 "models.*.gpus_per_job", "inference.variants", "inference.variants.*.identifiers",
+                 "evaluation.methods", "evaluation.transfer", "report.figure_formats"}
+REQUIRED_ARGS = {
+    "features": ["--images", "t.json", "--out", "f.h5"],
+    "demo-scenes": ["--out", "scenes"],
+    "benchmark": ["--images", "t.json", "--features", "f.h5", "--setting", "random", "--n-candidates", "4",
+                  "--out", "b.json"],
+    "infer": ["--benchmark", "b.json", "--images", "t.json", "--out", "c.h5", "--model-name", "m", "--family",
+              "qwen2_5_vl", "--model-path", "m"],
+    "calibrate": ["--cache", "c.h5", "--out", "c.npz"],
+    "evaluate": ["--cache", "c.h5", "--out", "e.json"],
+    "analyze": ["--cache", "c.h5", "--out", "a.json"],
+}
+
+
+def schema_defaults(schema: dict, prefix: str = "") -> dict[str, object]:
+    """Every ``default:`` of the schema by key path (``*`` for a mapping of named entries)."""
+    out = {}
+    for key, sub in schema.get("properties", {}).items():
+        path = f"{prefix}{key}"
+        if "default" in sub and sub.get("type") != "object":
+            out[path] = sub["default"]
+        out.update(schema_defaults(sub, f"{path}."))
+    if isinstance(schema.get("additionalProperties"), dict):
+        out.update(schema_defaults(schema["additionalProperties"], f"{prefix}*."))
+    return out
+
+
+def test_every_schema_default_is_the_default_of_the_stage_that_reads_it():
+    from ladbench.cli import build_parser
+
+    defaults = schema_defaults(SCHEMA)
+    unmapped = {key for key in defaults if not key.startswith(CHECKED_ELSEWHERE)} - set(CLI_OF_KEY) - WORKFLOW_ONLY
+    assert not unmapped, f"new schema defaults {sorted(unmapped)}: map each to the stage that reads it above"
+    for key, commands in CLI_OF_KEY.items():
+        assert key in defaults, f"{key}: no default in the schema"
+        for command, dest in commands:
+            parsed = vars(build_parser(command).parse_args([command, *REQUIRED_ARGS[command]]))
+            assert parsed[dest] == defaults[key], f"{key}: schema {defaults[key]!r}, {command} {parsed[dest]!r}"
+
+
+def test_every_settings_dataclass_has_the_schema_defaults():
+    from dataclasses import fields
+
+    from ladbench.inference.runner import InferenceSettings
+    from ladbench.methods import LadSettings
+    from ladbench.stages.options import Bootstrap
+
+    defaults = schema_defaults(SCHEMA)
+    inference = {f.name: f.default for f in fields(InferenceSettings)}
+    for key in ("image_size", "batch_size", "chunk_size", "group_by_length", "vision_tower", "dtype", "device",
+                "score_mode", "store_head_attention", "greedy_reply"):
+        assert inference[key] == defaults[f"inference.{key}"], key
+    assert inference["shard_count"] == defaults["inference.shards"]
+    lad = LadSettings()
+    for key in ("top_k", "tau", "layer_mean", "mixture", "layer_ties", "k_beyond_range"):
+        assert getattr(lad, key) == defaults[f"lad.{key}"], key
+    assert Bootstrap() == Bootstrap(defaults["evaluation.bootstrap"], defaults["evaluation.ci"],
+                                    defaults["evaluation.seed"], defaults["evaluation.acc_ddof"])
+
+
+def test_the_schema_enums_are_the_registries():
+    from ladbench import benchmark, calibration, methods
+    from ladbench.families import FAMILIES
+    from ladbench.inference.prompts import IDENTIFIER_FORMATS, MAX_CANDIDATES
+    from ladbench.inference.scoring import SCORE_MODES
+    from ladbench.models.vision import VISION_TOWERS
+
+    p = SCHEMA["properties"]
+    enums = {
+        "families": (p["models"]["additionalProperties"]["properties"]["family"]["enum"], FAMILIES),
+        "identifier formats": (p["inference"]["properties"]["variants"]["additionalProperties"]["properties"]
+                               ["identifiers"]["enum"], IDENTIFIER_FORMATS),
+        "score modes": (p["inference"]["properties"]["score_mode"]["enum"], SCORE_MODES),
+        "vision towers": (p["inference"]["properties"]["vision_tower"]["enum"], VISION_TOWERS),
+        "settings": (p["benchmarks"]["properties"]["settings"]["items"]["enum"], benchmark.SETTINGS),
+        "orderings": (p["benchmarks"]["properties"]["orderings"]["enum"], benchmark.ORDERING_SCHEMES),
+        "category rules": (p["benchmarks"]["properties"]["category_rule"]["enum"], benchmark.CATEGORY_RULES),
+        "calibration sources": (p["calibration"]["properties"]["source"]["enum"], benchmark.CALIBRATION_SOURCES),
+        "score averages": (p["calibration"]["properties"]["score_average"]["enum"], calibration.SCORE_AVERAGES),
+        "PriDe logs": (p["calibration"]["properties"]["pride_original_logs"]["enum"], calibration.PRIDE_ORIGINAL_LOGS),
+        "layer ties": (p["lad"]["properties"]["layer_ties"]["enum"], methods.LAYER_TIES),
+        "K beyond range": (p["lad"]["properties"]["k_beyond_range"]["enum"], methods.K_BEYOND_RANGE),
+    }
+    for name, (schema_enum, registry) in enums.items():
+        assert list(schema_enum) == list(registry), name
+    assert p["benchmarks"]["properties"]["n_candidates"]["items"]["maximum"] == MAX_CANDIDATES
+
+
+@pytest.mark.parametrize("edit, key, message", [
+    (lambda c: c["lad"].update(tau=0), "lad.tau", "tau must be > 0"),
+    (lambda c: c["lad"].update(top_k=0), "lad.top_k", "top_k must be >= 1"),
+    (lambda c: c["analysis"].update(taus=[1, -2]), r"analysis.taus\[1\]", "tau must be > 0"),
+    (lambda c: c["models"]["tiny_qwen2_5_vl"].update(layer_range=[5, 2]), "models.tiny_qwen2_5_vl.layer_range",
+     "need 0 <= first <= last"),
+])
+def test_lad_settings_are_validated_by_their_one_validator(edit, key, message):
+    config = copy.deepcopy(raw(DEMO))
+    config.setdefault("analysis", {})
+    edit(config)
+    with pytest.raises(ConfigError, match=f"^study.yaml: {key}: .*{message}"):
+        validate_config(config, source="study.yaml")
+
+
+def test_one_layer_range_parser_reads_every_form():
+    from ladbench.methods import LadSettings
+    for form in ("21:35", [21, 35], (21, 35)):
+        assert parse_layer_range(form) == (21, 35) == LadSettings(layer_range=form).layer_range
+    for form in ("all", None):
+        assert parse_layer_range(form) is None and LadSettings(layer_range=form).layer_range is None
+    assert parse_layer_range("21:35/36") == parse_layer_range([21, 35, 36]) == (21, 35, 36)
+    for bad in ("35:21", [35, 21], [1, 2, 3, 4], "1:40/36"):
+        with pytest.raises(ValueError, match="layer range"):
+            parse_layer_range(bad)

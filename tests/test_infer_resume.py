@@ -115,6 +115,25 @@ def test_finished_cache_is_not_rewritten_unless_inputs_change(tiny_model, tmp_pa
     assert not np.allclose(second["scores"], first["scores"])
 
 
+def test_a_finished_cache_takes_the_names_it_is_asked_for_without_recomputing(tiny_model, tmp_path):
+    """Model and variant names change no number (not hashed): a finished cache found again under
+    other names keeps its rows and gets the names, so what it records matches the config."""
+    model = tiny_model("qwen2_5_vl")
+    bench, images = make_demo_benchmark(tmp_path, 4, n_eval=1, n_orderings=2, n_cal=1)
+    out = tmp_path / "c.h5"
+    _run_cli(_infer_args(model, bench, images, out, "--variant-name", "plain"))
+    first = read_cache(str(out))
+    assert (first.attrs["model"], first.attrs["variant_name"], first.attrs["variant"]) == ("tiny", "plain", "vanilla")
+    args = _infer_args(model, bench, images, out, "--variant-name", "renamed")
+    args[args.index("--model-name") + 1] = "other"
+    _run_cli(args)
+    second = read_cache(str(out))
+    assert (second.attrs["model"], second.attrs["variant_name"]) == ("other", "renamed")
+    assert second.attrs["config_sha256"] == first.attrs["config_sha256"]
+    assert second.attrs["last_run_s"] == first.attrs["last_run_s"]          # no row was run again
+    np.testing.assert_array_equal(second["scores"], first["scores"])
+
+
 def test_limit_rows_leaves_an_incomplete_cache(tiny_model, tmp_path):
     model = tiny_model("qwen2_5_vl")
     bench, images = make_demo_benchmark(tmp_path, 4, n_eval=1, n_orderings=2, n_cal=1)

@@ -32,7 +32,8 @@ def write_cache(path, n: int = 4, model: str = "toy", variant: str = "vanilla", 
     plan = plan_rows(bench)
     rows = len(plan)
     attrs = {"config_sha256": f"{model}-{variant}-{n}-{benchmark_name}-{seed}", "model": model, "model_path": model,
-             "revision": "", "family": "qwen2_5_vl", "variant": variant, "identifiers": "digits",
+             "revision": "", "family": "qwen2_5_vl", "variant": variant, "variant_name": variant,
+             "identifiers": "digits",
              "score_mode": "reference", "prompt_sha256": f"{variant}{n}", "n_candidates": n, "n_layers": LAYERS,
              "benchmark_name": f"{benchmark_name}_N{n}", "benchmark_sha256": f"sha-of-{benchmark_name}-{n}"}
     writer = CacheWriter.open(str(path), plan, CacheLayout(n, LAYERS, n_heads=2), attrs)
@@ -268,13 +269,11 @@ def test_an_unreadable_image_at_inference_is_one_line_naming_it(tiny_model, tmp_
 def test_the_report_refuses_an_evaluation_made_from_another_cache(tmp_path):
     from ladbench.report.study import load_study
     from ladbench.stages.inputs import MismatchError
-    folder = tmp_path / "eval" / "toy" / "scenes_random_N4" / "vanilla"
-    folder.mkdir(parents=True)
-    # the layout the report indexes by: .../{model}/{benchmark}/{variant}.h5
-    cache_dir = tmp_path / "cache" / "toy" / "scenes_random_N4"
+    # the report indexes files by what they record (model, benchmark, variant), not by their paths
+    cache_dir = tmp_path / "caches"
     cache_dir.mkdir(parents=True)
     cache = write_cache(cache_dir / "vanilla.h5")
-    evaluation = folder / "cal-scenes_random_N4.json"
+    evaluation = tmp_path / "an-evaluation.json"
     evaluate(cache, calibrate(cache, tmp_path / "cal.npz"), out=str(evaluation))
     study = dict(models=["toy"], benchmarks=["scenes_random_N4"], variants={"vanilla": "vanilla"},
                  evaluations=[evaluation], caches=[cache])

@@ -49,12 +49,23 @@ def write_json(path: Path, document: dict) -> str:
     return str(path)
 
 
+def write_evaluation(out: Path, model: str, benchmark: str, variant: str, document: dict,
+                     cal_benchmark: str | None = None) -> str:
+    """An evaluation JSON at the workflow's path, recording what it is as `ladbench evaluate` does."""
+    cal_benchmark = cal_benchmark or benchmark
+    identity = {"model": model, "benchmark": benchmark, "variant": variant, "cal_benchmark": cal_benchmark}
+    path = out / "eval" / model / benchmark / variant / f"cal-{cal_benchmark}.json"
+    return write_json(path, {**identity, **document})
+
+
 def write_cache_stub(path: Path, n_eval_rows: int, n_cal_rows: int, **attrs) -> str:
-    """A cache with only what the report reads: `split` and the attributes."""
+    """A cache with only what the report reads: `split` and the attributes (model, benchmark_name
+    and variant_name default to the workflow's path .../{model}/{benchmark}/{variant}.h5)."""
+    names = {"model": path.parts[-3], "benchmark_name": path.parts[-2], "variant_name": path.stem}
     path.parent.mkdir(parents=True, exist_ok=True)
     with h5py.File(path, "w") as f:
         f.create_dataset("split", data=np.r_[np.zeros(n_eval_rows, np.int8), np.ones(n_cal_rows, np.int8)])
-        for key, value in attrs.items():
+        for key, value in {**names, **attrs}.items():
             f.attrs[key] = value
     return str(path)
 
@@ -107,12 +118,11 @@ def toy_study(tmp_path):
     out = tmp_path / "results"
     evaluations = []
     for b_index, benchmark in enumerate(("toy_random_N4", "toy_adversarial_N4")):
-        evaluations.append(write_json(out / "eval" / "m" / benchmark / "vanilla" / f"cal-{benchmark}.json",
-                                      evaluation_document(0.5, 30, seed=b_index)))
-        evaluations.append(write_json(out / "eval" / "m" / benchmark / "instruction" / f"cal-{benchmark}.json",
-                                      evaluation_document(0.4, 30, seed=10 + b_index, methods=("vanilla",))))
-    evaluations.append(write_json(out / "eval" / "m" / "toy_adversarial_N4" / "vanilla" / "cal-toy_random_N4.json",
-                                  evaluation_document(0.3, 30, seed=7)))
+        evaluations.append(write_evaluation(out, "m", benchmark, "vanilla", evaluation_document(0.5, 30, seed=b_index)))
+        evaluations.append(write_evaluation(out, "m", benchmark, "instruction",
+                                            evaluation_document(0.4, 30, seed=10 + b_index, methods=("vanilla",))))
+    evaluations.append(write_evaluation(out, "m", "toy_adversarial_N4", "vanilla", evaluation_document(0.3, 30, seed=7),
+                                        cal_benchmark="toy_random_N4"))
     caches = [write_cache_stub(out / "cache" / "m" / "toy_random_N4" / "vanilla.h5", 150, 24, rows_per_s=15.0,
                                peak_rss_mb=800.0, peak_cuda_mb=float("nan"), device="cpu", model_path="local/m")]
     return load_study(models=["m"], benchmarks=["toy_random_N4", "toy_adversarial_N4"],
@@ -145,8 +155,8 @@ def test_demo_tables_say_which_numbers_come_from_which_tiny_model(tmp_path):
     kinds = {"qwen_real_looking": "tiny-organism", "other": "tiny-random", "real": "pretrained"}
     evaluations, caches = [], []
     for model, kind in kinds.items():
-        evaluations.append(write_json(out / "eval" / model / "toy_random_N4" / "vanilla" / "cal-toy_random_N4.json",
-                                      evaluation_document(0.5, 30, seed=1)))
+        evaluations.append(write_evaluation(out, model, "toy_random_N4", "vanilla",
+                                            evaluation_document(0.5, 30, seed=1)))
         caches.append(write_cache_stub(out / "cache" / model / "toy_random_N4" / "vanilla.h5", 150, 24,
                                        model_kind=kind, rows_per_s=15.0))
     study = load_study(models=list(kinds), benchmarks=["toy_random_N4"], variants={"vanilla": "vanilla"},
@@ -198,8 +208,7 @@ def paper_like_study(tmp_path, n_instances=1000, tau=5.0):
     """The paper's LLaVA model on COCO adversarial N = 4 with the paper's protocol."""
     out = tmp_path / "paper"
     benchmark = "coco_adversarial_N4"
-    evaluation = write_json(out / "eval" / "llava" / benchmark / "vanilla" / f"cal-{benchmark}.json",
-                            evaluation_document(0.5, n_instances, tau=tau))
+    evaluation = write_evaluation(out, "llava", benchmark, "vanilla", evaluation_document(0.5, n_instances, tau=tau))
     cache = write_cache_stub(out / "cache" / "llava" / benchmark / "vanilla.h5", 10, 4,
                              model_path=PAPER_MODELS[LLAVA], rows_per_s=1.0)
     return load_study(models=["llava"], benchmarks=[benchmark], variants={"vanilla": "vanilla"},
@@ -272,3 +281,52 @@ def test_tables_and_figures_regenerate_from_cache_only_and_the_html_report_build
                  "calibration_sweeps_tiny_qwen2_5_vl_scenes_adversarial_N4_vanilla.png", "divergence_tiny_qwen2_5_vl.png"):
         assert name in text, name
     assert "position confusion matrices" in text  # a caption
+
+
+# --------------------------------------------------------------------------- identity from the files
+
+
+def test_the_report_reads_identity_from_the_files_not_their_folders(tmp_path):
+    """Stage outputs written under folders named nothing like the workflow's layout (as after
+    renaming a folder in common.smk) still fill the tables: every file says what it is."""
+    from test_inputs import calibrate, write_cache
+
+    from ladbench.report.tables import table1, table7
+
+    cache = write_cache(tmp_path / "somewhere" / "a.h5", model="toy", variant="vanilla")
+    calibration = calibrate(cache, tmp_path / "elsewhere" / "b.npz")
+    evaluation = str(tmp_path / "renamed" / "c.json")
+    analysis = str(tmp_path / "moved" / "d.json")
+    for path in (evaluation, analysis):
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+    main(["evaluate", "--cache", cache, "--calibration", calibration, "--methods", "vanilla", "pride", "lad",
+          "--layer-range", "all", "--bootstrap", "0", "--out", evaluation])
+    main(["analyze", "--cache", cache, "--layer-range", "all", "--n-cal", "2", "--dcal-sizes", "1", "2",
+          "--dcal-draws", "1", "--taus", "5", "--bootstrap", "0", "--out", analysis])
+    study = load_study(models=["toy"], benchmarks=["scenes_random_N4"], variants={"vanilla": "vanilla"},
+                       evaluations=[evaluation], analyses=[analysis], caches=[cache])
+
+    assert set(study.evaluations) == {("toy", "scenes_random_N4", "vanilla", "scenes_random_N4")}
+    assert set(study.analyses) == set(study.caches) == {("toy", "scenes_random_N4", "vanilla")}
+    (block,) = table1(study).blocks
+    by_method = {row[1]: row for row in block.rows}
+    for method, name in (("Vanilla", "vanilla"), ("Ours (LAD)", "lad"), ("PriDe", "pride")):
+        cell = by_method[method][2]
+        (evaluation,) = study.evaluations.values()
+        assert not cell.missing and cell.value == evaluation["methods"][name]["acc_mean"]
+    readouts = [cell for block in table7(study).blocks for row in block.rows for cell in row[1:]]
+    assert readouts and not any(cell.missing for cell in readouts)
+
+
+def test_a_file_that_does_not_say_what_it_is_is_refused_naming_it(tmp_path):
+    old = write_json(tmp_path / "eval" / "m" / "toy_random_N4" / "vanilla" / "cal-toy_random_N4.json",
+                     evaluation_document(0.5, 10))   # folders as the workflow names them, but no record
+    with pytest.raises(ValueError, match=f"evaluation file {old}: records no model, benchmark, variant, cal_benchmark"):
+        load_study(models=["m"], benchmarks=["toy_random_N4"], variants={"vanilla": "vanilla"}, evaluations=[old])
+
+
+def test_a_file_of_another_prompt_than_its_variant_is_refused(tmp_path):
+    from ladbench.stages.inputs import MismatchError
+    cot = write_evaluation(tmp_path, "m", "toy_random_N4", "vanilla", {**evaluation_document(0.5, 10), "prompt": "cot"})
+    with pytest.raises(MismatchError, match="records prompt 'cot', but --variants gives vanilla=vanilla"):
+        load_study(models=["m"], benchmarks=["toy_random_N4"], variants={"vanilla": "vanilla"}, evaluations=[cot])

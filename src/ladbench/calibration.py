@@ -48,6 +48,8 @@ EPS = 1e-20
 # same; "exact" takes exact logs (they differ once probabilities fall below about 1e-10).
 PRIDE_LOG_FLOOR = 1e-10
 PRIDE_ORIGINAL_LOGS = ("floor", "exact")
+# How L averages the calibration scores: the reference implementation (default) or the paper (Eqs. 1-3).
+SCORE_AVERAGES = ("reference", "paper")
 
 
 def log_softmax(scores: np.ndarray, axis: int = -1) -> np.ndarray:

@@ -3,7 +3,7 @@
 The schema (``workflow/schemas/config.schema.yaml``) is the single description of every
 key. Validation fills defaults in place (like ``snakemake.utils.validate``) and turns the
 first schema violation into a :class:`ConfigError` that names the offending key path and
-the file, e.g. ``config.yaml: lad.tau: -1 is less than or equal to the minimum of 0``.
+the file, e.g. ``config.yaml: lad.top_k: 'two' is not of type 'integer'``.
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ from typing import Any, Mapping
 
 import jsonschema
 import yaml
+
+from ladbench.families import layer_range_arg, parse_layer_range  # noqa: F401 (the config's layer ranges)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SCHEMA_PATH = REPO_ROOT / "workflow" / "schemas" / "config.schema.yaml"
@@ -159,8 +161,25 @@ def validate_config(config: dict, schema: Mapping | None = None, source: str = "
     if errors:
         error = _most_specific(errors[0])
         raise ConfigError(f"{source}: {key_path(error)}: {error.message}")
+    _check_settings(config, source)
     _check_cross_references(config, source)
     return config
+
+
+def _check_settings(config: dict, source: str) -> None:
+    """Values whose one validator is a settings class of the code (not restated in the schema):
+    LAD's settings (:class:`ladbench.methods.LadSettings`), the tau sweep, the layer ranges."""
+    from ladbench.methods import LadSettings
+
+    checks = [(f"lad.{key}", {key: value}) for key, value in config["lad"].items()]
+    checks += [(f"analysis.taus[{i}]", {"tau": tau}) for i, tau in enumerate(config["analysis"]["taus"])]
+    checks += [(f"models.{name}.layer_range", {"layer_range": model["layer_range"]})
+               for name, model in config["models"].items() if "layer_range" in model]
+    for key, settings in checks:
+        try:
+            LadSettings(**settings)
+        except ValueError as error:
+            raise ConfigError(f"{source}: {key}: {error}") from None
 
 
 def _load_plugins(config: dict, source: str) -> None:
@@ -340,32 +359,7 @@ def load_config(path: Path | str, schema_path: Path | str = SCHEMA_PATH) -> dict
     return validate_config(config, load_schema(schema_path), source=str(path))
 
 
-def model_layer_range(model: dict) -> Any:
-    """A model entry's ``layer_range``, or its family's default (``ladbench.families``)."""
+def model_layer_range(model: dict) -> tuple[int, ...] | None:
+    """A model entry's ``layer_range`` (parsed: ``None`` for all), or its family's default."""
     from ladbench.families import default_layer_range
-    return model["layer_range"] if "layer_range" in model else default_layer_range(model["family"])
-
-
-def layer_range_arg(layer_range: Any) -> str:
-    """The CLI form of a layer range: ``all``, ``first:last``, or ``first:last/of`` (layers
-    first..last of an ``of``-layer decoder, scaled to the model's depth: a family default)."""
-    if layer_range == "all":
-        return "all"
-    text = f"{layer_range[0]}:{layer_range[1]}"
-    return text if len(layer_range) == 2 else f"{text}/{layer_range[2]}"
-
-
-def parse_layer_range(text: str) -> tuple[int, ...] | None:
-    """Inverse of :func:`layer_range_arg`; ``None`` means every layer."""
-    if text == "all":
-        return None
-    try:
-        span, _, of = text.partition("/")
-        first, last = (int(part) for part in span.split(":"))
-        depth = (int(of),) if of else ()
-    except ValueError:
-        raise ValueError(f"layer range '{text}': expected 'all', 'first:last' or 'first:last/of', "
-                         "e.g. 21:35 or 21:35/36") from None
-    if not 0 <= first <= last or (depth and last >= depth[0]):
-        raise ValueError(f"layer range '{text}': need 0 <= first <= last (< of)")
-    return (first, last, *depth)
+    return parse_layer_range(model["layer_range"]) if "layer_range" in model else default_layer_range(model["family"])

@@ -26,8 +26,8 @@ from typing import Any, NamedTuple
 import numpy as np
 from scipy.stats import rankdata
 
-from ladbench.methods import identity_indexed, purified_attention, raw_attention
-from ladbench.metrics import InstanceMetric, bootstrap_ci, json_safe
+from ladbench.methods import LadSettings, identity_indexed, purified_attention, raw_attention
+from ladbench.metrics import BOOTSTRAP_RESAMPLES, InstanceMetric, bootstrap_ci, json_safe
 
 __all__ = [
     "Profile",
@@ -74,7 +74,8 @@ def _nan_mean_metric(name: str) -> InstanceMetric:
     return InstanceMetric(name, statistics, from_sums)
 
 
-def spearman_summary(rho: np.ndarray, n_boot: int = 10000, ci: float = 0.95, seed: int = 0) -> dict[str, Any]:
+def spearman_summary(rho: np.ndarray, n_boot: int = BOOTSTRAP_RESAMPLES, ci: float = 0.95,
+                     seed: int = 0) -> dict[str, Any]:
     """Mean, std over instances (ddof = 1) and a bootstrap CI of the mean of per-instance rho."""
     rho = np.asarray(rho, dtype=np.float64)
     defined = rho[~np.isnan(rho)]
@@ -99,9 +100,9 @@ def divergence_summary(
     attn: np.ndarray | None = None,
     *,
     attn_prior: np.ndarray | None = None,
-    top_k: int = 2,
+    top_k: int = LadSettings.top_k,
     layer_range: tuple[int, int] | None = None,
-    n_boot: int = 10000,
+    n_boot: int = BOOTSTRAP_RESAMPLES,
     ci: float = 0.95,
     seed: int = 0,
 ) -> dict[str, Any]:

@@ -63,3 +63,46 @@ def scale_layer_range(first: int, last: int, of: int, n_layers: int) -> tuple[in
     lo = round(first * n_layers / of)
     hi = round((last + 1) * n_layers / of) - 1
     return min(lo, n_layers - 1), max(min(hi, n_layers - 1), min(lo, n_layers - 1))
+
+
+#: A layer range, in its one representation: ``None`` (every layer), ``(first, last)``
+#: (0-based, inclusive, clipped to the model's last layer) or ``(first, last, of)`` (layers
+#: first..last of an ``of``-layer decoder, scaled to the model's depth: a family default).
+#: The config writes it ``all`` / ``[first, last]``, the command line ``all`` / ``first:last`` /
+#: ``first:last/of``; :func:`parse_layer_range` reads every form, :func:`layer_range_arg` writes
+#: the command-line one.
+
+
+def parse_layer_range(value) -> tuple[int, ...] | None:
+    """The one parser of a layer range, from any of its forms: ``None`` or ``"all"``, text
+    ``"21:35"`` / ``"21:35/36"``, or a sequence ``[21, 35]`` / ``(21, 35, 36)``; checks
+    ``0 <= first <= last (< of)``."""
+    if value is None or value == "all":
+        return None
+    if isinstance(value, str):
+        try:
+            span, _, of = value.partition("/")
+            parts = tuple(int(part) for part in span.split(":")) + ((int(of),) if of else ())
+            if len(parts) not in (2, 3):
+                raise ValueError
+        except ValueError:
+            raise ValueError(f"layer range '{value}': expected 'all', 'first:last' or 'first:last/of', "
+                             "e.g. 21:35 or 21:35/36") from None
+    else:
+        parts = tuple(value)
+        if len(parts) not in (2, 3) or not all(isinstance(v, int) or float(v).is_integer() for v in parts):
+            raise ValueError(f"layer range {list(parts)}: expected [first, last] or [first, last, of]")
+        parts = tuple(int(v) for v in parts)
+    first, last, *depth = parts
+    if not 0 <= first <= last or (depth and last >= depth[0]):
+        raise ValueError(f"layer range {layer_range_arg(parts)}: need 0 <= first <= last (< of)")
+    return parts
+
+
+def layer_range_arg(value) -> str:
+    """The command-line form of a layer range (any form :func:`parse_layer_range` reads):
+    ``all``, ``first:last`` or ``first:last/of``."""
+    if value is None or value == "all":
+        return "all"
+    text = f"{value[0]}:{value[1]}"
+    return text if len(value) == 2 else f"{text}/{value[2]}"

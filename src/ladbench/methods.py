@@ -29,7 +29,7 @@ from typing import Any, Callable, Iterable, Literal, Mapping, Protocol, Sequence
 import numpy as np
 
 from ladbench.calibration import EPS, log_softmax, pride_log
-from ladbench.families import scale_layer_range
+from ladbench.families import parse_layer_range, scale_layer_range
 
 __all__ = [
     "METHODS",
@@ -120,13 +120,7 @@ class LadSettings:
         for name, allowed in (("layer_ties", LAYER_TIES), ("k_beyond_range", K_BEYOND_RANGE)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
-        if self.layer_range is not None:
-            if len(self.layer_range) not in (2, 3):
-                raise ValueError(f"layer_range must be (first, last) or (first, last, of), got {self.layer_range}")
-            lo, hi = self.layer_range[:2]
-            if not 0 <= lo <= hi or (len(self.layer_range) == 3 and hi >= self.layer_range[2]):
-                raise ValueError(f"layer_range must have 0 <= first <= last (< of), got {self.layer_range}")
-            object.__setattr__(self, "layer_range", tuple(int(v) for v in self.layer_range))
+        object.__setattr__(self, "layer_range", parse_layer_range(self.layer_range))
 
     @classmethod
     def from_mapping(cls, settings: Mapping[str, Any] | LadSettings | None) -> LadSettings:
@@ -290,7 +284,8 @@ def _mean_over_mask(values: np.ndarray, mask: np.ndarray) -> np.ndarray:
 
 
 def raw_attention(
-    attn: np.ndarray, top_k: int = 2, layer_range: tuple[int, int] | None = None, all_layers: bool = False, *,
+    attn: np.ndarray, top_k: int = LadSettings.top_k, layer_range: tuple[int, int] | None = None,
+    all_layers: bool = False, *,
     ties: str = LAYER_TIES[0], k_beyond_range: str = K_BEYOND_RANGE[0],
 ) -> np.ndarray:
     """Raw attention evidence [..., N]: mean of ``a^(l)`` over the selected layers, no prior.
@@ -306,7 +301,7 @@ def purified_attention(
     attn: np.ndarray,
     attn_prior: np.ndarray,
     *,
-    top_k: int = 2,
+    top_k: int = LadSettings.top_k,
     layer_range: tuple[int, int] | None = None,
     layer_mean: Choice = "reference",
     use_prior: bool = True,
@@ -372,17 +367,18 @@ def lad(
     attn: np.ndarray,
     calibration: CalibrationLike,
     *,
-    top_k: int = 2,
-    tau: float = 5.0,
-    layer_range: tuple[int, int] | None = None,
-    use_prior: bool = True,
-    all_layers: bool = False,
-    layer_mean: Choice = "reference",
-    mixture: Choice = "reference",
-    layer_ties: str = LAYER_TIES[0],
-    k_beyond_range: str = K_BEYOND_RANGE[0],
+    top_k: int = LadSettings.top_k,
+    tau: float = LadSettings.tau,
+    layer_range: tuple[int, int] | None = LadSettings.layer_range,
+    use_prior: bool = LadSettings.use_prior,
+    all_layers: bool = LadSettings.all_layers,
+    layer_mean: Choice = LadSettings.layer_mean,
+    mixture: Choice = LadSettings.mixture,
+    layer_ties: str = LadSettings.layer_ties,
+    k_beyond_range: str = LadSettings.k_beyond_range,
 ) -> np.ndarray:
-    """LAD's corrected scores ``s' = s - prior(pi(attn))`` [..., N] (Eqs. 8-14)."""
+    """LAD's corrected scores ``s' = s - prior(pi(attn))`` [..., N] (Eqs. 8-14); the defaults
+    are :class:`LadSettings`'."""
     scores = np.asarray(scores, dtype=np.float64)
     check_compatible(scores, attn, calibration)
     log_pi = purified_attention(

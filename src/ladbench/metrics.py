@@ -58,6 +58,7 @@ __all__ = [
 ]
 
 ACC_STD_DDOF = 1  # the reference implementation's sample std over the T orderings
+BOOTSTRAP_RESAMPLES = 10000  # bootstrap resamples over instances (evaluation.bootstrap's default)
 RSTD_DDOF = 1
 
 
@@ -319,7 +320,7 @@ def _replicates(metric: "InstanceMetric | Callable[..., float]", arrays: Sequenc
 def bootstrap_ci(
     metric_fn: "InstanceMetric | Callable[..., float]",
     *arrays: np.ndarray,
-    n_boot: int = 10000,
+    n_boot: int = BOOTSTRAP_RESAMPLES,
     ci: float = 0.95,
     seed: int = 0,
 ) -> BootstrapResult:
@@ -345,7 +346,7 @@ def paired_bootstrap(
     target_pos: np.ndarray,
     order: np.ndarray,
     metric: "str | InstanceMetric" = "acc_mean",
-    n_boot: int = 10000,
+    n_boot: int = BOOTSTRAP_RESAMPLES,
     seed: int = 0,
     ci: float = 0.95,
 ) -> dict[str, float]:
@@ -392,7 +393,7 @@ def summarize(
     target_pos: np.ndarray,
     order: np.ndarray,
     n: int,
-    n_boot: int = 10000,
+    n_boot: int = BOOTSTRAP_RESAMPLES,
     ci: float = 0.95,
     seed: int = 0,
     acc_ddof: int = ACC_STD_DDOF,

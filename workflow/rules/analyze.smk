@@ -5,14 +5,14 @@
 
 rule analyze:
     input:
-        f"{OUT}/cache/{{model}}/{{benchmark}}/{{variant}}.h5",
+        cache_file("{model}", "{benchmark}", "{variant}"),
     output:
-        json=f"{OUT}/analysis/{{model}}/{{benchmark}}/{{variant}}.json",
-        npz=f"{OUT}/analysis/{{model}}/{{benchmark}}/{{variant}}.npz",
+        json=analysis_file("{model}", "{benchmark}", "{variant}"),
+        npz=analysis_file("{model}", "{benchmark}", "{variant}", "npz"),
     params:
         options=analysis_flags,
     log:
-        f"{LOGS}/analyze/{{model}}/{{benchmark}}/{{variant}}.log",
+        log_file("analyze", "{model}", "{benchmark}", "{variant}"),
     conda:
         "../../envs/cpu.yaml"
     shell:

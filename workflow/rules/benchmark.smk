@@ -6,11 +6,11 @@ rule benchmark:
     input:
         unpack(benchmark_inputs),
     output:
-        f"{OUT}/benchmarks/{{dataset}}_{{setting}}_N{{n}}.json",
+        benchmark_file("{dataset}_{setting}_N{n}"),
     params:
         options=benchmark_flags,
     log:
-        f"{LOGS}/benchmark/{{dataset}}_{{setting}}_N{{n}}.log",
+        log_file("benchmark", "{dataset}_{setting}_N{n}"),
     conda:
         "../../envs/cpu.yaml"
     shell:

@@ -5,14 +5,14 @@
 
 rule calibrate:
     input:
-        f"{OUT}/cache/{{model}}/{{benchmark}}/{{variant}}.h5",
+        cache_file("{model}", "{benchmark}", "{variant}"),
     output:
-        f"{OUT}/calibration/{{model}}/{{benchmark}}/{{variant}}/dcal{{n_cal}}_seed{{seed}}.npz",
+        calibration_file("{model}", "{benchmark}", "{variant}", "{seed}", "{n_cal}"),
     params:
         average=config["calibration"]["score_average"],
         pride_logs=config["calibration"]["pride_original_logs"],
     log:
-        f"{LOGS}/calibrate/{{model}}/{{benchmark}}/{{variant}}/dcal{{n_cal}}_seed{{seed}}.log",
+        log_file("calibrate", "{model}", "{benchmark}", "{variant}", "dcal{n_cal}_seed{seed}"),
     conda:
         "../../envs/cpu.yaml"
     shell:

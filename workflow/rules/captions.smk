@@ -6,11 +6,11 @@ rule captions:
     input:
         captions_inputs,
     output:
-        f"{OUT}/data/{{dataset}}/images.json",
+        image_table("{dataset}"),
     params:
         options=captions_flags,
     log:
-        f"{LOGS}/captions/{{dataset}}.log",
+        log_file("captions", "{dataset}"),
     conda:
         "../../envs/cpu.yaml"
     shell:

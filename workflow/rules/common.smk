@@ -7,7 +7,7 @@ import sys
 from ladbench.config import (ConfigError, benchmark_parts, check_environment, layer_range_arg, load_schema,
                              model_layer_range, read_yaml, startup_warnings, study_benchmarks, validate_config)
 from ladbench.cli import put_ladbench_on_path
-from ladbench.stages.plan import cache_path
+from ladbench.stages.plan import benchmark_path, cache_path
 from ladbench.methods import METHODS
 from ladbench.variants import PLUGINS_ENV, variant as prompt_variant
 
@@ -33,6 +33,7 @@ put_ladbench_on_path()
 
 OUT = config["output_dir"].rstrip("/")
 LOGS = f"{OUT}/logs"
+REPORT = f"{OUT}/report"
 
 MODELS = list(config["models"])
 VARIANTS = list(config["inference"]["variants"])
@@ -40,6 +41,14 @@ BENCHMARKS = study_benchmarks(config)
 CAL_SEEDS = config["calibration"]["seeds"]
 N_CAL = config["calibration"]["n_cal"]
 
+
+
+# Every output path of the study is built by the helpers below (named `*_file`, `*_dir`),
+# called with names or with wildcard patterns such as "{model}"; no rule spells a path.
+# Nothing reads identity back out of these paths: every output records what it is.
+def log_file(*parts):
+    """``{OUT}/logs/<stage>/<name>/.../<last>.log``: the log of one job."""
+    return f"{LOGS}/{'/'.join(parts)}.log"
 
 
 def flags(**options):
@@ -68,7 +77,7 @@ def raw_dataset_files(name):
     """Where the captions, instances and image folder of a dataset are read from."""
     ds = dataset_config(name)
     if ds["source"] == "synthetic":
-        root = f"{OUT}/data/{name}/raw"
+        root = scenes_dir(name)
         return {
             "captions": f"{root}/annotations/captions.json",
             "instances": f"{root}/annotations/instances.json",
@@ -92,6 +101,15 @@ def raw_dataset_files(name):
         "instances": ds.get("instances_json", defaults["instances"]),
         "images": ds.get("images_dir", defaults["images"]),
     }
+
+
+def scenes_dir(name):
+    """The demo's synthetic scenes of a dataset (images and annotation files)."""
+    return f"{OUT}/data/{name}/raw"
+
+
+def download_marker(name):
+    return f"{OUT}/data/{name}/download.done"
 
 
 def image_table(name):
@@ -125,10 +143,14 @@ def clip_flags():
 
 
 # ---- models --------------------------------------------------------------------------
+def tiny_model_dir(model):
+    return f"{OUT}/models/{model}"
+
+
 def model_dir(model):
     """A tiny model is built into the study's folder; a real one is a hub id or folder."""
     spec = config["models"][model]
-    return f"{OUT}/models/{model}" if spec["tiny"] else spec["path"]
+    return tiny_model_dir(model) if spec["tiny"] else spec["path"]
 
 
 def model_inputs(wildcards):
@@ -158,6 +180,10 @@ def organism_flags(wildcards):
 
 
 # ---- paths of the later stages -------------------------------------------------------
+def benchmark_file(benchmark):
+    return benchmark_path(config, benchmark)    # the path `ladbench plan` reads row counts from
+
+
 def cache_file(model, benchmark, variant):
     return cache_path(config, model, benchmark, variant)    # the path `ladbench plan` reads rates from
 
@@ -179,8 +205,9 @@ def calibration_file(model, benchmark, variant, seed, n_cal=None):
     return f"{OUT}/calibration/{model}/{benchmark}/{variant}/dcal{n_cal}_seed{seed}.npz"
 
 
-def evaluation_file(model, benchmark, variant, cal_benchmark=None):
-    return f"{OUT}/eval/{model}/{benchmark}/{variant}/cal-{cal_benchmark or benchmark}.json"
+def evaluation_file(model, benchmark, variant, cal_benchmark=None, ext="json"):
+    """The evaluation's JSON (ext json) or its predictions (ext npz)."""
+    return f"{OUT}/eval/{model}/{benchmark}/{variant}/cal-{cal_benchmark or benchmark}.{ext}"
 
 
 def benchmark_dataset(benchmark):
@@ -192,9 +219,9 @@ def captions_inputs(wildcards):
     """Synthetic scenes and downloads are made by the workflow; local copies must exist."""
     ds = dataset_config(wildcards.dataset)
     if ds["source"] == "synthetic":
-        return [f"{OUT}/data/{wildcards.dataset}/raw"]
+        return [scenes_dir(wildcards.dataset)]
     if ds["download"]:
-        return [f"{OUT}/data/{wildcards.dataset}/download.done"]
+        return [download_marker(wildcards.dataset)]
     return [f for f in raw_dataset_files(wildcards.dataset).values() if f is not None]
 
 
@@ -244,7 +271,8 @@ def infer_flags(wildcards):
     inference = config["inference"]
     variant = inference["variants"][wildcards.variant]
     return flags(
-        model_name=wildcards.model, family=model["family"], model_path=model_dir(wildcards.model),
+        model_name=wildcards.model, variant_name=wildcards.variant, family=model["family"],
+        model_path=model_dir(wildcards.model),
         revision=None if model["tiny"] else model["revision"],
         trust_remote_code=model["trust_remote_code"],
         prompt=variant["prompt"], identifiers=variant["identifiers"],
@@ -368,11 +396,15 @@ def table_files():
     files = []
     for name in TABLE_BUILDERS:
         for fmt in TABLE_FORMATS:
-            path = f"{OUT}/report/{name}.{fmt}"
+            path = f"{REPORT}/{name}.{fmt}"
             if fmt == "html":
                 path = report(path, caption=f"../report/{name}.rst", category="Tables")
             files.append(path)
     return files
+
+
+def figure_file(stem, ext):
+    return f"{REPORT}/figures/{stem}.{ext}"
 
 
 def figure_files(stem, caption, subcategory):
@@ -382,7 +414,7 @@ def figure_files(stem, caption, subcategory):
     shown = "png" if "png" in formats else formats[0]
     files = []
     for ext in formats:
-        path = f"{OUT}/report/figures/{stem}.{ext}"
+        path = figure_file(stem, ext)
         if ext == shown:
             path = report(path, caption=f"../report/{caption}.rst", category="Figures", subcategory=subcategory)
         files.append(path)
@@ -390,7 +422,7 @@ def figure_files(stem, caption, subcategory):
 
 
 def expand_figures(stem, **wildcards):
-    return expand(f"{OUT}/report/figures/{stem}.{{ext}}", ext=config["report"]["figure_formats"], **wildcards)
+    return expand(figure_file(stem, "{ext}"), ext=config["report"]["figure_formats"], **wildcards)
 
 
 def model_evaluations(wildcards):

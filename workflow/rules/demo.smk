@@ -4,7 +4,7 @@
 
 rule demo_scenes:
     output:
-        directory(f"{OUT}/data/{{dataset}}/raw"),
+        directory(scenes_dir("{dataset}")),
     params:
         options=lambda w: flags(
             n_images=dataset_config(w.dataset)["n_images"],
@@ -12,7 +12,7 @@ rule demo_scenes:
             seed=dataset_config(w.dataset)["seed"],
         ),
     log:
-        f"{LOGS}/demo_scenes/{{dataset}}.log",
+        log_file("demo_scenes", "{dataset}"),
     conda:
         "../../envs/cpu.yaml"
     shell:
@@ -23,7 +23,7 @@ rule demo_clip:
     output:
         directory(TINY_CLIP_DIR),
     log:
-        f"{LOGS}/demo_clip.log",
+        log_file("demo_clip"),
     conda:
         "../../envs/cpu.yaml"
     shell:
@@ -32,13 +32,13 @@ rule demo_clip:
 
 rule demo_model:
     output:
-        directory(f"{OUT}/models/{{model}}"),
+        directory(tiny_model_dir("{model}")),
     params:
         family=lambda w: config["models"][w.model]["family"],
     wildcard_constraints:
         model=RANDOM_TINY_PATTERN,
     log:
-        f"{LOGS}/demo_model/{{model}}.log",
+        log_file("demo_model", "{model}"),
     conda:
         "../../envs/gpu.yaml"
     shell:

@@ -5,12 +5,12 @@
 
 rule download:
     output:
-        touch(f"{OUT}/data/{{dataset}}/download.done"),
+        touch(download_marker("{dataset}")),
     params:
         source=lambda w: dataset_config(w.dataset)["source"],
         root=lambda w: dataset_config(w.dataset)["root"],
     log:
-        f"{LOGS}/download/{{dataset}}.log",
+        log_file("download", "{dataset}"),
     resources:
         runtime=240,
     conda:

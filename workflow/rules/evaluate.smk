@@ -7,13 +7,13 @@ rule evaluate:
     input:
         unpack(evaluation_inputs),
     output:
-        metrics=f"{OUT}/eval/{{model}}/{{benchmark}}/{{variant}}/cal-{{cal_benchmark}}.json",
-        predictions=f"{OUT}/eval/{{model}}/{{benchmark}}/{{variant}}/cal-{{cal_benchmark}}.npz",
+        metrics=evaluation_file("{model}", "{benchmark}", "{variant}", "{cal_benchmark}"),
+        predictions=evaluation_file("{model}", "{benchmark}", "{variant}", "{cal_benchmark}", "npz"),
     params:
         options=evaluation_flags,
         calibrations=lambda w, input: input.get("calibrations", ""),
     log:
-        f"{LOGS}/evaluate/{{model}}/{{benchmark}}/{{variant}}/cal-{{cal_benchmark}}.log",
+        log_file("evaluate", "{model}", "{benchmark}", "{variant}", "cal-{cal_benchmark}"),
     conda:
         "../../envs/cpu.yaml"
     shell:

@@ -3,10 +3,10 @@
 
 rule features:
     input:
-        images=f"{OUT}/data/{{dataset}}/images.json",
+        images=image_table("{dataset}"),
         clip=clip_inputs,
     output:
-        f"{OUT}/data/{{dataset}}/features.h5",
+        features_file("{dataset}"),
     params:
         options=clip_flags(),
     threads: 2
@@ -15,7 +15,7 @@ rule features:
         mem_mb=16000,
         runtime=120,
     log:
-        f"{LOGS}/features/{{dataset}}.log",
+        log_file("features", "{dataset}"),
     conda:
         "../../envs/gpu.yaml"
     shell:

@@ -8,7 +8,7 @@
 
 rule infer:
     input:
-        benchmark=f"{OUT}/benchmarks/{{benchmark}}.json",
+        benchmark=benchmark_file("{benchmark}"),
         images=lambda w: image_table(benchmark_dataset(w.benchmark)),
         model=model_inputs,
     output:
@@ -26,8 +26,8 @@ rule infer:
         mem_mb=32000,
         runtime=720,
     log:
-        f"{LOGS}/infer/{{model}}/{{benchmark}}/{{variant}}.log" if SHARDS == 1 else (
-            f"{LOGS}/infer/{{model}}/{{benchmark}}/{{variant}}/{{shard}}-of-{SHARDS}.log"
+        log_file("infer", "{model}", "{benchmark}", "{variant}") if SHARDS == 1 else (
+            log_file("infer", "{model}", "{benchmark}", "{variant}", f"{{shard}}-of-{SHARDS}")
         ),
     conda:
         "../../envs/gpu.yaml"
@@ -44,6 +44,6 @@ if SHARDS > 1:
         output:
             cache_file("{model}", "{benchmark}", "{variant}"),
         log:
-            f"{LOGS}/merge_shards/{{model}}/{{benchmark}}/{{variant}}.log",
+            log_file("merge_shards", "{model}", "{benchmark}", "{variant}"),
         shell:
             "ladbench merge-shards {input:q} --out {output:q} > {log:q} 2>&1"

@@ -6,7 +6,7 @@
 
 rule train_organism:
     output:
-        directory(f"{OUT}/models/{{model}}"),
+        directory(tiny_model_dir("{model}")),
     input:
         code=workflow.source_path("../../src/ladbench/organism.py"),
     params:
@@ -15,7 +15,7 @@ rule train_organism:
         model=ORGANISM_PATTERN,
     threads: 1
     log:
-        f"{LOGS}/train_organism/{{model}}.log",
+        log_file("train_organism", "{model}"),
     conda:
         "../../envs/gpu.yaml"
     shell:

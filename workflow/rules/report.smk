@@ -17,7 +17,7 @@ rule report_table:
         options=table_flags(),
         out_dir=output_folder,
     log:
-        f"{LOGS}/report/tables.log",
+        log_file("report", "tables"),
     conda:
         "../../envs/cpu.yaml"
     shell:
@@ -28,13 +28,13 @@ rule report_table:
 
 rule report_confusion:
     input:
-        f"{OUT}/eval/{{model}}/{{benchmark}}/{{variant}}/cal-{{benchmark}}.npz",
+        evaluation_file("{model}", "{benchmark}", "{variant}", ext="npz"),
     output:
         figure_files("confusion_{model}_{benchmark}_{variant}", "confusion", "Fig. 1/8: position confusion"),
     params:
         title=lambda w: flags(title=f"{w.model}: {w.benchmark} ({w.variant} cache)"),
     log:
-        f"{LOGS}/report/confusion_{{model}}_{{benchmark}}_{{variant}}.log",
+        log_file("report", "confusion_{model}_{benchmark}_{variant}"),
     conda:
         "../../envs/cpu.yaml"
     shell:
@@ -43,8 +43,8 @@ rule report_confusion:
 
 rule report_figures:
     input:
-        json=f"{OUT}/analysis/{{model}}/{{benchmark}}/{{variant}}.json",
-        npz=f"{OUT}/analysis/{{model}}/{{benchmark}}/{{variant}}.npz",
+        json=analysis_file("{model}", "{benchmark}", "{variant}"),
+        npz=analysis_file("{model}", "{benchmark}", "{variant}", "npz"),
     output:
         profile=figure_files("score_profile_{model}_{benchmark}_{variant}", "score_profile", "Fig. 2: score profiles"),
         attention=figure_files(
@@ -56,7 +56,7 @@ rule report_figures:
     params:
         title=lambda w: flags(title=f"{w.model}, {w.benchmark}"),
     log:
-        f"{LOGS}/report/figures_{{model}}_{{benchmark}}_{{variant}}.log",
+        log_file("report", "figures_{model}_{benchmark}_{variant}"),
     conda:
         "../../envs/cpu.yaml"
     shell:
@@ -75,7 +75,7 @@ rule report_model_figures:
     params:
         study=study_flags(),
     log:
-        f"{LOGS}/report/model_figures_{{model}}.log",
+        log_file("report", "model_figures_{model}"),
     conda:
         "../../envs/cpu.yaml"
     shell:

@@ -28,7 +28,7 @@ import sys
 from pathlib import Path
 from typing import Any, Iterable
 
-from ladbench.atomic import atomic_write_json, atomic_write_text, json_one_item_per_line, read_json
+from ladbench.atomic import atomic_write_json, atomic_write_text, file_digest, json_one_item_per_line, read_json
 
 _MAX_LISTED = 5  # how many offending ids/files an error message lists
 
@@ -159,8 +159,11 @@ def build_image_table(captions_json: str | os.PathLike, instances_json: str | os
     rows = [{"image_id": image_id, "file_name": files[image_id], "caption": captions[image_id],
              "categories": categories.get(image_id, [])}
             for image_id in sorted(files) if files[image_id] not in skipped_set]
+    # the digests of the annotation files it was read from (what it is made of, not where they were)
+    sources = {"captions_sha256": file_digest(captions_json),
+               "instances_sha256": file_digest(instances_json) if instances_json is not None else None}
     return {"dataset": dataset, "image_root": str(root), "has_categories": instances_json is not None,
-            "skipped_files": skipped, "images": rows}
+            "sources": sources, "skipped_files": skipped, "images": rows}
 
 
 def write_image_table(table: dict, out: str | os.PathLike) -> None:

@@ -18,13 +18,15 @@ IDENTIFIER_FORMATS = ("digits", "upper", "lower", "roman", "words")
 _ROMAN = ("I", "II", "III", "IV", "V", "VI", "VII", "VIII", "IX", "X", "XI", "XII", "XIII", "XIV", "XV", "XVI")
 _WORDS = ("first", "second", "third", "fourth", "fifth", "sixth", "seventh", "eighth", "ninth", "tenth",
           "eleventh", "twelfth", "thirteenth", "fourteenth", "fifteenth", "sixteenth")
-_MAX_N = 16
+#: The most candidates a prompt can name (the identifier lists above); the config schema's
+#: benchmarks.n_candidates maximum is the same (tests/test_config.py checks it).
+MAX_CANDIDATES = len(_ROMAN)
 
 
 def identifiers(fmt: str, n: int) -> list[str]:
     """The ``n`` candidate identifiers of format ``fmt``: position p (0-based) is named ``identifiers(...)[p]``."""
-    if not 1 <= n <= _MAX_N:
-        raise ValueError(f"number of candidates must be in 1..{_MAX_N}; got {n}")
+    if not 1 <= n <= MAX_CANDIDATES:
+        raise ValueError(f"number of candidates must be in 1..{MAX_CANDIDATES}; got {n}")
     if fmt == "digits":
         return [str(i) for i in range(1, n + 1)]
     if fmt == "upper":

@@ -63,11 +63,12 @@ class InferenceSettings:
     dtype: str = "auto"
     device: str = "auto"
     prompt: str = "vanilla"
+    variant_name: str | None = None      # the config's name of this cache variant (default: the prompt)
     identifiers: str = "digits"
     score_mode: str = "reference"
     image_size: int = 336
     batch_size: int = 1
-    chunk_size: int = 16
+    chunk_size: int = 64
     store_head_attention: bool = False
     greedy_reply: bool = True
     limit_rows: int | None = None
@@ -84,8 +85,8 @@ class InferenceSettings:
     # fields that do not change any stored number (only speed / how much runs now), and the
     # input paths, whose contents are hashed instead (the same inputs elsewhere give the same hash);
     # a shard's rows are identified by its cache's own config_sha256, see merge.select_shard
-    _NOT_HASHED = ("out", "batch_size", "chunk_size", "limit_rows", "model_name", "workers", "vision_tower",
-                   "group_by_length", "shard_index", "shard_count", "extra", "benchmark", "images",
+    _NOT_HASHED = ("out", "batch_size", "chunk_size", "limit_rows", "model_name", "variant_name", "workers",
+                   "vision_tower", "group_by_length", "shard_index", "shard_count", "extra", "benchmark", "images",
                    "options")           # hashed through its variant (PromptVariant.hashed_settings)
 
     def __post_init__(self) -> None:
@@ -494,6 +495,7 @@ def run_inference(settings: InferenceSettings) -> str:
 
     if is_complete_for(settings.out, digest):
         log.info("%s is complete for these inputs; nothing to do", settings.out)
+        _refresh_names(settings)
         return settings.out
 
     from ladbench.models import load_adapter
@@ -508,7 +510,8 @@ def run_inference(settings: InferenceSettings) -> str:
     from ladbench.provenance import model_kind
     attrs = {"model": settings.model_name, "model_path": settings.model_path, "revision": settings.revision or "",
              "model_kind": model_kind(settings.model_path),
-             "family": settings.family, "variant": settings.prompt, "n_candidates": n,
+             "family": settings.family, "variant": settings.prompt, "variant_name": _variant_name(settings),
+             "n_candidates": n,
              "n_layers": adapter.n_layers, "n_heads": adapter.n_heads, "identifiers": settings.identifiers,
              "score_mode": settings.score_mode, "prompt_sha256": prompt_sha256(settings.prompt, n, settings.identifiers),
              "config_sha256": digest, "settings": settings.hashed_fields(), "versions": library_versions(),
@@ -552,6 +555,23 @@ def run_inference(settings: InferenceSettings) -> str:
     return settings.out
 
 
+def _variant_name(settings: InferenceSettings) -> str:
+    return settings.variant_name or settings.prompt
+
+
+def _refresh_names(settings: InferenceSettings) -> None:
+    """A complete cache is kept, but the names it records (not hashed: they change no number)
+    follow the config's, so a cache made before ``variant_name`` was recorded gains it."""
+    from ladbench.hdf5 import open_h5
+
+    names = {"model": settings.model_name, "variant_name": _variant_name(settings)}
+    with open_h5(settings.out, "r") as f:
+        stale = {key: value for key, value in names.items() if f.attrs.get(key) != value}
+    if stale:                                       # else untouched (not even opened for writing)
+        with open_h5(settings.out, "a") as f:
+            f.attrs.update(stale)
+
+
 def _settings_from_args(args: argparse.Namespace) -> InferenceSettings:
     fields = InferenceSettings.__dataclass_fields__
     return InferenceSettings(**{k: getattr(args, k) for k in fields if k not in ("extra", "options") and hasattr(args, k)},
@@ -592,6 +612,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     g = p.add_argument_group("prompt and scoring")
     g.add_argument("--prompt", default="vanilla", choices=variant_names(),
                    help="prompt / cache variant (the registry ladbench.variants)")
+    g.add_argument("--variant-name", default=None,
+                   help="the config's name of this cache variant, recorded in the cache (default: the prompt)")
     g.add_argument("--identifiers", default="digits", choices=IDENTIFIER_FORMATS, help="candidate identifier format")
     g.add_argument("--score-mode", default="reference", choices=SCORE_MODES,
                    help="reference: raw logits when every identifier is one token, else joint restricted "
@@ -620,7 +642,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     g.add_argument("--vision-tower", default="batched", choices=("batched", "native"),
                    help="batched: all images of a batch through the vision tower together (Qwen2.5-VL-style "
                         "towers); native: transformers' own (for comparison)")
-    g.add_argument("--chunk-size", type=int, default=16, help="rows per write to the cache (the most a kill can lose)")
+    g.add_argument("--chunk-size", type=int, default=InferenceSettings.chunk_size,
+                   help="rows per write to the cache (the most a kill can lose)")
     g.add_argument("--shard-index", type=int, default=0, help="run only shard i (0-based) of --shard-count")
     g.add_argument("--shard-count", type=int, default=1,
                    help="split the rows into this many contiguous shards (each its own cache; "

@@ -27,8 +27,9 @@ def _study_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--variants", nargs="+", required=True,
                         help="cache variants as name=prompt (e.g. vanilla=vanilla cot=cot), in config order")
     parser.add_argument("--evaluations", nargs="*", default=[],
-                        help="evaluation JSONs .../{model}/{benchmark}/{variant}/cal-{benchmark}.json")
-    parser.add_argument("--analyses", nargs="*", default=[], help="analysis JSONs .../{model}/{benchmark}/{variant}.json")
+                        help="evaluation JSONs (each names its model, benchmark and variant; any path)")
+    parser.add_argument("--analyses", nargs="*", default=[],
+                        help="analysis JSONs (each names its model, benchmark and variant; any path)")
 
 
 def register(subparsers) -> None:
@@ -40,7 +41,8 @@ def register(subparsers) -> None:
     tables = kinds.add_parser("tables", help="every table as Markdown, CSV and LaTeX")
     _study_arguments(tables)
     tables.add_argument("--caches", nargs="*", default=[],
-                        help="inference caches .../{model}/{benchmark}/{variant}.h5 (attributes only: Table 2, model ids)")
+                        help="inference caches (attributes only: Table 2, model ids; each names its model, benchmark "
+                        "and variant; any path)")
     tables.add_argument("--n-cal", type=int, default=None, help="the study's |D_cal| (for the side by side)")
     tables.add_argument("--dataset-sources", nargs="*", default=[],
                         help="dataset name=source (coco, flickr8k, synthetic), for the side by side")
@@ -155,11 +157,10 @@ def run_model_figures(args: argparse.Namespace) -> None:
     save_figure(accuracy_vs_n_figure(accuracy_by_n(study, args.model), title=title_with_kind(f"{args.model}: accuracy versus N", kind)),
                 args.accuracy_vs_n)
     entries = []
-    for path in args.analyses:
-        model, benchmark = Path(path).parts[-3:-1]
+    for (model, benchmark, variant), analysis in study.analyses.items():   # keyed by what each file records
         if model == args.model and benchmark in study.benchmarks:
-            entries.append((study.setting_label(benchmark), _npz(Path(path).with_suffix(".npz")),
-                            study.analyses[(model, benchmark, Path(path).stem)]["divergence"]))
+            npz = study.analysis_files[(model, benchmark, variant)].with_suffix(".npz")
+            entries.append((study.setting_label(benchmark), _npz(npz), analysis["divergence"]))
     save_figure(divergence_figure(entries, title=title_with_kind(f"{args.model}: do logits and attention follow the image?", kind)),
                 args.divergence)
     print("wrote " + ", ".join(args.accuracy_vs_n + args.divergence))

@@ -1,11 +1,11 @@
 """The report's inputs, indexed: evaluation JSONs (docs/formats.md §6), analysis JSONs
 (§8) and the attributes of the inference caches (§4: timing, memory, model identity).
 
-Files are recognised by their documented locations:
-
-- ``.../{model}/{benchmark}/{variant}/cal-{cal_benchmark}.json``  evaluation
-- ``.../{model}/{benchmark}/{variant}.json``                      analysis
-- ``.../{model}/{benchmark}/{variant}.h5``                        inference cache
+Each file is recognised by what it records about itself, never by its path (any folder
+layout works): the model, benchmark and cache variant that evaluation and analysis
+documents carry at their top level (``model``, ``benchmark``, ``variant``, and for an
+evaluation ``cal_benchmark``), and a cache's attributes ``model``, ``benchmark_name`` and
+``variant_name``.
 
 Only the caches' attributes and row count are read, never their arrays, so the report
 stays cheap however large the caches are.
@@ -20,7 +20,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from ladbench.atomic import read_json
 from ladbench.config import benchmark_parts
 from ladbench.inference.cache import read_cache_attributes
-from ladbench.stages.inputs import check_made_from_caches
+from ladbench.stages.inputs import MismatchError, check_made_from_caches
 
 __all__ = ["Study", "load_study", "parse_assignments"]
 
@@ -55,6 +55,7 @@ class Study:
     caches: dict[tuple[str, str, str], dict] = field(default_factory=dict)
     n_cal: int | None = None
     dataset_sources: dict[str, str] = field(default_factory=dict)
+    analysis_files: dict[tuple[str, str, str], Path] = field(default_factory=dict)  # for the .npz beside each
 
     # ---- lookups ------------------------------------------------------------------------
     def variants_with_prompt(self, prompt: str) -> list[str]:
@@ -120,22 +121,32 @@ class Study:
         return f"{dataset} {label}" if len(self.datasets()) > 1 else label
 
 
-def _index_evaluations(paths: Sequence[str | Path]) -> dict[tuple[str, str, str, str], dict]:
-    out = {}
-    for path in map(Path, paths):
-        if not path.stem.startswith("cal-") or len(path.parts) < 4:
-            raise ValueError(f"evaluation file {path}: expected .../{{model}}/{{benchmark}}/{{variant}}/cal-{{benchmark}}.json")
-        model, benchmark, variant = path.parts[-4:-1]
-        out[(model, benchmark, variant, path.stem[len("cal-"):])] = read_json(path, "evaluation file not found")
-    return out
+def _identity(path: Path, record: Mapping[str, Any], fields: Sequence[str], what: str) -> tuple[str, ...]:
+    """The key of a report input from what the file records; one line naming the file if it does not."""
+    missing = [name for name in fields if not record.get(name)]
+    if missing:
+        raise ValueError(f"{what} {path}: records no {', '.join(missing)} (made by an older ladbench); "
+                         "rerun the workflow to rewrite it")
+    return tuple(str(record[name]) for name in fields)
 
 
-def _index_by_stem(paths: Sequence[str | Path], load, what: str) -> dict[tuple[str, str, str], Any]:
-    out = {}
+# What each kind of input records about itself (docs/formats.md §4, §6, §8), in key order.
+EVALUATION_KEY = ("model", "benchmark", "variant", "cal_benchmark")
+ANALYSIS_KEY = ("model", "benchmark", "variant")
+CACHE_KEY = ("model", "benchmark_name", "variant_name")
+
+
+def _index(paths: Sequence[str | Path], load, fields: Sequence[str], what: str,
+           where: dict[tuple[str, ...], Path] | None = None) -> dict[tuple[str, ...], Any]:
+    """Each file's content by the key it records; ``where`` (if given) receives each key's path."""
+    out: dict[tuple[str, ...], Any] = {}
+    where = {} if where is None else where
     for path in map(Path, paths):
-        if len(path.parts) < 3:
-            raise ValueError(f"{what} {path}: expected .../{{model}}/{{benchmark}}/{{variant}}{path.suffix}")
-        out[(path.parts[-3], path.parts[-2], path.stem)] = load(path)
+        record = load(path)
+        key = _identity(path, record, fields, what)
+        if key in out:
+            raise ValueError(f"{what}s {where[key]} and {path} are both {'/'.join(key)}; give one of them")
+        out[key], where[key] = record, path
     return out
 
 
@@ -153,16 +164,34 @@ def load_study(
     """Read and index every input file of the report."""
     for benchmark in benchmarks:
         benchmark_parts(benchmark)  # validates the names early, with a clear message
+    analysis_files: dict = {}
     study = Study(
         models=list(models),
         benchmarks=list(benchmarks),
         variants=dict(variants),
-        evaluations=_index_evaluations(evaluations),
-        analyses=_index_by_stem(analyses, lambda p: read_json(p, "analysis file not found"), "analysis file"),
-        caches=_index_by_stem(caches, read_cache_attributes, "inference cache"),
+        evaluations=_index(evaluations, lambda p: read_json(p, "evaluation file not found"), EVALUATION_KEY,
+                           "evaluation file"),
+        analyses=_index(analyses, lambda p: read_json(p, "analysis file not found"), ANALYSIS_KEY, "analysis file",
+                        analysis_files),
+        analysis_files=analysis_files,
+        caches=_index(caches, read_cache_attributes, CACHE_KEY, "inference cache"),
         n_cal=n_cal,
         dataset_sources=dict(dataset_sources or {}),
     )
     check_made_from_caches(study.evaluations, study.caches, "evaluation")
     check_made_from_caches(study.analyses, study.caches, "analysis")
+    _check_prompts(study)
     return study
+
+
+def _check_prompts(study: Study) -> None:
+    """Refuse a file whose variant ran another prompt than ``--variants`` gives that variant
+    (its numbers would land in another method's row)."""
+    recorded = [("evaluation", key, doc.get("prompt")) for key, doc in study.evaluations.items()]
+    recorded += [("analysis", key, doc.get("prompt")) for key, doc in study.analyses.items()]
+    recorded += [("cache", key, attrs.get("variant")) for key, attrs in study.caches.items()]
+    for what, key, prompt in recorded:
+        expected = study.variants.get(key[2])
+        if prompt and expected and prompt != expected:
+            raise MismatchError(f"the {what} of {'/'.join(key)} records prompt {prompt!r}, but --variants gives "
+                                f"{key[2]}={expected}; give the files of this study's variants")

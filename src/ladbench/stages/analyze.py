@@ -20,7 +20,7 @@ instances); with several draws, ``calibration_draws`` says how much it moves bet
 from __future__ import annotations
 
 import argparse
-from dataclasses import asdict, dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -31,11 +31,12 @@ from ladbench import divergence, methods, metrics
 from ladbench.atomic import atomic_path, atomic_write_json
 from ladbench.calibration import Calibration, fit_calibration, log_softmax
 from ladbench.cli import output_file
-from ladbench.stages.calibrate import add_pride_argument
-from ladbench.stages.options import add_bootstrap_arguments, add_lad_arguments, lad_settings, metrics_line
-from ladbench.inference.cache import read_cache
+from ladbench.stages.calibrate import add_fit_arguments
+from ladbench.stages.options import (Bootstrap, add_bootstrap_arguments, add_lad_arguments, bootstrap_settings,
+                                     lad_settings, metrics_line)
+from ladbench.inference.cache import read_cache, read_cache_attributes
 from ladbench.stages.arrays import CalibrationArrays, EvalArrays, calibration_arrays, eval_arrays
-from ladbench.stages.inputs import cache_identity
+from ladbench.stages.inputs import cache_identity, what_it_is
 
 __all__ = [
     "DEFAULT_DCAL_SIZES",
@@ -58,25 +59,12 @@ __all__ = [
 # Figure 6 of the paper: |D_cal| in 1..100 and tau in 1..9.
 DEFAULT_DCAL_SIZES = (1, 5, 10, 20, 50, 100)
 DEFAULT_TAUS = tuple(float(t) for t in range(1, 10))
+DEFAULT_DCAL_DRAWS = 5
 # Methods compared across |D_cal| (Vanilla needs no calibration: it is the flat baseline).
 DCAL_METHODS = ("lad", "pride", "purified_attention")
 
 
 # --------------------------------------------------------------------------- small helpers
-
-
-@dataclass(frozen=True)
-class Bootstrap:
-    """Options of :func:`ladbench.metrics.summarize`: bootstrap resamples, level, seed, and
-    the ddof of Acc's std (every table row and sweep uses the same one)."""
-
-    n_boot: int = 1000
-    ci: float = 0.95
-    seed: int = 0
-    acc_ddof: int = metrics.ACC_STD_DDOF
-
-    def kwargs(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def fit_draws(cal: CalibrationArrays, n_cal: int, seeds: Sequence[int], average: str = "reference") -> list[Calibration]:
@@ -293,7 +281,7 @@ def analyze(
     score_average: str = "reference",
     pride_original_logs: str = "floor",
     dcal_sizes: Sequence[int] = DEFAULT_DCAL_SIZES,
-    dcal_draws: int = 5,
+    dcal_draws: int = DEFAULT_DCAL_DRAWS,
     taus: Sequence[float] = DEFAULT_TAUS,
     boot: Bootstrap | None = None,
     progress: bool = False,
@@ -321,12 +309,10 @@ def analyze(
         ("paper_vs_reference", lambda: paper_vs_reference_rows(arrays, cal, base, n_cal, seeds, boot)),
     ]
     document: dict[str, Any] = {
+        **what_it_is(cache.attrs),
         "cache": str(cache_path),
         "inputs": {"cache": cache_identity(cache_path, cache.attrs)},
-        "model": cache.attrs.get("model"),
         "model_path": cache.attrs.get("model_path"),
-        "model_kind": cache.attrs.get("model_kind"),
-        "prompt": cache.attrs.get("variant"),
         "n_instances": int(arrays.scores.shape[0]),
         "n_orderings": int(arrays.scores.shape[1]),
         "n_candidates": int(arrays.scores.shape[-1]),
@@ -358,17 +344,15 @@ def register(subparsers) -> None:
     parser.add_argument("--cache", required=True, help="inference cache (HDF5) of a vanilla-prompt variant")
     add_lad_arguments(parser.add_argument_group("LAD base settings (as in `ladbench evaluate`)"))
     cal = parser.add_argument_group("calibration (fitted in-process from the cache's pool)")
-    cal.add_argument("--n-cal", type=int, default=5, help="|D_cal| of the tables")
+    add_fit_arguments(cal)
     cal.add_argument("--seeds", type=int, nargs="+", default=[0], help="calibration draws of the tables")
-    cal.add_argument("--score-average", choices=["reference", "paper"], default="reference",
-                     help="how L averages the calibration scores (Eqs. 1-3)")
-    add_pride_argument(cal)
     sweeps = parser.add_argument_group("Figure 6 sweeps")
     sweeps.add_argument("--dcal-sizes", type=int, nargs="+", default=list(DEFAULT_DCAL_SIZES),
                         help="|D_cal| sizes (clipped to the pool size)")
-    sweeps.add_argument("--dcal-draws", type=int, default=5, help="calibration draws (seeds 0..n-1) per |D_cal| size")
+    sweeps.add_argument("--dcal-draws", type=int, default=DEFAULT_DCAL_DRAWS,
+                        help="calibration draws (seeds 0..n-1) per |D_cal| size")
     sweeps.add_argument("--taus", type=float, nargs="+", default=list(DEFAULT_TAUS), help="tau values of the sweep")
-    add_bootstrap_arguments(parser.add_argument_group("confidence intervals"), default_resamples=1000)
+    add_bootstrap_arguments(parser.add_argument_group("confidence intervals"))
     parser.add_argument("--out", required=True, type=output_file(".json"), help="output .json (per-row arrays go to the same name .npz)")
     parser.set_defaults(func=run)
 
@@ -376,12 +360,12 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> None:
     if args.dcal_draws < 1:
         raise ValueError(f"--dcal-draws must be >= 1, got {args.dcal_draws}")
-    base = lad_settings(args)
+    base = lad_settings(args, read_cache_attributes(args.cache))
     document, arrays = analyze(
         args.cache, base, n_cal=args.n_cal, seeds=args.seeds, score_average=args.score_average,
         pride_original_logs=args.pride_original_logs,
         dcal_sizes=args.dcal_sizes, dcal_draws=args.dcal_draws, taus=args.taus,
-        boot=Bootstrap(args.bootstrap, args.ci, args.seed, args.acc_ddof), progress=True,
+        boot=bootstrap_settings(args), progress=True,
     )
     atomic_write_json(args.out, metrics.json_safe(document), indent=1)
     npz = Path(args.out).with_suffix(".npz")

@@ -6,14 +6,22 @@ from __future__ import annotations
 import argparse
 from dataclasses import replace
 
-from ladbench.calibration import PRIDE_ORIGINAL_LOGS, fit_calibration
+from ladbench.calibration import PRIDE_ORIGINAL_LOGS, SCORE_AVERAGES, fit_calibration
 from ladbench.cli import output_file
 from ladbench.inference.cache import read_cache
 from ladbench.stages.arrays import calibration_arrays
 from ladbench.stages.inputs import cache_identity
 
 
-def add_pride_argument(parser) -> None:
+# |D_cal| (calibration.n_cal's default; tests/test_config.py checks the schema states the same)
+N_CAL = 5
+
+
+def add_fit_arguments(parser) -> None:
+    """How a calibration is fitted (``calibration.*`` in the config); shared with ``analyze``."""
+    parser.add_argument("--n-cal", type=int, default=N_CAL, help="|D_cal|: calibration instances drawn from the pool")
+    parser.add_argument("--score-average", choices=SCORE_AVERAGES, default=SCORE_AVERAGES[0],
+                        help="reference: average raw scores; paper: average probabilities, then log (Eqs. 1-3)")
     parser.add_argument("--pride-original-logs", choices=PRIDE_ORIGINAL_LOGS, default=PRIDE_ORIGINAL_LOGS[0],
                         help="pride_original: log(p + 1e-10) as the original code (floor, default) or exact logs")
 
@@ -21,13 +29,8 @@ def add_pride_argument(parser) -> None:
 def register(subparsers) -> None:
     parser = subparsers.add_parser("calibrate", help="fit the calibration from a cache's calibration rows")
     parser.add_argument("--cache", required=True, help="inference cache (HDF5)")
-    parser.add_argument("--n-cal", type=int, default=5, help="|D_cal|: calibration instances drawn from the pool")
     parser.add_argument("--seed", type=int, default=0, help="seed of the draw")
-    parser.add_argument(
-        "--score-average", choices=["reference", "paper"], default="reference",
-        help="reference: average raw scores; paper: average probabilities, then log",
-    )
-    add_pride_argument(parser)
+    add_fit_arguments(parser)
     parser.add_argument("--out", required=True, type=output_file(".npz"), help="output .npz")
     parser.set_defaults(func=run)
 

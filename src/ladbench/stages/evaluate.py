@@ -21,7 +21,7 @@ from ladbench.cli import output_file
 from ladbench.stages.options import add_bootstrap_arguments, add_lad_arguments, lad_settings, metrics_line
 from ladbench.inference.cache import read_cache
 from ladbench.stages.arrays import EvalArrays, eval_arrays
-from ladbench.stages.inputs import cache_identity, calibration_record, check_calibrations
+from ladbench.stages.inputs import cache_identity, calibration_record, check_calibrations, what_it_is
 from ladbench.variants import VARIANTS, variant
 
 
@@ -38,7 +38,7 @@ def register(subparsers) -> None:
         + "; ".join(f"{name} -> {' '.join(v.methods)}" for name, v in VARIANTS.items()) + ")",
     )
     add_lad_arguments(parser)
-    add_bootstrap_arguments(parser, default_resamples=10000)
+    add_bootstrap_arguments(parser)
     parser.add_argument("--transfer", action="store_true",
                         help="the calibrations were fitted on another benchmark (calibration transfer); "
                         "without it they must come from this cache's benchmark")
@@ -89,7 +89,7 @@ def run(args: argparse.Namespace) -> None:
     loaded = [Calibration.from_npz(path) for path in args.calibration]
     transfer = check_calibrations(args.cache, cache.attrs, zip(args.calibration, loaded), transfer=args.transfer)
     calibrations = loaded or [None]
-    settings = lad_settings(args)
+    settings = lad_settings(args, cache.attrs)
     n = arrays.scores.shape[-1]
     draws = [predict_all(names, arrays, cal, settings) for cal in calibrations]
     if cache.has_shifts:
@@ -107,6 +107,9 @@ def run(args: argparse.Namespace) -> None:
                  for d in draws]
             )
     result = {
+        **what_it_is(cache.attrs),
+        # the benchmark the calibrations were fitted on (another one: a calibration transfer)
+        "cal_benchmark": (transfer or {}).get("calibrated_on") or cache.attrs.get("benchmark_name"),
         "cache": str(args.cache),
         "calibrations": [str(p) for p in args.calibration],
         "inputs": {"cache": cache_identity(args.cache, cache.attrs),
@@ -114,9 +117,6 @@ def run(args: argparse.Namespace) -> None:
         "transfer": transfer,
         # pool (disjoint from the evaluation set) or evaluation_head (the reference's: its first instances)
         "calibration_source": calibrations[0].settings.get("source", "pool") if calibrations[0] else None,
-        "model": cache.attrs.get("model"),
-        "model_kind": cache.attrs.get("model_kind"),  # tiny-random / tiny-organism / pretrained
-        "prompt": cache.attrs.get("variant"),  # the cache's prompt variant
         "n_instances": int(arrays.scores.shape[0]),
         "n_orderings": int(arrays.scores.shape[1]),
         "n_candidates": int(n),

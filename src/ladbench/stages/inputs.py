@@ -27,8 +27,22 @@ class MismatchError(ValueError):
 
 def cache_identity(path: str, attrs: Mapping[str, Any]) -> dict[str, Any]:
     """What an output records about the cache it was made from."""
-    keys = ("config_sha256", *BENCHMARK_KEYS, *SAME_MODEL_AND_PROMPT)
+    keys = ("config_sha256", *BENCHMARK_KEYS, *SAME_MODEL_AND_PROMPT, "variant_name")
     return {"path": str(path), **{key: attrs.get(key) for key in keys}}
+
+
+def what_it_is(attrs: Mapping[str, Any]) -> dict[str, Any]:
+    """What an output made from a cache is, at its top level (the report reads it from there,
+    never from the file's path): the model, the benchmark (name, dataset, setting), the
+    cache variant (the config's name) and its prompt and identifiers."""
+    from ladbench.config import benchmark_parts
+
+    benchmark = attrs.get("benchmark_name")
+    dataset, setting, _ = benchmark_parts(benchmark) if benchmark else (None, None, None)
+    return {"model": attrs.get("model"), "model_kind": attrs.get("model_kind"), "benchmark": benchmark,
+            "dataset": dataset, "setting": setting,
+            "variant": attrs.get("variant_name"), "prompt": attrs.get("variant"),
+            "identifiers": attrs.get("identifiers")}
 
 
 def _differences(a: Mapping[str, Any], b: Mapping[str, Any], keys: Iterable[str]) -> list[str]:

@@ -1,46 +1,77 @@
 """Command-line options and the printed summary line shared by the stages that run methods
-on a cache (evaluate, analyze)."""
+on a cache (evaluate, analyze). Every default is the settings dataclass's (:class:`LadSettings`,
+:class:`Bootstrap`), which tests/test_config.py checks against the config schema's."""
 
 from __future__ import annotations
 
 import argparse
+from dataclasses import asdict, dataclass
+from typing import Any, Mapping
 
 from ladbench.config import parse_layer_range
+from ladbench.families import REFERENCE_LAYER_RANGE, default_layer_range
 from ladbench.methods import K_BEYOND_RANGE, LAYER_TIES, LadSettings
-from ladbench.metrics import ACC_STD_DDOF
+from ladbench.metrics import ACC_STD_DDOF, BOOTSTRAP_RESAMPLES
+
+_LAD = LadSettings()
+
+
+@dataclass(frozen=True)
+class Bootstrap:
+    """Options of :func:`ladbench.metrics.summarize`: bootstrap resamples, level, seed, and
+    the ddof of Acc's std (every table row and sweep uses the same one)."""
+
+    n_boot: int = BOOTSTRAP_RESAMPLES
+    ci: float = 0.95
+    seed: int = 0
+    acc_ddof: int = ACC_STD_DDOF
+
+    def kwargs(self) -> dict[str, Any]:
+        return asdict(self)
 
 
 def add_lad_arguments(group) -> None:
     """LAD's test-time settings (``lad.*`` and ``models.*.layer_range`` in the config)."""
-    group.add_argument("--layer-range", default="21:35",
+    group.add_argument("--layer-range", default=None,
                        help="layer search range: all (the paper) or first:last, 0-based inclusive, clipped to "
-                       "the model's last layer (default 21:35, the reference's), or first:last/of: layers "
-                       "first..last of an of-layer decoder, scaled to the model's depth (a family default)")
-    group.add_argument("--top-k", type=int, default=2, help="K: layers kept by attention strength")
-    group.add_argument("--tau", type=float, default=5.0, help="sharpening temperature")
-    group.add_argument("--layer-mean", choices=["reference", "paper"], default="reference",
+                       "the model's last layer, or first:last/of: layers first..last of an of-layer decoder, "
+                       "scaled to the model's depth (default: the cache's model family's, as in the config, "
+                       "e.g. 21:35/36, the reference's)")
+    group.add_argument("--top-k", type=int, default=_LAD.top_k, help="K: layers kept by attention strength")
+    group.add_argument("--tau", type=float, default=_LAD.tau, help="sharpening temperature")
+    group.add_argument("--layer-mean", choices=["reference", "paper"], default=_LAD.layer_mean,
                        help="purified attention: log of the layer mean (reference) or mean of logs (paper, Eqs. 10-11)")
-    group.add_argument("--mixture", choices=["reference", "paper"], default="reference",
+    group.add_argument("--mixture", choices=["reference", "paper"], default=_LAD.mixture,
                        help="expected bias: mix B's rows in log space (reference) or probability space (paper, Eq. 13)")
-    group.add_argument("--layer-ties", choices=LAYER_TIES, default=LAYER_TIES[0],
+    group.add_argument("--layer-ties", choices=LAYER_TIES, default=_LAD.layer_ties,
                        help="layers of equal strength: keep the highest index (the reference) or the lowest")
-    group.add_argument("--k-beyond-range", choices=K_BEYOND_RANGE, default=K_BEYOND_RANGE[0],
+    group.add_argument("--k-beyond-range", choices=K_BEYOND_RANGE, default=_LAD.k_beyond_range,
                        help="K larger than the layer range: lower K to the range's size (the reference) or stop")
 
 
-def add_bootstrap_arguments(group, default_resamples: int) -> None:
-    group.add_argument("--bootstrap", type=int, default=default_resamples,
-                       help="bootstrap resamples over instances (0: no intervals)")
-    group.add_argument("--ci", type=float, default=0.95, help="confidence level")
-    group.add_argument("--seed", type=int, default=0, help="bootstrap seed")
-    group.add_argument("--acc-ddof", type=int, choices=(0, 1), default=ACC_STD_DDOF,
-                       help=f"delta degrees of freedom of Acc's std over the T orderings (default {ACC_STD_DDOF}, "
+def add_bootstrap_arguments(group) -> None:
+    defaults = Bootstrap()
+    group.add_argument("--bootstrap", type=int, default=defaults.n_boot,
+                       help=f"bootstrap resamples over instances (0: no intervals; default {defaults.n_boot})")
+    group.add_argument("--ci", type=float, default=defaults.ci, help="confidence level")
+    group.add_argument("--seed", type=int, default=defaults.seed, help="bootstrap seed")
+    group.add_argument("--acc-ddof", type=int, choices=(0, 1), default=defaults.acc_ddof,
+                       help=f"delta degrees of freedom of Acc's std over the T orderings (default {defaults.acc_ddof}, "
                        "the reference's sample std)")
 
 
-def lad_settings(args: argparse.Namespace) -> LadSettings:
+def bootstrap_settings(args: argparse.Namespace) -> Bootstrap:
+    return Bootstrap(args.bootstrap, args.ci, args.seed, args.acc_ddof)
+
+
+def lad_settings(args: argparse.Namespace, cache_attrs: Mapping[str, Any]) -> LadSettings:
+    """The flags' settings; without --layer-range, the default of the cache's model family
+    (the reference's range, scaled to the model's depth, where the cache records no family)."""
+    family = cache_attrs.get("family")
+    layer_range = (parse_layer_range(args.layer_range) if args.layer_range is not None
+                   else default_layer_range(family) if family else REFERENCE_LAYER_RANGE)
     return LadSettings(
-        top_k=args.top_k, tau=args.tau, layer_range=parse_layer_range(args.layer_range),
+        top_k=args.top_k, tau=args.tau, layer_range=layer_range,
         layer_mean=args.layer_mean, mixture=args.mixture, layer_ties=args.layer_ties,
         k_beyond_range=args.k_beyond_range,
     )

@@ -18,7 +18,7 @@ import heapq
 import os
 from dataclasses import dataclass
 
-from ladbench.config import load_config
+from ladbench.config import load_config, study_benchmarks
 from ladbench.variants import variant
 
 #: Assumed rates where nothing is measured: guesses on the slow side, not measurements
@@ -47,22 +47,21 @@ class Job:
         return self.seconds * self.gpus / 3600.0
 
 
-def benchmark_names(config: dict) -> list[str]:
-    bench = config["benchmarks"]
-    datasets = bench.get("datasets") or list(config["datasets"])
-    return [f"{d}_{s}_N{n}" for d in datasets for s in bench["settings"] for n in bench["n_candidates"]]
-
-
 def cache_path(config: dict, model: str, benchmark: str, variant: str) -> str:
     """Where the workflow writes the cache of one inference job (common.smk's ``cache_file``)."""
     return os.path.join(config["output_dir"], "cache", model, benchmark, f"{variant}.h5")
+
+
+def benchmark_path(config: dict, benchmark: str) -> str:
+    """Where the workflow writes a benchmark file (common.smk's ``benchmark_file``)."""
+    return os.path.join(config["output_dir"], "benchmarks", f"{benchmark}.json")
 
 
 def job_rows(config: dict, benchmark: str, n: int, prompt: str) -> int:
     """Rows of one cache: from the benchmark file if it exists, else from the config."""
     from ladbench.inference.cache import plan_rows
 
-    path = os.path.join(config["output_dir"], "benchmarks", f"{benchmark}.json")
+    path = benchmark_path(config, benchmark)
     if os.path.exists(path):
         from ladbench.benchmark import load_benchmark
         return len(plan_rows(load_benchmark(path), shifts_per_ordering=variant(prompt).shifts_per_ordering))
@@ -83,7 +82,7 @@ def measured_rates(config: dict) -> dict[tuple[str, str, str], dict]:
 
     rates = {}
     for model in config["models"]:
-        for benchmark in benchmark_names(config):
+        for benchmark in study_benchmarks(config):
             for variant in config["inference"]["variants"]:
                 path = cache_path(config, model, benchmark, variant)
                 if not os.path.exists(path):
@@ -120,7 +119,7 @@ def plan_jobs(config: dict) -> list[Job]:
     jobs = []
     for model, spec in config["models"].items():
         gpus = 0 if spec["tiny"] or config["inference"]["device"] == "cpu" else spec["gpus_per_job"]
-        for benchmark in benchmark_names(config):
+        for benchmark in study_benchmarks(config):
             n = benchmark_parts(benchmark)[2]
             for variant, vspec in config["inference"]["variants"].items():
                 prompt = vspec["prompt"]
