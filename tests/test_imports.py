@@ -94,6 +94,4 @@ def test_only_command_modules_parse_arguments(name):
     """argparse belongs to the subcommands (ladbench.stages, report.cli) and to cli.py."""
     if name.startswith("ladbench.stages.") or name in ("ladbench.cli", "ladbench.report.cli"):
         return
-    if name in ("ladbench.inference.runner", "ladbench.variants"):   # i3 TEMP: moving to stages/infer.py next
-        pytest.xfail("the infer command still lives in inference/runner.py")
     assert "argparse" not in module_files()[name].read_text(), f"{name} builds a command line"

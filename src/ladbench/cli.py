@@ -25,7 +25,7 @@ SUBCOMMANDS = {
     "benchmark": "ladbench.stages.benchmark",
     "demo-model": "ladbench.stages.demo_model",
     "train-organism": "ladbench.stages.train_organism",
-    "infer": "ladbench.inference.runner",
+    "infer": "ladbench.stages.infer",
     "merge-shards": "ladbench.stages.merge_shards",
     "plan": "ladbench.stages.plan",
     "calibrate": "ladbench.stages.calibrate",
