@@ -31,7 +31,7 @@ SUBCOMMANDS = {
     "calibrate": "ladbench.stages.calibrate",
     "evaluate": "ladbench.stages.evaluate",
     "analyze": "ladbench.stages.analyze",
-    "report": "ladbench.report.cli",
+    "report": "ladbench.stages.report",
 }
 
 
