@@ -238,11 +238,6 @@ class ResumableFile:
             write_attrs(h5, {**attrs, **self.final_attrs(h5), "complete": True})
         os.replace(self.path, self.final_path)
 
-    def read(self, key: str) -> np.ndarray:
-        """One dataset of the work file, whole."""
-        with open_h5(self.path, "r") as h5:
-            return h5[key][()]
-
     def attr(self, key: str, default: Any = None) -> Any:
         with open_h5(self.path, "r") as h5:
             return h5.attrs.get(key, default)
