@@ -39,8 +39,8 @@ def options_from_args(name: str, args: argparse.Namespace) -> Any:
 
 
 def _settings_from_args(args: argparse.Namespace) -> InferenceSettings:
-    fields = InferenceSettings.__dataclass_fields__
-    return InferenceSettings(**{k: getattr(args, k) for k in fields if k != "options" and hasattr(args, k)},
+    names = InferenceSettings.__dataclass_fields__
+    return InferenceSettings(**{k: getattr(args, k) for k in names if k != "options" and hasattr(args, k)},
                              options=options_from_args(args.prompt, args))
 
 
