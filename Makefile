@@ -44,8 +44,10 @@ test: install
 test-current: install-current
 	PATH="$(CURRENT_BIN):$$PATH" $(CURRENT_BIN)/pytest -m "lanes and not slurm"
 
+# The workflow's own checks, then ruff over the Python (rules: [tool.ruff] in pyproject.toml).
 lint: install
 	$(SMK) --lint --configfile $(DEMO_CONFIG)
+	$(BIN)/ruff check .
 
 figures: install
 	$(SMK) --cores $(CORES) --configfile $(DEMO_CONFIG) --workflow-profile workflow/profiles/default report_all

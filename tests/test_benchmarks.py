@@ -1,8 +1,12 @@
-"""The benchmark scripts still run (mechanics only, at toy sizes; their timings are read by
-people from a full run, never asserted). Without this, a refactor can break a script that
-nothing else imports, as one once did."""
+"""The benchmark scripts run, at toy sizes, and what they print is right: counts that follow
+from their arguments, numbers that agree with each other and with what the method must do
+on the scripts' planted biases. Their timings are read by people from a full run, never
+asserted. Without this, a refactor can break a script that nothing else imports, as one
+once did, or leave it printing wrong numbers."""
 from __future__ import annotations
 
+import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +14,7 @@ from pathlib import Path
 import pytest
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+NUMBER = r"(-?[0-9.]+(?:e[+-]?[0-9]+)?|nan)"
 
 
 def run_script(name: str, *args: str, timeout: float = 600) -> str:
@@ -19,33 +24,101 @@ def run_script(name: str, *args: str, timeout: float = 600) -> str:
     return done.stdout
 
 
-def test_bench_methods_runs_at_a_toy_size():
-    out = run_script("bench_methods.py", "--n", "4", "--instances", "40", "--pool", "10", "--layers", "16",
-                     "--layer-range", "6", "15", "--bootstrap", "50", "--draws", "2")
-    assert "N" in out and "s" in out
+def table_rows(text: str, first_cell: str) -> list[list[str]]:
+    """The cells of the Markdown table rows of ``text`` whose first cell is ``first_cell``."""
+    rows = [[cell.strip() for cell in line.strip().strip("|").split("|")] for line in text.splitlines()
+            if line.startswith("|")]
+    return [row for row in rows if row[0] == first_cell]
 
 
-def test_bench_hard_negatives_runs_at_a_toy_size():
-    out = run_script("bench_hard_negatives.py", "--n", "4", "--images", "600", "--pool-size", "500",
+def test_bench_methods_counts_and_results_at_a_toy_size():
+    instances, orderings, pool, draws = 40, 5, 10, 2
+    out = run_script("bench_methods.py", "--n", "4", "5", "--instances", str(instances), "--orderings", str(orderings),
+                     "--pool", str(pool), "--layers", "16", "--layer-range", "6", "15", "--bootstrap", "50",
+                     "--draws", str(draws))
+    assert out.startswith(f"{instances} instances x {orderings} orderings, 16 layers, pool {pool}, ")
+    results = re.findall(
+        rf"N = (\d+): Acc vanilla {NUMBER}, PriDe {NUMBER}, LAD {NUMBER} \[{NUMBER}, {NUMBER}\], ideal attention "
+        rf"{NUMBER}; LAD - PriDe = {NUMBER} \(p = {NUMBER}\); Spearman purified attention {NUMBER} vs logits {NUMBER}",
+        out)
+    assert [int(r[0]) for r in results] == [4, 5]
+    for result in results:
+        vanilla, pride, lad, low, high, ideal, difference, p_value, rho_attention, rho_logits = map(float, result[1:])
+        assert all(0 <= acc <= 100 for acc in (vanilla, pride, lad, low, high, ideal))
+        assert low <= lad <= high
+        assert difference == pytest.approx(lad - pride, abs=0.11)       # printed to one decimal each
+        assert 0 < p_value <= 1
+        # the simulated cache plants a position bias in the logits and the answer in the attention
+        assert lad > vanilla and lad > pride and rho_attention > rho_logits
+    for n in (4, 5):
+        steps = {row[1]: row[2:] for row in table_rows(out, str(n))}
+        assert steps["simulate cache"][0] == str(instances * orderings + pool * n)
+        assert steps["fit calibrations (draws x 2 score averages)"][0] == str(2 * draws)
+        assert steps["predict LAD + PriDe for the other draws"][0] == str(2 * (draws - 1))
+        variants = int(steps["predict every variant, first draw"][0])
+        assert int(steps["summarize every variant (50 resamples)"][0]) == variants + 1   # + LAD, paper average
+        timed = [float(v[1]) for name, v in steps.items() if name not in ("simulate cache",) and "total" not in name]
+        total = float(steps["**total (without simulation)**"][1].strip("*"))
+        assert total == pytest.approx(sum(timed), abs=0.0005 * (len(timed) + 1))
+
+
+def test_bench_hard_negatives_builds_what_it_was_asked_at_a_toy_size():
+    out = run_script("bench_hard_negatives.py", "--n", "4", "6", "--images", "600", "--pool-size", "500",
                      "--dim", "16", "--n-eval", "20", "--n-calibration", "5")
-    assert out.strip()
+    assert out.startswith("inputs: 600 images x 16-d built in ")
+    built = re.findall(rf"(\w+) +N= *(\d+): (\d+) eval \+ (\d+) calibration instances from a pool of (\d+) in {NUMBER} s",
+                       out)
+    assert [(setting, int(n)) for setting, n, *_ in built] == [
+        ("adversarial", 4), ("random", 4), ("adversarial", 6), ("random", 6)]
+    assert all((n_eval, n_cal, pool) == ("20", "5", "500") for _, _, n_eval, n_cal, pool, _ in built)
 
 
 @pytest.mark.slow
 def test_bench_inference_runs_on_the_tiny_model(tmp_path):
     out = run_script("bench_inference.py", "--preset", "tiny", "--n", "4", "--reps", "1", "--image-size", "56",
                      "--proxies", "--json", str(tmp_path / "raw.json"))
-    assert "| 4 |" in out                                  # one table row per N, every method measured
-    assert "| tiny | 4 | 8 | ours |" in out                # the host-sync proxies
-    assert (tmp_path / "raw.json").is_file()
+    raw = json.loads((tmp_path / "raw.json").read_text())
+    timing = {r["method"]: r for r in raw["timing"]}
+    assert set(timing) == {"bare", "ours", "reference"} and {r["n"] for r in raw["timing"]} == {4}
+    assert len({r["seq_len"] for r in raw["timing"]}) == 1                # one prompt, timed three ways
+    assert all(0 < r["min_s"] <= r["median_s"] and r["cpu_min_s"] > 0 for r in raw["timing"])
+    (row,) = table_rows(out, "4")                                           # one table row per N
+    assert row[1] == str(timing["ours"]["seq_len"])
+    speed_up = 3 * timing["reference"]["min_s"] / timing["ours"]["min_s"]   # the reference runs once per method
+    assert float(row[-1].rstrip("x")) == pytest.approx(speed_up, abs=0.006)
+    proxies = {r["code"]: r for r in raw["proxies"]}
+    assert set(proxies) == {"ours", "ours, native tower"}
+    for r in proxies.values():                                              # counts per batch, shown per row
+        assert r["batch"] == 8 and r["syncs_per_row"] == pytest.approx(r["item_per_row"] + r["tolist_cpu_per_row"])
+        assert (r["syncs_per_row"] * r["batch"]).is_integer() and (r["aten_ops_per_row"] * r["batch"]).is_integer()
+    # the batched vision tower syncs with the host less than transformers' own, per image
+    assert proxies["ours"]["syncs_per_row"] < proxies["ours, native tower"]["syncs_per_row"]
+    assert table_rows(out, "tiny")[0][:4] == ["tiny", "4", "8", "ours"]
 
 
-def test_bench_checksums_runs():
-    assert "with Fletcher-32" in run_script("bench_checksums.py", "--n", "4", "--reps", "1")
+def test_bench_checksums_reads_the_paper_size_cache():
+    out = run_script("bench_checksums.py", "--n", "4", "--reps", "1")
+    found = re.fullmatch(rf"cache of (\d+) rows, {NUMBER} MB: read {NUMBER} ms without checksums, {NUMBER} ms with "
+                         rf"Fletcher-32 \({NUMBER}x, \+{NUMBER} ms\)\n", out)
+    assert found, out
+    rows, megabytes, plain, checked, ratio, extra = (float(v) for v in found.groups())
+    assert rows == 1000 * 5 + 100 * 4                                       # 1,000 x 5 orderings + 100 x N
+    assert megabytes == pytest.approx(rows * (4 * 4 + 36 * 4 * 4 + 36 * 4) / 2 ** 20, abs=0.05)   # float32 [R, N], [R, L, N], [R, L]
+    assert ratio == pytest.approx(checked / plain, rel=0.05, abs=0.01)
+    assert extra == pytest.approx(checked - plain, abs=0.11)
 
 
 @pytest.mark.slow
 def test_bench_scaleout_runs_on_the_tiny_model():
     out = run_script("bench_scaleout.py", "--device", "cpu", "--n", "4", "--instances", "2", "--orderings", "2",
                      "--image-size", "56", "--shards", "2", "--batch-sizes", "1", "2", "--cot-max-new-tokens", "4")
-    assert "| 2 shards |" in out and "| 2 |" in out
+    assert len(table_rows(out, "1")) == 2 and len(table_rows(out, "2 shards")) == 1
+    # 2 x 2 evaluation + 1 x 4 calibration rows: each shard's 4 rows are one batch of 4, so the merged
+    # cache holds exactly the unsharded scores
+    assert float(re.search(rf"max \|merged - unsharded\| score: {NUMBER}", out).group(1)) == 0
+    cot = {row[0]: row[1:] for row in table_rows(out, "1")[1:] + table_rows(out, "2")}
+    assert set(cot) == {"1", "2"}
+    for rows_per_s, tokens_per_s, tokens, _ in cot.values():
+        assert 0 < int(tokens) <= 8 * 4                                      # at most 4 new tokens per row
+        assert float(rows_per_s) > 0 and float(tokens_per_s) > 0
+    assert cot["2"][3] == "True" and cot["1"][2] == cot["2"][2]              # batching changes no reply

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
 import pytest
 
+from ladbench.cli import build_parser
 from ladbench.data import coco
 
 
@@ -176,8 +176,7 @@ def test_flickr8k_malformed_line_names_file_and_line(tmp_path):
 
 def test_cli_captions_and_flickr(coco_files, tmp_path):
     captions, instances, root = coco_files
-    parser = argparse.ArgumentParser()
-    coco.register(parser.add_subparsers())
+    parser = build_parser(only="captions")
     out = tmp_path / "out" / "images.json"
     args = parser.parse_args(["captions", "--captions-json", str(captions), "--instances-json", str(instances),
                               "--image-root", str(root), "--dataset", "coco", "--out", str(out)])
@@ -185,6 +184,6 @@ def test_cli_captions_and_flickr(coco_files, tmp_path):
     assert [row["image_id"] for row in json.loads(out.read_text())["images"]] == [7, 19, 42]
     token = tmp_path / "t.txt"
     token.write_text("a.jpg#0\tA\n")
-    args = parser.parse_args(["flickr8k-to-coco", "--captions", str(token), "--out", str(tmp_path / "c.json")])
+    args = build_parser(only="flickr8k-to-coco").parse_args(["flickr8k-to-coco", "--captions", str(token), "--out", str(tmp_path / "c.json")])
     args.func(args)
     assert json.loads((tmp_path / "c.json").read_text())["annotations"][0]["caption"] == "A"

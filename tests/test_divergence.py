@@ -7,11 +7,9 @@ import pytest
 from scipy.stats import spearmanr
 
 from ladbench.divergence import (
-    attention_profiles,
     divergence_summary,
     mean_pairwise_spearman,
     profiles,
-    score_profiles,
     spearman_summary,
 )
 from ladbench.methods import identity_indexed, purified_attention, raw_attention
@@ -98,7 +96,7 @@ def test_identity_indexing_round_trip():
 def test_profiles_by_hand():
     scores = np.array([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]])
     target = np.array([0, 1, 0])
-    profile = score_profiles(scores, target)
+    profile = profiles(scores, target)  # Figure 2's data: scores per ground-truth position
     np.testing.assert_allclose(profile.mean, [[3.0, 4.0], [3.0, 4.0]])
     np.testing.assert_allclose(profile.std[0], [np.sqrt(8.0), np.sqrt(8.0)])  # ddof = 1 of (1, 5) and (2, 6)
     assert np.all(np.isnan(profile.std[1])) and profile.count.tolist() == [2, 1]
@@ -111,5 +109,6 @@ def test_attention_profiles_use_the_selected_layers():
     attn = np.zeros((2, 3, 2))  # [rows, Lyr, N]
     attn[:, 2] = [[0.9, 0.1], [0.2, 0.8]]  # the strongest layer
     attn[:, 0] = 0.05
-    profile = attention_profiles(attn, np.array([0, 1]), top_k=1)
+    # Figure 3's data: the raw attention evidence of the top-K layers per ground-truth position
+    profile = profiles(raw_attention(attn, top_k=1), np.array([0, 1]))
     np.testing.assert_allclose(profile.mean, [[0.9, 0.1], [0.2, 0.8]])

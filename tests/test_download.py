@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import io
 import json
@@ -14,8 +13,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from ladbench.cli import build_parser
 from ladbench.data import download as dl
 from ladbench.data.coco import build_image_table
+from ladbench.stages import download as download_stage
 
 
 class FixtureServer:
@@ -239,8 +240,7 @@ def test_nested_archive_layout_is_found(tmp_path):
 def test_official_sources_and_cli(tmp_path):
     assert dl.DATASETS["coco"][0].url == "http://images.cocodataset.org/zips/val2014.zip"
     assert dl.DATASETS["coco"][1].url == "http://images.cocodataset.org/annotations/annotations_trainval2014.zip"
-    parser = argparse.ArgumentParser()
-    dl.register(parser.add_subparsers())
+    parser = build_parser(only="download")
     args = parser.parse_args(["download", "--dataset", "flickr8k", "--dest", str(tmp_path), "--url-base", "http://x",
                               "--retries", "0", "--keep-archives", "--no-checksum"])
-    assert args.func is dl._run and args.retries == 0 and args.keep_archives and args.no_checksum
+    assert args.func is download_stage.run and args.retries == 0 and args.keep_archives and args.no_checksum

@@ -9,7 +9,6 @@ import tempfile
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HOME", tempfile.mkdtemp(prefix="ladbench-hf-"))
 
-import argparse  # noqa: E402
 import json  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -21,6 +20,8 @@ from PIL import Image  # noqa: E402
 
 from ladbench.atomic import file_digest  # noqa: E402
 from ladbench import features as ft  # noqa: E402
+from ladbench.cli import build_parser  # noqa: E402
+from ladbench.hdf5 import partial_path  # noqa: E402
 from ladbench.data import coco, synthetic  # noqa: E402
 
 
@@ -123,7 +124,7 @@ def test_resumes_after_an_interrupted_run(tiny, reference_file, tmp_path, monkey
     with pytest.raises(KeyboardInterrupt):
         run(tiny, out)
     assert not out.exists()  # only the work file: a workflow manager may delete `out` itself
-    work = ft.partial_path(out)
+    work = partial_path(out)
     partial = read_all(work)
     assert partial["done"].tolist() == [True] * 8 + [False] * 2  # two batches of 4 were written
     with h5py.File(work, "r") as h5:
@@ -148,7 +149,7 @@ def test_resumes_after_an_interrupted_run(tiny, reference_file, tmp_path, monkey
 
 def test_file_of_other_weights_is_started_over(tiny, reference_file, tmp_path, capsys):
     out = tmp_path / "features.h5"
-    for stale, message in ((ft.partial_path(out), "starting over"), (out, "rebuilding")):
+    for stale, message in ((partial_path(out), "starting over"), (out, "rebuilding")):
         stale.write_bytes(reference_file.read_bytes())
         with h5py.File(stale, "r+") as h5:
             h5.attrs["weights_sha256"] = "0" * 64
@@ -218,15 +219,14 @@ def test_bad_arguments(tiny, tmp_path):
 
 
 def test_cli(tiny, tmp_path, reference_file):
-    parser = argparse.ArgumentParser()
-    ft.register(parser.add_subparsers())
+    parser = build_parser(only="features")
     m = tiny["manifest"]
     args = parser.parse_args(["features", "--images", str(tiny["images"]), "--out", str(tmp_path / "f.h5"),
                               "--model", m["model"], "--pretrained", m["pretrained"], "--model-config",
                               m["model_config"], "--batch-size", "5", "--workers", "0", "--device", "cpu"])
     args.func(args)
     np.testing.assert_array_equal(read_all(tmp_path / "f.h5")["text_emb"], read_all(reference_file)["text_emb"])
-    args = parser.parse_args(["demo-clip", "--out", str(tmp_path / "clip"), "--seed", "0"])
+    args = build_parser(only="demo-clip").parse_args(["demo-clip", "--out", str(tmp_path / "clip"), "--seed", "0"])
     args.func(args)
     assert (tmp_path / "clip" / "ladbench-tiny-clip.pt").is_file()
 

@@ -105,7 +105,7 @@ def test_vectorised_bootstrap_equals_the_loop_over_resamples():
     for name in ("acc_mean", "acc_std", "rstd", "cons", "parse_success"):
         metric = standard_metric(name)
         fast = bootstrap_ci(metric, pred, target, order, n_boot=300, seed=5)
-        slow = bootstrap_ci(lambda *a: metric(*a), pred, target, order, n_boot=300, seed=5)
+        slow = bootstrap_ci(lambda *a, metric=metric: metric(*a), pred, target, order, n_boot=300, seed=5)
         np.testing.assert_allclose(fast.replicates, slow.replicates, atol=1e-9, err_msg=name)
         assert fast.estimate == pytest.approx(slow.estimate)
         assert fast.ci_low <= fast.estimate <= fast.ci_high or name in ("acc_std", "rstd")
@@ -237,7 +237,7 @@ def test_percentile_intervals_agree_with_scipy_bootstrap():
     }
     for name, tolerance in (("acc_mean", 0.35), ("acc_std", 0.2), ("cons", 0.5)):
         ours = bootstrap_ci(standard_metric(name), pred, target, order, n_boot=20000, seed=1)
-        theirs = bootstrap((np.arange(n_inst),), lambda idx, axis=-1: by_indices[name](idx.astype(int)),
+        theirs = bootstrap((np.arange(n_inst),), lambda idx, axis=-1, name=name: by_indices[name](idx.astype(int)),
                            method="percentile", n_resamples=20000, vectorized=True, batch=2000,
                            random_state=np.random.default_rng(2)).confidence_interval
         assert ours.estimate == pytest.approx(float(by_indices[name](np.arange(n_inst))))

@@ -2,7 +2,6 @@
 ``from_pretrained(folder)`` path as hub models) with the real classes, template and layout."""
 from __future__ import annotations
 
-import argparse
 import filecmp
 import json
 import os
@@ -11,6 +10,7 @@ import pytest
 
 from conftest_models import FAMILIES, make_images
 from ladbench.models import ADAPTERS, adapter_class, load_adapter
+from ladbench.cli import build_parser
 from ladbench.models import compat, tiny
 
 pytestmark = [pytest.mark.slow, pytest.mark.lanes]
@@ -99,8 +99,7 @@ def test_ov15_needs_trust_remote_code(tiny_model):
 
 
 def test_demo_model_cli_is_deterministic_and_offline(hf_offline, tmp_path):
-    parser = argparse.ArgumentParser()
-    tiny.register(parser.add_subparsers())
+    parser = build_parser(only="demo-model")
     for name, seed in (("a", 0), ("b", 0), ("c", 1)):
         args = parser.parse_args(["demo-model", "--family", "qwen2_5_vl", "--out", str(tmp_path / name),
                                   "--seed", str(seed)])

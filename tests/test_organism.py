@@ -9,6 +9,7 @@ outcomes, and show that the same pipeline on the untrained organism does not pas
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import numpy as np
 import pytest

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from conftest_models import FAMILIES, demo_runner
-from ladbench.inference.prompts import (identifiers, majority_vote, parse_answer_is, parse_last_identifier,
-                                        prompt_sha256, prompt_text)
+from ladbench.inference.prompts import identifiers, majority_vote, parse_answer_is, parse_last_identifier
 from ladbench.inference.scoring import IdentifierTrie, identifier_encoder, restricted_log_softmax, trie_scores
+from ladbench.variants import prompt_sha256, prompt_text
 
 pytestmark = pytest.mark.lanes
 

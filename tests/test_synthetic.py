@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
@@ -10,6 +9,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from ladbench.cli import build_parser
 from ladbench.data import coco, synthetic
 
 
@@ -88,8 +88,7 @@ def test_replaces_previous_output_but_not_foreign_folders(tmp_path):
 
 
 def test_cli(tmp_path):
-    parser = argparse.ArgumentParser()
-    synthetic.register(parser.add_subparsers())
+    parser = build_parser(only="demo-scenes")
     args = parser.parse_args(["demo-scenes", "--out", str(tmp_path / "d"), "--n-images", "6", "--seed", "1",
                               "--image-size", "32"])
     args.func(args)

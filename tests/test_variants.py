@@ -16,9 +16,9 @@ import pytest
 import yaml
 
 from ladbench.config import ConfigError, load_schema, validate_config
-from ladbench.inference.prompts import IDENTIFIER_FORMATS, prompt_sha256, prompt_text
+from ladbench.inference.prompts import IDENTIFIER_FORMATS
 from ladbench.methods import METHODS
-from ladbench.variants import VARIANTS, PromptVariant, SofaSettings, variant
+from ladbench.variants import VARIANTS, PromptVariant, SofaSettings, prompt_sha256, prompt_text, variant
 
 DEMO = Path(__file__).resolve().parents[1] / "workflow" / "demo" / "config.yaml"
 
@@ -108,7 +108,7 @@ def test_a_variants_settings_enter_its_caches_identity_only():
 
 def test_infer_flags_come_from_the_registry():
     from ladbench.cli import build_parser
-    from ladbench.inference.runner import _settings_from_args
+    from ladbench.stages.infer import _settings_from_args
 
     base = ["infer", "--benchmark", "b", "--images", "i", "--out", "o.h5", "--model-name", "m",
             "--family", "qwen2_5_vl", "--model-path", "p"]

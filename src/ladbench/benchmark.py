@@ -48,7 +48,6 @@ The output (docs/formats.md §3) carries additive keys beyond the contract: ``po
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import random
@@ -58,9 +57,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from ladbench.atomic import atomic_write_text, json_one_item_per_line, read_json
-from ladbench.cli import output_file
-from ladbench.data.coco import load_image_table
+from ladbench.atomic import json_one_item_per_line, read_json
 
 SETTINGS = ("random", "adversarial")
 CATEGORY_RULES = ("reference", "paper")
@@ -342,50 +339,3 @@ def format_benchmark(doc: dict) -> str:
 def load_benchmark(path: str | os.PathLike) -> dict:
     """Read a benchmark file written by :func:`format_benchmark` (any JSON reader works too)."""
     return read_json(path, "benchmark file not found (run `ladbench benchmark`)", BenchmarkError)
-
-
-def _run(args: argparse.Namespace) -> None:
-    from ladbench.features import load_features
-    from ladbench.stages.inputs import check_features_table
-
-    table = load_image_table(args.images)
-    features = load_features(args.features)
-    if not np.array_equal(np.asarray(features["image_id"]), [row["image_id"] for row in table["images"]]):
-        raise BenchmarkError(f"{args.features}: image ids differ from {args.images}; rebuild the features")
-    check_features_table(args.features, features["attrs"], args.images, table)
-    doc = build_benchmark(table, features, args.setting, args.n_candidates, args.n_eval, args.n_calibration,
-                          args.n_orderings, args.pool_size, args.seed, args.caption_sim_max, args.category_rule,
-                          args.dataset, args.orderings, args.calibration_source)
-    atomic_write_text(args.out, format_benchmark(doc))
-    print(f"benchmark: {len(doc['eval'])} evaluation + {len(doc['calibration'])} calibration instances "
-          f"({args.setting}, N = {args.n_candidates}, pool {doc['pool_size']}) -> {args.out}")
-
-
-def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add the ``benchmark`` subcommand."""
-    parser = subparsers.add_parser(
-        "benchmark", help="Build a random or adversarial benchmark (instances, calibration pool, orderings).",
-        description="Build one benchmark file (docs/formats.md §3) per METHOD §7.")
-    parser.add_argument("--images", required=True, help="Image table (images.json).")
-    parser.add_argument("--features", required=True, help="CLIP features (features.h5) of that table.")
-    parser.add_argument("--setting", required=True, choices=SETTINGS, help="random or adversarial distractors.")
-    parser.add_argument("--n-candidates", type=int, required=True, help="N, candidate images per instance (>= 2).")
-    parser.add_argument("--n-eval", type=int, default=1000, help="Evaluation instances (default 1000).")
-    parser.add_argument("--n-calibration", type=int, default=100, help="Calibration instances, disjoint targets (default 100).")
-    parser.add_argument("--n-orderings", type=int, default=5, help="T, orderings per evaluation instance, identity first (default 5).")
-    parser.add_argument("--pool-size", type=int, default=20000, help="Images drawn into the pool (default 20000).")
-    parser.add_argument("--seed", type=int, default=42, help="Seed (default 42); the same seed gives a byte-identical file.")
-    parser.add_argument("--caption-sim-max", type=float, default=0.9,
-                        help="Adversarial: a distractor's caption cosine similarity must be below this (default 0.9).")
-    parser.add_argument("--category-rule", choices=CATEGORY_RULES, default="reference",
-                        help="Adversarial: reference = skip candidates whose categories contain the target's; "
-                             "paper = skip only identical category sets.")
-    parser.add_argument("--orderings", choices=ORDERING_SCHEMES, default=ORDERING_SCHEMES[0],
-                        help="shared (default, the reference's): one list of T orderings for every instance, drawn "
-                             "like the reference's build_shuffles; per_instance: each instance draws its own.")
-    parser.add_argument("--calibration-source", choices=CALIBRATION_SOURCES, default=CALIBRATION_SOURCES[0],
-                        help="pool (default): calibration instances disjoint from the evaluation set; "
-                             "evaluation_head (the reference's): the first --n-calibration evaluation instances.")
-    parser.add_argument("--dataset", default=None, help="Dataset name recorded in the file (default: the table's).")
-    parser.add_argument("--out", required=True, type=output_file(".json"), help="Output benchmark JSON.")
-    parser.set_defaults(func=_run)

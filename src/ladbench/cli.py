@@ -13,24 +13,25 @@ import os
 import sys
 from pathlib import Path
 
-# subcommand -> module whose register(subparsers) defines it
+# subcommand -> module whose register(subparsers) defines it: a thin module in
+# ladbench.stages that parses the flags and calls the domain function
 SUBCOMMANDS = {
-    "download": "ladbench.data.download",
-    "demo-scenes": "ladbench.data.synthetic",
-    "captions": "ladbench.data.coco",
-    "flickr8k-to-coco": "ladbench.data.coco",
-    "demo-clip": "ladbench.features",
-    "features": "ladbench.features",
-    "benchmark": "ladbench.benchmark",
-    "demo-model": "ladbench.models.tiny",
+    "download": "ladbench.stages.download",
+    "demo-scenes": "ladbench.stages.demo_scenes",
+    "captions": "ladbench.stages.captions",
+    "flickr8k-to-coco": "ladbench.stages.flickr8k_to_coco",
+    "demo-clip": "ladbench.stages.demo_clip",
+    "features": "ladbench.stages.features",
+    "benchmark": "ladbench.stages.benchmark",
+    "demo-model": "ladbench.stages.demo_model",
     "train-organism": "ladbench.stages.train_organism",
-    "infer": "ladbench.inference.runner",
+    "infer": "ladbench.stages.infer",
     "merge-shards": "ladbench.stages.merge_shards",
     "plan": "ladbench.stages.plan",
     "calibrate": "ladbench.stages.calibrate",
     "evaluate": "ladbench.stages.evaluate",
     "analyze": "ladbench.stages.analyze",
-    "report": "ladbench.report.cli",
+    "report": "ladbench.stages.report",
 }
 
 
@@ -109,7 +110,8 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
                         help="show the traceback of an error instead of one line (also: LADBENCH_DEBUG=1)")
     subparsers = parser.add_subparsers(dest="command", metavar="<subcommand>", required=True)
     _register_where(subparsers)
-    modules = [SUBCOMMANDS[only]] if only in SUBCOMMANDS else sorted(set(SUBCOMMANDS.values()))
+    # in the workflow order of SUBCOMMANDS; a module defining several subcommands once
+    modules = [SUBCOMMANDS[only]] if only in SUBCOMMANDS else list(dict.fromkeys(SUBCOMMANDS.values()))
     for name in modules:
         importlib.import_module(name).register(subparsers)
     return parser

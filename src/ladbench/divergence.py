@@ -31,11 +31,9 @@ from ladbench.metrics import BOOTSTRAP_RESAMPLES, InstanceMetric, bootstrap_ci, 
 
 __all__ = [
     "Profile",
-    "attention_profiles",
     "divergence_summary",
     "mean_pairwise_spearman",
     "profiles",
-    "score_profiles",
     "spearman_summary",
 ]
 
@@ -169,15 +167,3 @@ def profiles(values: np.ndarray, target_pos: np.ndarray) -> Profile:
         std = np.sqrt(squares / (count[:, None] - 1))
     std[count < 2] = np.nan
     return Profile(mean, std, count)
-
-
-def score_profiles(scores: np.ndarray, target_pos: np.ndarray) -> Profile:
-    """Figure 2's data: mean candidate score per physical position, per ground-truth position."""
-    return profiles(scores, target_pos)
-
-
-def attention_profiles(
-    attn: np.ndarray, target_pos: np.ndarray, top_k: int = 2, layer_range: tuple[int, int] | None = None
-) -> Profile:
-    """Figure 3's data: mean raw attention evidence (top-K layers) per position, per ground-truth position."""
-    return profiles(raw_attention(attn, top_k, layer_range), target_pos)

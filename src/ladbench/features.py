@@ -14,11 +14,11 @@ Weights identity: the sha256 of the checkpoint file actually loaded (for a tag, 
 in the user's open_clip / Hugging Face cache, which is also where the weights come from
 when offline: set ``HF_HUB_OFFLINE=1``).
 
-Resumption: the HDF5 file is created with every dataset at full size and a ``done`` flag
-per row; rows are written batch by batch (embeddings first, then their flags, then a
-flush), so after a kill a rerun computes only the rows not yet flagged. The ``complete``
-attribute is set last. A file left by another model, other weights or another image
-table is started over (with a warning).
+Resumption: the file is a :class:`ladbench.hdf5.ResumableFile` (built in ``<out>.partial``
+with every dataset at full size and a ``done`` flag per row, written batch by batch, so
+after a kill a rerun computes only the rows not yet flagged; ``complete`` set last, then
+the rename). A file left by another model, other weights or another image table is
+started over (with a warning).
 
 Unreadable images: by default the first one stops the run with an error naming the file.
 With ``--skip-bad-images`` its image embedding is written as NaN (its caption embedding
@@ -28,7 +28,6 @@ in the ``n_bad_images``/``bad_images`` attributes; the benchmark leaves such ima
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -36,16 +35,14 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable
 
-import h5py
 import numpy as np
 import torch
 from PIL import Image
 from tqdm import tqdm
 
 from ladbench.atomic import atomic_path, atomic_write_json, file_digest
-from ladbench.cli import output_file
 from ladbench.data.coco import load_image_table, table_fingerprint
-from ladbench.hdf5 import CHECKSUMS, open_h5, reading
+from ladbench.hdf5 import ResumableFile, RowDataset, is_complete, reading
 
 DEFAULT_MODEL = "ViT-L-14-quickgelu"
 DEFAULT_PRETRAINED = "openai"
@@ -247,51 +244,19 @@ def encode_text_batch(model, tokenizer, captions: list[str], device: torch.devic
 
 # --- HDF5 -------------------------------------------------------------------------------
 
-def partial_path(out: Path) -> Path:
-    """Where the features of ``out`` are written until they are complete."""
-    return out.with_name(out.name + ".partial")
-
-
 # What to do with a features file that cannot be read (the end of its one-line error).
 REBUILD = "delete it and rerun the workflow (or `ladbench features`) to rebuild it"
+# Rows per HDF5 chunk (1024 x 768 float16 embeddings: 1.5 MB).
+CHUNK_ROWS = 1024
 
 
-def _is_complete(path: Path) -> bool:
-    with reading(path, "features file", REBUILD) as h5:
-        return bool(h5.attrs.get("complete", False))
+def _embedding_datasets(n_rows: int, dim: int) -> dict[str, RowDataset]:
+    """The datasets filled batch by batch; rows of unreadable images keep their NaN."""
+    return {name: RowDataset((n_rows, dim), np.float16, np.nan) for name in ("image_emb", "text_emb")}
 
 
-def _existing_file_matches(path: Path, expected: dict, image_ids: np.ndarray, dim: int) -> str | None:
-    """None if the existing HDF5 can be resumed, else the reason it cannot."""
-    try:
-        with open_h5(path, "r") as h5:
-            for key, value in expected.items():
-                if h5.attrs.get(key) != value:
-                    return f"attribute {key}={h5.attrs.get(key)!r}, expected {value!r}"
-            if not np.array_equal(h5["image_id"][()], image_ids):
-                return "image ids differ from the image table"
-            if h5["image_emb"].shape[1] != dim:
-                return f"embedding size {h5['image_emb'].shape[1]} != {dim}"
-    except (OSError, KeyError) as err:
-        return f"unreadable ({err})"
-    return None
-
-
-def _create_feature_file(path: Path, attrs: dict, image_ids: np.ndarray, dim: int) -> None:
-    n = len(image_ids)
-    chunk_rows = max(1, min(n, 1024))
-    with atomic_path(path) as tmp:
-        with open_h5(tmp, "w") as h5:
-            h5.create_dataset("image_id", data=image_ids.astype(np.int64), **CHECKSUMS)
-            for name in ("image_emb", "text_emb"):
-                h5.create_dataset(name, shape=(n, dim), dtype=np.float16, chunks=(chunk_rows, dim),
-                                  fillvalue=np.nan, **CHECKSUMS)
-            h5.create_dataset("done", shape=(n,), dtype=bool, fillvalue=False, **CHECKSUMS)
-            for key, value in attrs.items():
-                h5.attrs[key] = value
-            h5.attrs["complete"] = False
-            h5.attrs["n_bad_images"] = 0
-            h5.attrs["bad_images"] = "[]"
+def _warn(message: str) -> None:
+    print(f"features: {message}", file=sys.stderr)
 
 
 def compute_features(images_json: str | os.PathLike, out: str | os.PathLike, model_name: str = DEFAULT_MODEL,
@@ -326,67 +291,49 @@ def compute_features(images_json: str | os.PathLike, out: str | os.PathLike, mod
              "open_clip_version": open_clip.__version__, "table_sha256": table_fingerprint(table)}
 
     out = Path(out)
-    if out.exists() and _existing_file_matches(out, attrs, image_ids, dim) is None and _is_complete(out):
+    fixed, datasets = {"image_id": image_ids}, _embedding_datasets(len(image_ids), dim)
+    if is_complete(out, attrs, fixed, datasets):
         return out  # finished earlier from the same inputs
     # Work in `<out>.partial` and rename when complete: a workflow manager deletes a job's
     # declared outputs before rerunning it, and an interrupted run must survive that.
-    work = partial_path(out)
-    if work.exists():
-        reason = _existing_file_matches(work, attrs, image_ids, dim)
-        if reason is not None:
-            print(f"features: {work} cannot be resumed ({reason}); starting over", file=sys.stderr)
-            work.unlink()
-    elif out.exists():
-        print(f"features: {out} was made from other inputs or is unfinished; rebuilding it", file=sys.stderr)
-    if not work.exists():
-        _create_feature_file(work, attrs, image_ids, dim)
-
-    with open_h5(work, "r+") as h5:
-        pending = np.flatnonzero(~h5["done"][()]).tolist()
-        bad = json.loads(h5.attrs["bad_images"])
-        if pending:
-            loader = torch.utils.data.DataLoader(
-                ImageFiles(paths, pending, preprocess), batch_size=batch_size, shuffle=False,
-                num_workers=workers, collate_fn=collate_rows, pin_memory=torch_device.type == "cuda")
-            with tqdm(total=len(rows), initial=len(rows) - len(pending), desc="features", unit="img",
-                      file=sys.stderr) as bar:
-                for batch in loader:
-                    bad.extend(_write_batch(h5, batch, paths, captions, model, tokenizer, torch_device,
-                                            skip_bad_images))
-                    h5.attrs["bad_images"] = json.dumps(bad)
-                    h5.attrs["n_bad_images"] = len(bad)
-                    h5.flush()
-                    bar.update(len(batch["rows"]))
-        h5.attrs["complete"] = True
-    os.replace(work, out)
+    writer = ResumableFile.open(out, identity=attrs, fixed=fixed, datasets=datasets, chunk_rows=CHUNK_ROWS,
+                                attrs={"n_bad_images": 0, "bad_images": "[]"}, warn=_warn)
+    pending = writer.pending_rows().tolist()
+    bad = json.loads(writer.attr("bad_images"))
+    if pending:
+        loader = torch.utils.data.DataLoader(
+            ImageFiles(paths, pending, preprocess), batch_size=batch_size, shuffle=False,
+            num_workers=workers, collate_fn=collate_rows, pin_memory=torch_device.type == "cuda")
+        with tqdm(total=len(rows), initial=len(rows) - len(pending), desc="features", unit="img",
+                  file=sys.stderr) as bar:
+            for batch in loader:
+                embeddings, failed = _embed_batch(batch, paths, captions, model, tokenizer, torch_device,
+                                                  skip_bad_images)
+                bad.extend(failed)
+                writer.write(batch["rows"], embeddings, {"bad_images": json.dumps(bad), "n_bad_images": len(bad)})
+                bar.update(len(batch["rows"]))
+    writer.finish()
     if bad:
         print(f"features: skipped {len(bad)} unreadable images (NaN embeddings), e.g. {bad[:3]}", file=sys.stderr)
     return out
 
 
-def _selection(rows: list[int]) -> slice | list[int]:
-    """A slice for a contiguous run of rows (fast in HDF5), else the increasing index list h5py needs."""
-    if rows[-1] - rows[0] + 1 == len(rows):
-        return slice(rows[0], rows[-1] + 1)
-    return rows
-
-
-def _write_batch(h5: h5py.File, batch: dict, paths: list[Path], captions: list[str], model, tokenizer,
-                 device: torch.device, skip_bad_images: bool) -> list[str]:
-    """Write one batch's embeddings, then its done flags; return the files that failed to decode."""
+def _embed_batch(batch: dict, paths: list[Path], captions: list[str], model, tokenizer, device: torch.device,
+                 skip_bad_images: bool) -> tuple[dict[str, np.ndarray], list[str]]:
+    """One batch's float16 embeddings (NaN image rows for images that failed to decode) and
+    the files that failed."""
     if batch["errors"] and not skip_bad_images:
         row, error = next(iter(batch["errors"].items()))
         raise FeatureError(f"cannot read image {paths[row]} ({error}); fix or remove it, or pass "
                            "--skip-bad-images to leave unreadable images out")
     rows = batch["rows"]
     text = encode_text_batch(model, tokenizer, [captions[r] for r in rows], device)
-    h5["text_emb"][_selection(rows)] = text.astype(np.float16)
+    image = np.full(text.shape, np.nan, dtype=np.float32)
     if batch["good_rows"]:
-        image = encode_image_batch(model, batch["pixels"], device)
-        h5["image_emb"][_selection(batch["good_rows"])] = image.astype(np.float16)
-    # Failed rows keep the NaN fill value of image_emb.
-    h5["done"][_selection(rows)] = True
-    return [str(paths[r]) for r in sorted(batch["errors"])]
+        good = [rows.index(r) for r in batch["good_rows"]]
+        image[good] = encode_image_batch(model, batch["pixels"], device)
+    embeddings = {"text_emb": text.astype(np.float16), "image_emb": image.astype(np.float16)}
+    return embeddings, [str(paths[r]) for r in sorted(batch["errors"])]
 
 
 def load_features(path: str | os.PathLike, require_complete: bool = True) -> dict[str, Any]:
@@ -403,46 +350,3 @@ def load_features(path: str | os.PathLike, require_complete: bool = True) -> dic
         data = {name: h5[name][()] for name in ("image_id", "image_emb", "text_emb")}
         data["attrs"] = dict(h5.attrs)
     return data
-
-
-# --- CLI --------------------------------------------------------------------------------
-
-def _run_features(args: argparse.Namespace) -> None:
-    out = compute_features(args.images, args.out, args.model, args.pretrained, args.model_config,
-                           args.batch_size, args.workers, args.device, args.skip_bad_images, args.cache_dir)
-    print(f"features: {out}")
-
-
-def _run_demo_clip(args: argparse.Namespace) -> None:
-    manifest = build_tiny_clip(args.out, args.seed, args.name)
-    print(f"demo-clip: model {manifest['model']} -> {manifest['pretrained']} (config {manifest['model_config']})")
-
-
-def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add the ``features`` and ``demo-clip`` subcommands."""
-    parser = subparsers.add_parser(
-        "features", help="CLIP image and caption embeddings -> features.h5.",
-        description="L2-normalised float16 open_clip embeddings of every image and caption of an image "
-                    "table (docs/formats.md §2); resumable after an interruption.")
-    parser.add_argument("--images", required=True, help="Image table (images.json from `ladbench captions`).")
-    parser.add_argument("--out", required=True, type=output_file(".h5"), help="Output HDF5 file.")
-    parser.add_argument("--model", default=DEFAULT_MODEL, help=f"open_clip model name (default {DEFAULT_MODEL}).")
-    parser.add_argument("--pretrained", default=DEFAULT_PRETRAINED,
-                        help=f"open_clip pretrained tag or a local checkpoint file (default {DEFAULT_PRETRAINED}).")
-    parser.add_argument("--model-config", default=None,
-                        help="JSON config of a custom open_clip architecture; its file stem must equal --model.")
-    parser.add_argument("--batch-size", type=int, default=64, help="Images per batch (default 64).")
-    parser.add_argument("--workers", type=int, default=4, help="DataLoader worker processes for image decoding (default 4).")
-    parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="auto = CUDA when present.")
-    parser.add_argument("--skip-bad-images", action="store_true",
-                        help="Record unreadable images (NaN embedding, count in the file) instead of stopping.")
-    parser.add_argument("--cache-dir", default=None, help="open_clip weights cache folder (default: the library's).")
-    parser.set_defaults(func=_run_features)
-
-    demo = subparsers.add_parser(
-        "demo-clip", help="Build the demo's tiny random open_clip model locally.",
-        description="Write a tiny open_clip config (NAME.json), random weights (NAME.pt) and clip.json into --out.")
-    demo.add_argument("--out", required=True, help="Output folder.")
-    demo.add_argument("--seed", type=int, default=0, help="Seed of the random weights.")
-    demo.add_argument("--name", default=TINY_CLIP_NAME, help=f"Model (and config file) name (default {TINY_CLIP_NAME}).")
-    demo.set_defaults(func=_run_demo_clip)

@@ -122,7 +122,7 @@ class PromptBuilder:
         self.tokens_per_image = tokens_per_image
 
     def text(self, caption: str, n: int) -> str:
-        from ladbench.inference.prompts import prompt_text
+        from ladbench.variants import prompt_text
         return self.adapter.chat_text(prompt_text("vanilla", n, caption, "digits"), n)
 
     def encode(self, caption: str, n: int) -> tuple[list[int], tuple[int, int]]:

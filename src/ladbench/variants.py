@@ -25,8 +25,8 @@ which ``ladbench`` reads at start-up).
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
+import hashlib
 import importlib
 import os
 from dataclasses import dataclass, field, fields
@@ -34,7 +34,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 from ladbench.inference import prompts
 
-__all__ = ["PLUGINS_ENV", "PromptVariant", "VARIANTS", "add_variant_arguments", "load_plugins", "register_variant",
+__all__ = ["PLUGINS_ENV", "PromptVariant", "VARIANTS", "load_plugins", "prompt_sha256", "prompt_text", "register_variant",
            "setting", "variant", "variant_names"]
 
 SCORING, GENERATIVE = "scoring", "generative"
@@ -185,6 +185,16 @@ def variant_names() -> tuple[str, ...]:
     return tuple(VARIANTS)
 
 
+def prompt_text(name: str, n: int, caption: str, fmt: str = "digits") -> str:
+    """The text that follows the ``n`` images, for prompt variant ``name`` and identifier format."""
+    return variant(name).text(n, caption, fmt)
+
+
+def prompt_sha256(name: str, n: int, fmt: str) -> str:
+    """Hash of the prompt template (caption left as a placeholder) for the cache metadata."""
+    return hashlib.sha256(prompt_text(name, n, "{caption}", fmt).encode("utf-8")).hexdigest()
+
+
 for _entry in (
     PromptVariant("vanilla", "Vanilla", prompts.answer_prompt(), methods=("vanilla", "pride", "lad"), place=1,
                   cost_label="Vanilla, PriDe, Ours (LAD) and the attention readouts (one shared pass)"),
@@ -202,28 +212,6 @@ for _entry in (
                   table="table1", place=5),
 ):
     register_variant(_entry)
-
-
-# --------------------------------------------------------------------------- flags
-
-
-def add_variant_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--<variant>-<field>`` for every setting of every variant (default: the dataclass's)."""
-    for entry in VARIANTS.values():
-        settings = fields(entry.settings)
-        if not settings:
-            continue
-        group = parser.add_argument_group(f"{entry.label} (--prompt {entry.name}; config inference.prompt_settings."
-                                          f"{entry.name})")
-        for f in settings:
-            group.add_argument(f"--{entry.name}-{f.name}".replace("_", "-"), dest=f"{entry.name}_{f.name}",
-                               type=type(f.default), default=None, help=f"{f.metadata.get('help', '')} ({f.default})")
-
-
-def options_from_args(name: str, args: argparse.Namespace) -> Any:
-    """The settings of variant ``name`` from the flags of :func:`add_variant_arguments`."""
-    entry = variant(name)
-    return entry.options({f.name: getattr(args, f"{name}_{f.name}", None) for f in fields(entry.settings)})
 
 
 # --------------------------------------------------------------------------- plugins

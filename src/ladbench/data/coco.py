@@ -20,7 +20,6 @@ instances file was read) and ``skipped_files`` (images left out by ``--skip-miss
 
 from __future__ import annotations
 
-import argparse
 import csv
 import hashlib
 import json
@@ -30,7 +29,6 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from ladbench.atomic import atomic_write_json, atomic_write_text, file_digest, json_one_item_per_line, read_json
-from ladbench.cli import output_file
 
 _MAX_LISTED = 5  # how many offending ids/files an error message lists
 
@@ -267,43 +265,3 @@ def write_flickr8k_coco(captions: str | os.PathLike, image_root: str | os.PathLi
     doc = flickr8k_to_coco(captions, image_root)
     atomic_write_json(out, doc, separators=(",", ":"))
     return doc
-
-
-# --- CLI --------------------------------------------------------------------------------
-
-def _run_captions(args: argparse.Namespace) -> None:
-    table = build_image_table(args.captions_json, args.instances_json, args.image_root, args.dataset,
-                              check_files=not args.no_check_files, skip_missing=args.skip_missing)
-    write_image_table(table, args.out)
-    n_with = sum(1 for row in table["images"] if row["categories"])
-    print(f"captions: {len(table['images'])} images ({n_with} with categories) -> {args.out}")
-
-
-def _run_flickr8k(args: argparse.Namespace) -> None:
-    doc = write_flickr8k_coco(args.captions, args.image_root, args.out)
-    print(f"flickr8k-to-coco: {len(doc['images'])} images, {len(doc['annotations'])} captions -> {args.out}")
-
-
-def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add the ``captions`` and ``flickr8k-to-coco`` subcommands."""
-    parser = subparsers.add_parser(
-        "captions", help="COCO-format annotation JSONs -> the image table (images.json).",
-        description="Build images.json (docs/formats.md §1): the first caption listed for each image "
-                    "and its sorted category-id set.")
-    parser.add_argument("--captions-json", required=True, help="Captions file in the MS-COCO format (e.g. captions_val2014.json).")
-    parser.add_argument("--instances-json", default=None,
-                        help="Instances file in the MS-COCO format (e.g. instances_val2014.json); omit for datasets without categories (Flickr8k).")
-    parser.add_argument("--image-root", required=True, help="Folder holding the images' file_name paths.")
-    parser.add_argument("--dataset", required=True, help="Dataset name recorded in the table.")
-    parser.add_argument("--out", required=True, type=output_file(".json"), help="Output images.json.")
-    parser.add_argument("--skip-missing", action="store_true", help="Leave out images whose files are missing (count reported) instead of stopping.")
-    parser.add_argument("--no-check-files", action="store_true", help="Do not check that the image files exist.")
-    parser.set_defaults(func=_run_captions)
-
-    flickr = subparsers.add_parser(
-        "flickr8k-to-coco", help="Convert Flickr8k captions to an MS-COCO captions file.",
-        description="Convert Flickr8k.token.txt (or Kaggle's captions.txt) to the MS-COCO captions format.")
-    flickr.add_argument("--captions", required=True, help="Flickr8k.token.txt or captions.txt.")
-    flickr.add_argument("--image-root", default=None, help="Image folder; captions of missing files are dropped.")
-    flickr.add_argument("--out", required=True, type=output_file(".json"), help="Output captions JSON.")
-    flickr.set_defaults(func=_run_flickr8k)

@@ -21,7 +21,6 @@ on COCO. The same seed gives byte-identical files (PNG encoding carries no times
 
 from __future__ import annotations
 
-import argparse
 import io
 import json
 import os
@@ -223,21 +222,3 @@ def _clear_previous_output(out: Path) -> None:
         raise ValueError(f"demo-scenes: {out} exists and is not a previous demo-scenes output; "
                               "choose another --out or remove it")
     shutil.rmtree(out)
-
-
-def _run(args: argparse.Namespace) -> None:
-    out = build_scenes(args.out, n_images=args.n_images, seed=args.seed, image_size=args.image_size)
-    print(f"demo-scenes: wrote {args.n_images} scenes to {out}")
-
-
-def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add the ``demo-scenes`` subcommand."""
-    parser = subparsers.add_parser(
-        "demo-scenes", help="Draw the embedded demo's synthetic scenes (COCO-format annotations).",
-        description="Draw synthetic scenes of coloured shapes and write DIR/images/*.png, "
-                    "DIR/annotations/captions.json and DIR/annotations/instances.json in the MS-COCO formats.")
-    parser.add_argument("--out", required=True, help="Output folder (created; a previous demo output is replaced).")
-    parser.add_argument("--n-images", type=int, default=200, help="Number of scenes (default 200).")
-    parser.add_argument("--seed", type=int, default=0, help="Random seed; the same seed gives byte-identical files.")
-    parser.add_argument("--image-size", type=int, default=96, help="Side of each square scene in pixels (default 96).")
-    parser.set_defaults(func=_run)

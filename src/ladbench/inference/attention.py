@@ -23,8 +23,9 @@ from typing import Any, Sequence
 
 import torch
 
-from ladbench.models.base import CAPTURE_ATTENTION
-
+#: The attention implementation name the adapters load text decoders with
+#: (:meth:`ladbench.models.base.ModelAdapter.load`); :func:`register_capture_attention` defines it.
+CAPTURE_ATTENTION = "ladbench_capture"
 _CAPTURE_ATTR = "_ladbench_capture"
 _SOFA_ATTR = "_ladbench_sofa_bias"
 

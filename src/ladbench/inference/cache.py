@@ -7,33 +7,24 @@ instance x ordering x shift (shift fastest), with an extra dataset ``shift`` [R]
 0 for calibration rows, whose own shift is in ``ordering`` as usual), and ``order`` holds
 what was actually shown: ``order[r, p] = orderings[t][(p + s) % N]``.
 
-Writing: the work file ``<out>.partial`` is created with every dataset (filled with NaN /
--1 / False) and the row plan, through a temporary file and a rename. Results are then
-written chunk by chunk, opening and closing the file for each chunk so that a killed job
-leaves a closed, consistent file: at most the chunk in flight is lost. ``done`` marks
-written rows; the attribute ``complete`` is set last, and only then is the work file
-renamed to ``<out>``. So ``<out>`` exists only when finished, and a workflow manager that
-deletes the declared outputs of a killed job (Snakemake does) never deletes the partial
-work, which the next run resumes. ``config_sha256`` identifies the inputs: a partial file
-from other inputs is discarded, and a finished ``<out>`` with the same hash is never
-rewritten (the caller checks :func:`is_complete_for`).
+Writing: :class:`CacheWriter` is a :class:`ladbench.hdf5.ResumableFile` (the work file
+``<out>.partial``, one open/close per chunk of rows, ``done`` flags, ``complete`` last and
+then the rename to ``<out>``: see ``hdf5.py``). ``config_sha256`` identifies the inputs: a
+partial file from other inputs is discarded, and a finished ``<out>`` with the same hash is
+never rewritten (the caller checks :func:`is_complete_for`).
 """
 from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import os
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
 import h5py
 import numpy as np
 
-from ladbench.atomic import atomic_path
-from ladbench.hdf5 import CHECKSUMS, HDF5FileError, open_h5, reading
-
-log = logging.getLogger(__name__)
+from ladbench.hdf5 import HDF5FileError, ResumableFile, RowDataset, is_complete, open_h5, partial_path, reading
 
 # Part of every cache's config_sha256: a cache written in an older layout is rebuilt.
 # 2: per-chunk checksums, text_sha256, benchmark identity attributes.
@@ -125,31 +116,30 @@ class CacheLayout:
     greedy: bool = False       # the two greedy reply tokens and their text (the reference's Vanilla readout)
 
 
-def _result_datasets(layout: CacheLayout, n_rows: int) -> dict[str, tuple[tuple[int, ...], Any, Any]]:
-    """name -> (shape, dtype, fill value)."""
+def _result_datasets(layout: CacheLayout, n_rows: int) -> dict[str, RowDataset]:
+    """The datasets filled row by row (``done`` is added by the writer)."""
     r, n, lyr = n_rows, layout.n_candidates, layout.n_layers
-    out: dict[str, tuple[tuple[int, ...], Any, Any]] = {
-        "scores": ((r, n), np.float32, np.nan),
-        "attn": ((r, lyr, n), np.float32, np.nan),
-        "attn_text": ((r, lyr), np.float32, np.nan),
-        "done": ((r,), np.bool_, False),
+    out = {
+        "scores": RowDataset((r, n), np.float32, np.nan),
+        "attn": RowDataset((r, lyr, n), np.float32, np.nan),
+        "attn_text": RowDataset((r, lyr), np.float32, np.nan),
         # wall-clock seconds of the row (its batch's time shared equally): the job's rate and
         # Table 2's latency come from all rows, however many resumed runs wrote them
-        "seconds": ((r,), np.float32, np.nan),
+        "seconds": RowDataset((r,), np.float32, np.nan),
     }
     if layout.greedy:
-        out["greedy_tokens"] = ((r, 2), np.int32, -1)
-        out["greedy_text"] = ((r,), h5py.string_dtype("utf-8"), "")
+        out["greedy_tokens"] = RowDataset((r, 2), np.int32, -1)
+        out["greedy_text"] = RowDataset((r,), h5py.string_dtype("utf-8"), "")
     if layout.store_heads:
-        out["attn_heads"] = ((r, lyr, layout.n_heads, n), np.float16, np.nan)
+        out["attn_heads"] = RowDataset((r, lyr, layout.n_heads, n), np.float16, np.nan)
     if layout.generative:
         text_shape = (r,) if layout.n_samples == 1 else (r, layout.n_samples)
-        out["text"] = (text_shape, h5py.string_dtype("utf-8"), "")
-        out["parsed"] = ((r,), np.int16, -1)
+        out["text"] = RowDataset(text_shape, h5py.string_dtype("utf-8"), "")
+        out["parsed"] = RowDataset((r,), np.int16, -1)
         # tokens generated for the row (all samples; up to and including each end token)
-        out["n_generated"] = ((r,), np.int32, 0)
+        out["n_generated"] = RowDataset((r,), np.int32, 0)
         if layout.n_samples > 1:
-            out["sample_parsed"] = ((r, layout.n_samples), np.int16, -1)
+            out["sample_parsed"] = RowDataset((r, layout.n_samples), np.int16, -1)
     return out
 
 
@@ -167,141 +157,40 @@ def throughput(seconds: np.ndarray, n_generated: np.ndarray | None = None) -> di
     return out
 
 
-def _jsonable(value: Any) -> Any:
-    return json.dumps(value, sort_keys=True) if isinstance(value, (dict, list, tuple)) else value
-
-
-def _write_attrs(h5: h5py.File, attrs: Mapping[str, Any]) -> None:
-    for key, value in attrs.items():
-        h5.attrs[key] = _jsonable(value)
-
-
 def text_sha256(texts: np.ndarray) -> str:
     """Digest of the reply texts (HDF5 cannot checksum variable-length strings)."""
     return hashlib.sha256(json.dumps(np.asarray(texts).tolist()).encode()).hexdigest()
 
 
-def partial_path(path: str) -> str:
-    """Where the cache ``path`` is built until it is complete."""
-    return path + ".partial"
-
-
 def is_complete_for(path: str, config_sha256: str) -> bool:
     """True if ``path`` is a finished cache made from the inputs with this hash."""
-    try:
-        with open_h5(path, "r") as f:
-            return bool(f.attrs.get("complete", False)) and f.attrs.get("config_sha256") == config_sha256
-    except OSError:
-        return False
+    return is_complete(path, {"config_sha256": config_sha256})
 
 
-class CacheWriter:
+class CacheWriter(ResumableFile):
     """Resumable writer of one inference cache; see the module docstring for the guarantees."""
-
-    def __init__(self, path: str) -> None:
-        self.final_path = path
-        self.path = partial_path(path)
 
     @classmethod
     def open(cls, path: str, plan: RowPlan, layout: CacheLayout, attrs: Mapping[str, Any]) -> "CacheWriter":
         """Create the work file, or reopen an unfinished one made from the same inputs.
 
         ``attrs`` must contain ``config_sha256``. A work file is reused only if it is
-        readable and has the same ``config_sha256`` and row plan; otherwise it is replaced.
-        A finished ``path`` from other inputs is removed first (it is stale).
+        readable and has the same ``config_sha256``, row plan and dataset layout; otherwise
+        it is replaced. A finished ``path`` from other inputs is removed first (it is stale).
         """
         if "config_sha256" not in attrs:
             raise ValueError("cache attributes need a config_sha256")
-        if os.path.exists(path):
-            log.warning("%s: removing the finished cache of other inputs or settings", path)
-            os.remove(path)
-        work = partial_path(path)
-        if os.path.exists(work):
-            reason = cls._reuse_problem(work, plan, layout, attrs["config_sha256"])
-            if reason is None:
-                return cls(path)
-            log.warning("%s: starting a new cache (%s)", work, reason)
-        cls._create(work, plan, layout, attrs)
-        return cls(path)
+        return super().open(path, identity={"config_sha256": attrs["config_sha256"]}, fixed=plan.arrays(),
+                            datasets=_result_datasets(layout, len(plan)), attrs=attrs)
 
-    @staticmethod
-    def _reuse_problem(path: str, plan: RowPlan, layout: CacheLayout, config_sha256: str) -> str | None:
-        try:
-            with open_h5(path, "r") as f:
-                if f.attrs.get("config_sha256") != config_sha256:
-                    return "its inputs or settings changed (config_sha256 differs)"
-                for key, arr in plan.arrays().items():
-                    if key not in f or not np.array_equal(f[key][()], arr):
-                        return f"its row plan differs ({key})"
-                for key, (shape, _, _) in _result_datasets(layout, len(plan)).items():
-                    if key not in f or f[key].shape != shape:
-                        return f"its dataset layout differs ({key}; written by another version?)"
-        except OSError as exc:                                   # unreadable: killed mid-write
-            return f"existing file unreadable: {exc}"
-        return None
-
-    @staticmethod
-    def _create(path: str, plan: RowPlan, layout: CacheLayout, attrs: Mapping[str, Any]) -> None:
-        chunk_rows = max(1, min(len(plan), 256))
-        with atomic_path(path) as tmp, open_h5(tmp, "w") as f:
-            for key, arr in plan.arrays().items():
-                f.create_dataset(key, data=arr, **CHECKSUMS)
-            for key, (shape, dtype, fill) in _result_datasets(layout, len(plan)).items():
-                chunks = (chunk_rows,) + shape[1:] if shape[0] else None
-                # HDF5 filters no variable-length strings: `text` is covered by text_sha256
-                checks = {} if h5py.check_string_dtype(np.dtype(dtype)) else CHECKSUMS
-                f.create_dataset(key, shape=shape, dtype=dtype, fillvalue=fill, chunks=chunks, **checks)
-            _write_attrs(f, {**attrs, "complete": False})
-
-    def pending_rows(self) -> np.ndarray:
-        """Indices of the rows not yet written."""
-        with open_h5(self.path, "r") as f:
-            return np.flatnonzero(~f["done"][()])
-
-    def write(self, rows: Sequence[int], results: Mapping[str, np.ndarray]) -> None:
-        """Write result arrays (first axis = ``rows``) and mark the rows done, in one open/close."""
-        idx = np.asarray(rows, dtype=np.int64)
-        order = np.argsort(idx)                    # h5py point selection needs increasing indices
-        idx = idx[order]
-        with open_h5(self.path, "a") as f:
-            for key, values in results.items():
-                if key not in f:
-                    raise KeyError(f"{self.path}: no dataset {key!r} to write")
-                values = np.asarray(values)[order]
-                if values.dtype == object:         # HDF5 strings cannot hold NUL (a sampled reply can)
-                    values = np.vectorize(lambda t: t.replace("\0", "\ufffd"), otypes=[object])(values)
-                f[key][idx] = values
-            f["done"][idx] = True
-
-    def finish(self, attrs: Mapping[str, Any]) -> None:
-        """Set the final attributes and ``complete`` (only if every row is done), then move
-        the work file to the final path."""
-        with open_h5(self.path, "a") as f:
-            undone = int((~f["done"][()]).sum())
-            if undone:
-                raise RuntimeError(f"{self.path}: {undone} rows not written; refusing to mark the cache complete")
-            if "text" in f:
-                attrs = {**attrs, "text_sha256": text_sha256(f["text"].asstr()[()])}
-            _write_attrs(f, {**attrs, "complete": True})
-        os.replace(self.path, self.final_path)
-
-    def read(self, key: str) -> np.ndarray:
-        """One dataset of the work file, whole."""
-        with open_h5(self.path, "r") as f:
-            return f[key][()]
+    def final_attrs(self, h5: h5py.File) -> dict[str, Any]:
+        """The digest of the reply texts, which HDF5 cannot checksum."""
+        return {"text_sha256": text_sha256(h5["text"].asstr()[()])} if "text" in h5 else {}
 
     def throughput(self) -> dict[str, float]:
         """:func:`throughput` of every row written so far."""
         with open_h5(self.path, "r") as f:
             return throughput(f["seconds"][()], f["n_generated"][()] if "n_generated" in f else None)
-
-    def attr(self, key: str, default: Any = None) -> Any:
-        with open_h5(self.path, "r") as f:
-            return f.attrs.get(key, default)
-
-    def set_attrs(self, attrs: Mapping[str, Any]) -> None:
-        with open_h5(self.path, "a") as f:
-            _write_attrs(f, attrs)
 
 
 # ------------------------------------------------------------------------------ reader

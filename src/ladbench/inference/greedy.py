@@ -19,8 +19,6 @@ from typing import Sequence
 
 import numpy as np
 
-REPLY_TOKENS = 2  # the reference's max_new_tokens for Vanilla
-
 
 def repetition_penalty(adapter) -> float:
     """The repetition penalty ``generate`` applies for this model (1.0 = none)."""

@@ -13,13 +13,12 @@ from __future__ import annotations
 import hashlib
 from typing import Any, Mapping, Sequence
 
-import h5py
 import numpy as np
 
 from ladbench.atomic import atomic_path
-from ladbench.hdf5 import CHECKSUMS, open_h5
+from ladbench.hdf5 import RowDataset, create_row_dataset, open_h5, write_attrs
 
-from .cache import RowPlan, _attributes, _write_attrs, text_sha256, throughput
+from .cache import RowPlan, _attributes, text_sha256, throughput
 
 #: What only a shard has (dropped when merging).
 SHARD_ATTRS = ("shard_index", "shard_count", "shard_start", "shard_stop", "n_rows_total", "job_config_sha256")
@@ -110,12 +109,8 @@ def merge_shards(paths: Sequence[str], out: str) -> dict[str, Any]:
     attrs = merged_attributes(shards)
     with atomic_path(out) as tmp, open_h5(tmp, "w") as dst:
         with open_h5(shards[0]["path"], "r") as f:
-            for key, ds in f.items():
-                shape = (n_rows,) + ds.shape[1:]
-                chunks = (max(1, min(n_rows, 256)),) + ds.shape[1:]
-                # as the cache writer: per-chunk checksums, except on variable-length strings
-                checks = {} if h5py.check_string_dtype(ds.dtype) else CHECKSUMS
-                dst.create_dataset(key, shape=shape, dtype=ds.dtype, chunks=chunks, fillvalue=ds.fillvalue, **checks)
+            for key, ds in f.items():               # chunked and checksummed as the cache writer's
+                create_row_dataset(dst, key, RowDataset((n_rows,) + ds.shape[1:], ds.dtype, ds.fillvalue))
         for shard in shards:
             with open_h5(shard["path"], "r") as f:
                 if set(f) != set(dst):
@@ -127,6 +122,6 @@ def merge_shards(paths: Sequence[str], out: str) -> dict[str, Any]:
         attrs.update(throughput(dst["seconds"][()], dst["n_generated"][()] if "n_generated" in dst else None))
         if "text" in dst:                          # each shard's digest covers its own replies only
             attrs["text_sha256"] = text_sha256(dst["text"].asstr()[()])
-        _write_attrs(dst, {**attrs, "complete": True})
+        write_attrs(dst, {**attrs, "complete": True})
     return attrs
 

@@ -8,7 +8,6 @@ D" and "Respond with the index letter only".
 """
 from __future__ import annotations
 
-import hashlib
 import re
 from collections import Counter
 from dataclasses import dataclass
@@ -95,18 +94,6 @@ def self_consistency_prompt(n: int, caption: str, fmt: str = "digits") -> str:
     task, _ = _task(n, fmt)
     return (f"{task}\nPlease think step by step to analyze the content of the images. After your reasoning, "
             f"provide the final answer in the exact format: \"The answer is <index>\".\nCaption: {caption}\nAnswer: ")
-
-
-def prompt_text(variant: str, n: int, caption: str, fmt: str = "digits") -> str:
-    """The text that follows the ``n`` images, for a prompt variant (``ladbench.variants``)
-    and identifier format."""
-    from ladbench.variants import variant as lookup     # the registry imports this module's builders
-    return lookup(variant).text(n, caption, fmt)
-
-
-def prompt_sha256(variant: str, n: int, fmt: str) -> str:
-    """Hash of the prompt template (caption left as a placeholder) for the cache metadata."""
-    return hashlib.sha256(prompt_text(variant, n, "{caption}", fmt).encode("utf-8")).hexdigest()
 
 
 def _identifier_pattern(fmt: str, n: int) -> re.Pattern[str]:

@@ -12,19 +12,15 @@ All supported families use a ChatML-style template (``<|im_start|>`` /
 """
 from __future__ import annotations
 
-import json
-import os
 from dataclasses import dataclass
 from typing import Any, ClassVar, Sequence
 
 import torch
 from PIL import Image
 
-from . import compat
+from ladbench.inference.attention import CAPTURE_ATTENTION, register_capture_attention
 
-#: The attention implementation name the adapters load text decoders with. It is
-#: registered by :mod:`ladbench.inference.attention` (fast kernel + last-row capture).
-CAPTURE_ATTENTION = "ladbench_capture"
+from . import compat
 
 
 @dataclass
@@ -62,15 +58,6 @@ def resolve_dtype(dtype: str, device: str) -> torch.dtype:
     if dtype not in table:
         raise ValueError(f"--dtype must be one of auto, {', '.join(table)}; got {dtype!r}")
     return table[dtype]
-
-
-def read_config_json(model_path: str) -> dict:
-    """The raw ``config.json`` of a local model folder ({} for hub ids, resolved later)."""
-    path = os.path.join(model_path, "config.json")
-    if os.path.isfile(path):
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    return {}
 
 
 def resize_square(image: Image.Image, size: int) -> Image.Image:
@@ -145,7 +132,6 @@ class ModelAdapter:
         if text_impl is None:
             raise ValueError(f"attention must be capture, sdpa or eager; got {attention!r}")
         if text_impl == CAPTURE_ATTENTION:
-            from ladbench.inference.attention import register_capture_attention
             register_capture_attention()
         load_kw: dict[str, Any] = {**compat.dtype_kwarg(torch_dtype), "revision": revision}
         if dev.startswith("cuda"):

@@ -13,7 +13,6 @@ their answers mean nothing.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -317,20 +316,3 @@ def build_tiny_model(family: str, out_dir: str, *, seed: int = 0, preset: str = 
     shutil.rmtree(out_dir, ignore_errors=True)
     os.replace(tmp_dir, out_dir)
     return out_dir
-
-
-def _cmd_demo_model(args: argparse.Namespace) -> None:
-    path = build_tiny_model(args.family, args.out, seed=args.seed, preset=args.preset)
-    print(path)
-
-
-def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add the ``demo-model`` subcommand."""
-    p = subparsers.add_parser("demo-model", help="build a tiny random model of one family into a folder (offline)",
-                              description=build_tiny_model.__doc__)
-    p.add_argument("--family", required=True, choices=FAMILIES, help="model family to build")
-    p.add_argument("--out", required=True, help="output folder (replaced if it exists)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random weights (default 0)")
-    p.add_argument("--preset", default="tiny", choices=sorted(PRESETS),
-                   help="model size: tiny (tests) or medium (CPU benchmark); default tiny")
-    p.set_defaults(func=_cmd_demo_model)

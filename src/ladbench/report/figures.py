@@ -312,7 +312,7 @@ def divergence_figure(entries: Sequence[tuple[str, Mapping[str, np.ndarray], dic
     fig, ax = plt.subplots(figsize=(max(4.5, 2.4 * len(entries) + 1.5), 3.6))
     rng = np.random.default_rng(0)
     step = 0.27
-    for g, (label, arrays, summary) in enumerate(entries):
+    for g, (_label, arrays, summary) in enumerate(entries):
         for s, (name, key, kind, part) in enumerate(signals):
             x = g + (s - 1) * step
             rho = np.asarray(arrays[key], dtype=float)

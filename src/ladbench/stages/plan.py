@@ -19,7 +19,7 @@ import os
 from dataclasses import dataclass
 
 from ladbench.config import load_config, study_benchmarks
-from ladbench.variants import variant
+from ladbench.variants import variant as prompt_variant
 
 #: Assumed rates where nothing is measured: guesses on the slow side, not measurements
 #: (recipes/gpu measured 3.7 rows/s at N = 4 and 1.95 at N = 8 on one H100 before
@@ -64,15 +64,15 @@ def job_rows(config: dict, benchmark: str, n: int, prompt: str) -> int:
     path = benchmark_path(config, benchmark)
     if os.path.exists(path):
         from ladbench.benchmark import load_benchmark
-        return len(plan_rows(load_benchmark(path), shifts_per_ordering=variant(prompt).shifts_per_ordering))
+        return len(plan_rows(load_benchmark(path), shifts_per_ordering=prompt_variant(prompt).shifts_per_ordering))
     bench = config["benchmarks"]
-    return (bench["n_eval"] * bench["n_orderings"] * variant(prompt).rows_per_ordering(n)
+    return (bench["n_eval"] * bench["n_orderings"] * prompt_variant(prompt).rows_per_ordering(n)
             + bench["n_calibration_pool"] * n)
 
 
 def max_generated_per_row(config: dict, prompt: str) -> int:
     """The most tokens a row of ``prompt`` generates, at the config's prompt settings."""
-    entry = variant(prompt)
+    entry = prompt_variant(prompt)
     return entry.max_generated_per_row(entry.options(config["inference"]["prompt_settings"].get(prompt)))
 
 
@@ -94,7 +94,7 @@ def measured_rates(config: dict) -> dict[tuple[str, str, str], dict]:
 
 
 def _generating(prompt: str) -> bool:
-    return variant(prompt).generative
+    return prompt_variant(prompt).generative
 
 
 def job_seconds(config: dict, rows: int, prompt: str, n: int, attrs: dict | None) -> tuple[float, int, bool]:

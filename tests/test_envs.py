@@ -1,0 +1,52 @@
+"""The conda environments of the rules (envs/*.yaml) install exactly the paper lane's
+locked set (requirements-lock.txt) and the package itself, nothing unpinned."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+ENVS = sorted((ROOT / "envs").glob("*.yaml"))
+
+
+def requirement_lines(path: Path) -> list[str]:
+    return [line.strip() for line in path.read_text().splitlines() if line.strip() and not line.startswith("#")]
+
+
+def pins(lines) -> dict[str, str]:
+    """name -> version of ``name==version`` lines (names normalised as pip does)."""
+    out = {}
+    for line in lines:
+        name, sep, version = line.partition("==")
+        assert sep and version, f"{line!r} is not pinned with =="
+        out[name.strip().lower().replace("_", "-")] = version.strip()
+    return out
+
+
+def test_there_are_the_cpu_and_gpu_environments():
+    assert [p.name for p in ENVS] == ["cpu.yaml", "gpu.yaml"]
+
+
+@pytest.mark.parametrize("env", ENVS, ids=lambda p: p.name)
+def test_environment_installs_the_locked_set_and_the_package(env):
+    spec = yaml.safe_load(env.read_text())
+    conda = [d for d in spec["dependencies"] if isinstance(d, str)]
+    pip_sections = [d["pip"] for d in spec["dependencies"] if isinstance(d, dict)]
+    # conda provides the interpreter the lock was made for and pip; pip everything else
+    assert sorted(conda) == ["pip", "python=3.11"], conda
+    assert len(pip_sections) == 1
+    editable = [line for line in pip_sections[0] if line.startswith("-e")]
+    # the checkout, seen from <workdir>/.snakemake/conda/ where conda runs pip
+    assert editable == ["-e ../.."]
+    assert (ROOT / "pyproject.toml").is_file() and (ROOT / "Snakefile").is_file()
+    locked = pins(requirement_lines(ROOT / "requirements-lock.txt"))
+    assert pins(line for line in pip_sections[0] if not line.startswith("-")) == locked
+
+
+def test_the_pin_check_can_fail():
+    assert pins(["torch==2.14.1"]) != pins(["torch==2.14.0"])
+    with pytest.raises(AssertionError):
+        pins(["pillow"])
