@@ -14,7 +14,7 @@ from ladbench import methods, metrics
 from ladbench.calibration import fit_calibration
 from ladbench.cli import main
 from ladbench.inference.cache import CacheLayout, CacheWriter, plan_rows, read_cache
-from ladbench.stages.analyze import (
+from ladbench.analysis import (
     Bootstrap,
     analyze,
     dcal_sizes_for_pool,

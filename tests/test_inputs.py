@@ -134,6 +134,10 @@ def test_features_of_another_image_table_are_refused(tmp_path):
         check_features_table("f.h5", {"table_sha256": table_fingerprint(table)}, "images.json", edited)
     with pytest.raises(MismatchError, match="b.json is a benchmark of dataset 'coco' but images.json"):
         check_benchmark_table("b.json", {"dataset": "coco"}, "images.json", table)
+    drawn_from_table = {"dataset": "scenes", "images_sha256": table_fingerprint(table)}
+    check_benchmark_table("b.json", drawn_from_table, "images.json", table)
+    with pytest.raises(MismatchError, match="b.json was drawn from another image table than images.json"):
+        check_benchmark_table("b.json", drawn_from_table, "images.json", edited)
 
 
 # ------------------------------------------------------------------------ damaged inputs

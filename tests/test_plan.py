@@ -9,7 +9,7 @@ import pytest
 from ladbench.cli import main
 from ladbench.config import REPO_ROOT, load_config
 from ladbench.inference.cache import CacheLayout, CacheWriter, plan_rows
-from ladbench.stages.plan import ASSUMED_ROWS_PER_S_N4, Job, cache_path, plan_jobs, wall_seconds
+from ladbench.plan import ASSUMED_ROWS_PER_S_N4, Job, cache_path, plan_jobs, wall_seconds
 
 from test_cache import BENCH
 

@@ -58,6 +58,7 @@ import numpy as np
 from tqdm import tqdm
 
 from ladbench.atomic import json_one_item_per_line, read_json
+from ladbench.data.coco import table_fingerprint
 
 SETTINGS = ("random", "adversarial")
 CATEGORY_RULES = ("reference", "paper")
@@ -308,6 +309,7 @@ def build_benchmark(table: dict, features: dict, setting: str, n_candidates: int
 
     doc: dict[str, Any] = {
         "dataset": dataset if dataset is not None else table["dataset"], "setting": setting,
+        "images_sha256": table_fingerprint(table),   # the image table it was drawn from
         "n_candidates": n_candidates, "seed": seed, "n_orderings": n_orderings,
         "pool_size": int(len(pool)), "n_eval": n_eval, "n_calibration": n_calibration,
         "ordering_scheme": orderings, "calibration_source": calibration_source,

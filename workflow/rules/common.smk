@@ -7,7 +7,7 @@ import sys
 from ladbench.config import (ConfigError, benchmark_parts, check_environment, layer_range_arg, load_schema,
                              model_layer_range, read_yaml, startup_warnings, study_benchmarks, validate_config)
 from ladbench.cli import put_ladbench_on_path
-from ladbench.stages.plan import benchmark_path, cache_path
+from ladbench.plan import benchmark_path, cache_path
 from ladbench.methods import METHODS
 from ladbench.variants import PLUGINS_ENV, variant as prompt_variant
 
@@ -352,9 +352,8 @@ TRANSFERS = [
 # ---- report ----
 # The analysis stage (ablations, sweeps, divergence, profiles of one vanilla-prompt cache)
 # and the report (tables and figures from evaluation/analysis files and cache attributes).
+from ladbench.report.render import TABLE_FORMATS
 from ladbench.report.tables import TABLE_BUILDERS
-
-TABLE_FORMATS = ["md", "csv", "tex", "html"]
 
 
 # Variants whose cache holds vanilla-prompt scores and attention (the analysed ones).

@@ -249,6 +249,8 @@ def to_html(table: Table) -> str:
 # --------------------------------------------------------------------------- files
 
 RENDERERS = {".md": to_markdown, ".csv": to_csv, ".tex": to_latex, ".html": to_html}
+#: the table formats, named by their file suffixes
+TABLE_FORMATS = tuple(suffix[1:] for suffix in RENDERERS)
 
 
 def write_table(table: Table, outputs: Sequence[str | Path]) -> None:

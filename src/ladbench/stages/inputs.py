@@ -110,7 +110,13 @@ def check_features_table(features_path: str, feature_attrs: Mapping[str, Any], t
 
 
 def check_benchmark_table(bench_path: str, bench: Mapping[str, Any], table_path: str, table: Mapping[str, Any]) -> None:
-    """Refuse a benchmark built from another dataset than the image table's."""
+    """Refuse a benchmark built from another dataset than the image table's, or (when it
+    records its table's fingerprint, ``images_sha256``) from another image table."""
+    from ladbench.data.coco import table_fingerprint
+
     if bench.get("dataset") != table.get("dataset"):
         raise MismatchError(f"{bench_path} is a benchmark of dataset {bench.get('dataset')!r} but {table_path} is the "
                             f"image table of {table.get('dataset')!r}")
+    if bench.get("images_sha256") not in (None, table_fingerprint(table)):
+        raise MismatchError(f"{bench_path} was drawn from another image table than {table_path} (images_sha256 "
+                            "differs); rebuild the benchmark (`ladbench benchmark`)")

@@ -15,10 +15,10 @@ from pathlib import Path
 import numpy as np
 
 from ladbench.provenance import title_with_kind
+from ladbench.report.render import TABLE_FORMATS
 
 __all__ = ["register"]
 
-TABLE_FORMATS = ("md", "csv", "tex", "html")
 
 
 def _study_arguments(parser: argparse.ArgumentParser) -> None:

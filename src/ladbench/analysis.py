@@ -1,0 +1,326 @@
+"""Everything the paper's ablation tables and figures need that is not
+one evaluation run, from one vanilla-prompt cache (docs/formats.md §8).
+
+The calibration is refitted here from the cache's own calibration pool (milliseconds),
+because the sweeps need many calibrations: one per |D_cal| size and draw, and one per
+way of averaging the scores. Computed:
+
+- Table 7 readouts (Vanilla, raw attention, purified attention, LAD) and Table 4's
+  ablation grid (readouts with and without prior, all layers, dynamic K in 1, 2, 4, 8);
+- Figure 6: LAD accuracy versus tau and versus |D_cal| (several draws per size);
+- LAD with each step switched between the reference implementation and the paper;
+- the divergence statistics of METHOD §9 (logits vs raw and purified attention), with CIs;
+- Figures 2-3 data: per ground-truth position, the mean candidate probabilities and the
+  attention shares, with the per-row values in an ``.npz`` beside the JSON.
+
+Every row of a table is computed on the first calibration draw (with bootstrap CIs over
+instances); with several draws, ``calibration_draws`` says how much it moves between them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any, Sequence
+
+import numpy as np
+from tqdm import tqdm
+
+from ladbench import divergence, methods, metrics
+from ladbench.calibration import Calibration, fit_calibration, log_softmax
+from ladbench.stages.options import Bootstrap
+from ladbench.inference.cache import read_cache
+from ladbench.stages.arrays import CalibrationArrays, EvalArrays, calibration_arrays, eval_arrays
+from ladbench.stages.inputs import cache_identity, what_it_is
+
+__all__ = [
+    "DEFAULT_DCAL_SIZES",
+    "DEFAULT_TAUS",
+    "Bootstrap",
+    "ablation_rows",
+    "analyze",
+    "dcal_sizes_for_pool",
+    "dcal_sweep",
+    "divergence_statistics",
+    "fit_draws",
+    "paper_vs_reference_rows",
+    "position_profiles",
+    "readout_rows",
+    "tau_sweep_rows",
+    "variant_result",
+]
+
+# Figure 6 of the paper: |D_cal| in 1..100 and tau in 1..9.
+DEFAULT_DCAL_SIZES = (1, 5, 10, 20, 50, 100)
+DEFAULT_TAUS = tuple(float(t) for t in range(1, 10))
+DEFAULT_DCAL_DRAWS = 5
+# Methods compared across |D_cal| (Vanilla needs no calibration: it is the flat baseline).
+DCAL_METHODS = ("lad", "pride", "purified_attention")
+
+
+# --------------------------------------------------------------------------- small helpers
+
+
+def fit_draws(cal: CalibrationArrays, n_cal: int, seeds: Sequence[int], average: str = "reference") -> list[Calibration]:
+    """One calibration per seed, each from its own draw of ``n_cal`` pool instances (with the
+    evaluation_head source every seed takes the same first instances, so one is fitted)."""
+    seeds = seeds[:1] if cal.source == "evaluation_head" else seeds
+    return [fit_calibration(cal.scores, cal.attn, cal.target_pos, n_cal=n_cal, seed=s, average=average,
+                            source=cal.source, pride_original_logs=cal.pride_original_logs) for s in seeds]
+
+
+def dcal_sizes_for_pool(requested: Sequence[int], pool_size: int) -> list[int]:
+    """The |D_cal| sizes that a pool of ``pool_size`` instances allows: each clipped to the
+    pool, duplicates dropped, ascending (a size above the pool becomes the whole pool)."""
+    if pool_size < 1:
+        raise ValueError(f"the cache has an empty calibration pool (pool size {pool_size})")
+    bad = [s for s in requested if int(s) < 1]
+    if bad:
+        raise ValueError(f"|D_cal| sizes must be >= 1, got {bad}")
+    return sorted({min(int(s), pool_size) for s in requested})
+
+
+def _metrics_of(pred: np.ndarray, arrays: EvalArrays, boot: Bootstrap, intervals: bool = True) -> dict[str, Any]:
+    """``summarize`` with ``boot``'s options; ``intervals=False`` skips the bootstrap (spreads over draws)."""
+    n = arrays.scores.shape[-1]
+    boot = boot if intervals else replace(boot, n_boot=0)
+    return metrics.summarize(pred, arrays.target_pos, arrays.order, n, **boot.kwargs())
+
+
+def variant_result(
+    variant: methods.Variant, arrays: EvalArrays, calibrations: Sequence[Calibration], boot: Bootstrap
+) -> dict[str, Any]:
+    """One table row: the variant's metrics on the first draw (with CIs) and, with several
+    draws, their spread. A variant that cannot run on this cache (e.g. K larger than the
+    layer range) is kept with an ``unavailable`` reason so the table shows "–"."""
+    row: dict[str, Any] = {"label": variant.label, "method": variant.method, "settings": variant.settings.as_dict()}
+    try:
+        predictions = [variant.predict(arrays, cal) for cal in calibrations]
+    except ValueError as error:
+        return {**row, "unavailable": str(error)}
+    row["metrics"] = _metrics_of(predictions[0], arrays, boot)
+    if variant.method in ("lad", "raw_attention", "purified_attention"):
+        row["warnings"] = methods.selection_warnings(arrays.attn, variant.settings)
+    if len(predictions) > 1:
+        row["calibration_draws"] = metrics.spread_over_draws([_metrics_of(p, arrays, boot, False) for p in predictions])
+    return row
+
+
+# --------------------------------------------------------------------------- tables
+
+
+def readout_rows(arrays: EvalArrays, calibrations: Sequence[Calibration], base: methods.LadSettings, boot: Bootstrap) -> list[dict]:
+    """Table 7: Vanilla, raw attention, purified attention and LAD, at the base settings."""
+    variants = [methods.Variant(name, name, base) for name in ("vanilla", "raw_attention", "purified_attention", "lad")]
+    return [variant_result(v, arrays, calibrations, boot) for v in variants]
+
+
+def _ablation_labels(variant: methods.Variant) -> dict[str, Any]:
+    """Table 4's Strategy / Prior / K columns for a row of :func:`ladbench.methods.ablation_grid`."""
+    s = variant.settings
+    if variant.method == "raw_attention":
+        return {"strategy": "Attn readout", "prior": False, "top_k": s.top_k}
+    if variant.method == "purified_attention":
+        return {"strategy": "Attn readout", "prior": s.use_prior, "top_k": s.top_k}
+    if s.all_layers:
+        return {"strategy": "All layers", "prior": s.use_prior, "top_k": None}
+    return {"strategy": "Dynamic", "prior": s.use_prior, "top_k": s.top_k}
+
+
+def ablation_rows(arrays: EvalArrays, calibrations: Sequence[Calibration], base: methods.LadSettings, boot: Bootstrap) -> list[dict]:
+    """Table 4: every row of :func:`ladbench.methods.ablation_grid` around the base settings."""
+    return [
+        {**_ablation_labels(v), **variant_result(v, arrays, calibrations, boot)} for v in methods.ablation_grid(base)
+    ]
+
+
+def tau_sweep_rows(
+    arrays: EvalArrays, calibrations: Sequence[Calibration], base: methods.LadSettings, taus: Sequence[float], boot: Bootstrap
+) -> list[dict]:
+    """Figure 6 (right): LAD at each sharpening temperature tau."""
+    return [
+        {"tau": v.settings.tau, **variant_result(v, arrays, calibrations, boot)}
+        for v in methods.tau_sweep(base, taus)
+    ]
+
+
+def dcal_sweep(
+    arrays: EvalArrays,
+    cal: CalibrationArrays,
+    base: methods.LadSettings,
+    sizes: Sequence[int],
+    n_draws: int,
+    average: str = "reference",
+    progress: bool = False,
+    boot: Bootstrap | None = None,
+) -> list[dict]:
+    """Figure 6 (left): accuracy of LAD, PriDe and the purified readout versus |D_cal|.
+
+    ``n_draws`` calibration sets (seeds 0..n_draws-1) per size; per method the spread of
+    every metric over the draws (:func:`ladbench.metrics.spread_over_draws`). When a size
+    is the whole pool every draw is the same set, so one draw is used.
+    """
+    pool = cal.scores.shape[0]
+    boot = boot or Bootstrap()
+    rows = []
+    for size in tqdm(dcal_sizes_for_pool(sizes, pool), desc="|D_cal| sweep", disable=not progress):
+        seeds = [0] if size == pool or cal.source == "evaluation_head" else list(range(n_draws))
+        calibrations = fit_draws(cal, size, seeds, average)
+        per_method = {}
+        for name in DCAL_METHODS:
+            variant = methods.Variant(name, name, base)
+            summaries = [_metrics_of(variant.predict(arrays, c), arrays, boot, False) for c in calibrations]
+            per_method[name] = metrics.spread_over_draws(summaries)
+        rows.append({"n_cal": int(size), "seeds": seeds, "methods": per_method})
+    return rows
+
+
+def paper_vs_reference_rows(
+    arrays: EvalArrays, cal: CalibrationArrays, base: methods.LadSettings, n_cal: int, seeds: Sequence[int], boot: Bootstrap
+) -> list[dict]:
+    """LAD with each switchable step as in the reference implementation or the paper:
+    the score average of the calibration (Eqs. 1-3) x layer mean (Eqs. 10-11) x mixture
+    (Eq. 13); and PriDe as the reference implements it versus the original PriDe."""
+    rows = []
+    for average in ("reference", "paper"):
+        calibrations = fit_draws(cal, n_cal, seeds, average)
+        for variant in methods.paper_vs_reference_grid(base):
+            s = variant.settings
+            rows.append({
+                "score_average": average, "layer_mean": s.layer_mean, "mixture": s.mixture,
+                **variant_result(variant, arrays, calibrations, boot),
+            })
+        for name in ("pride", "pride_original"):
+            rows.append({
+                "score_average": average, "layer_mean": None, "mixture": None,
+                **variant_result(methods.Variant(name, name, base), arrays, calibrations, boot),
+            })
+    return rows
+
+
+# --------------------------------------------------------------------------- divergence and profiles
+
+
+def _without_instance_lists(summary: dict) -> dict:
+    return {k: v for k, v in summary.items() if k not in ("rho_logits", "rho_attention")}
+
+
+def divergence_statistics(
+    arrays: EvalArrays, calibration: Calibration, base: methods.LadSettings, boot: Bootstrap
+) -> tuple[dict, dict[str, np.ndarray]]:
+    """METHOD §9 with the raw and with the purified attention evidence.
+
+    Returns the JSON summaries (without per-instance lists) and the per-instance rho
+    arrays for the ``.npz`` (``rho_logits``, ``rho_attention_raw``, ``rho_attention_purified``).
+    """
+    common = dict(top_k=base.top_k, layer_range=base.layer_range, n_boot=boot.n_boot, ci=boot.ci, seed=boot.seed)
+    raw = divergence.divergence_summary(arrays.scores, arrays.order, attn=arrays.attn, **common)
+    purified = divergence.divergence_summary(
+        arrays.scores, arrays.order, attn=arrays.attn, attn_prior=calibration.attn_prior, **common
+    )
+    per_instance = {
+        "rho_logits": np.asarray(raw["rho_logits"], dtype=np.float64),
+        "rho_attention_raw": np.asarray(raw["rho_attention"], dtype=np.float64),
+        "rho_attention_purified": np.asarray(purified["rho_attention"], dtype=np.float64),
+    }
+    summary = {"raw": _without_instance_lists(raw), "purified": _without_instance_lists(purified)}
+    return summary, per_instance
+
+
+def _shares(values: np.ndarray) -> np.ndarray:
+    """Normalise non-negative values over the last axis so they sum to one (0/0 -> uniform)."""
+    values = np.asarray(values, dtype=np.float64)
+    total = values.sum(axis=-1, keepdims=True)
+    uniform = np.full_like(values, 1.0 / values.shape[-1])
+    return np.divide(values, total, out=uniform, where=total > 0)
+
+
+def position_profiles(
+    arrays: EvalArrays, calibration: Calibration, base: methods.LadSettings
+) -> tuple[dict, dict[str, np.ndarray]]:
+    """Figures 2-3 data, per ground-truth position: the mean candidate probabilities
+    (softmax of the scores over the N candidates), the share of the image attention each
+    position receives (raw evidence over the selected layers, normalised), and the
+    purified attention posterior ``softmax(log pi~)`` (tau = 1).
+
+    Returns the profiles (mean, std, count as lists) and the per-row values [I, T, N].
+    """
+    probabilities = np.exp(log_softmax(arrays.scores))
+    selection = dict(ties=base.layer_ties, k_beyond_range=base.k_beyond_range)
+    raw_share = _shares(methods.raw_attention(arrays.attn, base.top_k, base.layer_range, **selection))
+    log_pi = methods.purified_attention(
+        arrays.attn, calibration.attn_prior, top_k=base.top_k, layer_range=base.layer_range, layer_mean=base.layer_mean,
+        **selection,
+    )
+    purified_share = methods.sharpen(log_pi, 1.0)
+    rows = {"probability": probabilities, "attention_share": raw_share, "purified_share": purified_share}
+    summary = {}
+    for name, values in rows.items():
+        profile = divergence.profiles(values, arrays.target_pos)
+        summary[name] = metrics.json_safe(
+            {"mean": profile.mean.tolist(), "std": profile.std.tolist(), "count": profile.count.tolist()}
+        )
+    return summary, rows
+
+
+# --------------------------------------------------------------------------- the stage
+
+
+def analyze(
+    cache_path: str,
+    base: methods.LadSettings,
+    *,
+    n_cal: int,
+    seeds: Sequence[int],
+    score_average: str = "reference",
+    pride_original_logs: str = "floor",
+    dcal_sizes: Sequence[int] = DEFAULT_DCAL_SIZES,
+    dcal_draws: int = DEFAULT_DCAL_DRAWS,
+    taus: Sequence[float] = DEFAULT_TAUS,
+    boot: Bootstrap | None = None,
+    progress: bool = False,
+) -> tuple[dict, dict[str, np.ndarray]]:
+    """Every analysis of one vanilla-prompt cache: (JSON document, arrays for the .npz)."""
+    boot = boot or Bootstrap()
+    cache = read_cache(cache_path)
+    if cache.has_shifts or "parsed" in cache:
+        raise ValueError(f"{cache_path}: analyze needs a cache of scores and attention (vanilla prompt), "
+                         f"not a {cache.attrs.get('variant')!r} cache")
+    arrays = eval_arrays(cache)
+    cal = replace(calibration_arrays(cache), pride_original_logs=pride_original_logs)
+    pool = int(cal.scores.shape[0])
+    if n_cal > pool:
+        raise ValueError(f"{cache_path}: |D_cal| = {n_cal} but the calibration pool has {pool} instances")
+    if not seeds:
+        raise ValueError("analyze needs at least one calibration seed")
+    calibrations = fit_draws(cal, n_cal, seeds, score_average)
+
+    sections = [
+        ("readouts", lambda: readout_rows(arrays, calibrations, base, boot)),
+        ("ablation", lambda: ablation_rows(arrays, calibrations, base, boot)),
+        ("tau_sweep", lambda: tau_sweep_rows(arrays, calibrations, base, taus, boot)),
+        ("dcal_sweep", lambda: dcal_sweep(arrays, cal, base, dcal_sizes, dcal_draws, score_average, boot=boot)),
+        ("paper_vs_reference", lambda: paper_vs_reference_rows(arrays, cal, base, n_cal, seeds, boot)),
+    ]
+    document: dict[str, Any] = {
+        **what_it_is(cache.attrs),
+        "cache": str(cache_path),
+        "inputs": {"cache": cache_identity(cache_path, cache.attrs)},
+        "model_path": cache.attrs.get("model_path"),
+        "n_instances": int(arrays.scores.shape[0]),
+        "n_orderings": int(arrays.scores.shape[1]),
+        "n_candidates": int(arrays.scores.shape[-1]),
+        "n_layers": int(arrays.attn.shape[-2]),
+        "n_calibration_pool": pool,
+        "calibration_source": cal.source,
+        "settings": {
+            **base.as_dict(), "n_cal": int(n_cal), "calibration_seeds": [int(s) for s in seeds],
+            "score_average": score_average, "pride_original_logs": pride_original_logs, "dcal_sizes": dcal_sizes_for_pool(dcal_sizes, pool),
+            "dcal_draws": int(dcal_draws), "taus": [float(t) for t in taus], **boot.kwargs(),
+        },
+    }
+    for name, compute in tqdm(sections, desc="analyze", disable=not progress):
+        document[name] = compute()
+    document["divergence"], rho = divergence_statistics(arrays, calibrations[0], base, boot)
+    document["profiles"], rows = position_profiles(arrays, calibrations[0], base)
+    extra = {"target_pos": arrays.target_pos.astype(np.int16), "order": arrays.order.astype(np.int16), **rho, **rows}
+    return document, extra
