@@ -31,9 +31,9 @@ from ladbench.divergence import divergence_summary  # noqa: E402
 from ladbench.methods import (  # noqa: E402
     METHODS,
     LadSettings,
-    Variant,
+    MethodRow,
     ablation_grid,
-    evaluate_variants,
+    evaluate_rows,
     paper_vs_reference_grid,
     tau_sweep,
     top_k_sweep,
@@ -78,9 +78,9 @@ class Timer:
             print(f"| {n} | **total (without simulation)** | | **{total:.3f}** |")
 
 
-def all_variants(base: LadSettings) -> list[Variant]:
-    """Every method and variant the report can ask for, each labelled once."""
-    plain = [Variant(name, name, base) for name in
+def all_rows(base: LadSettings) -> list[MethodRow]:
+    """Every method and grid row the report can ask for, each labelled once."""
+    plain = [MethodRow(name, name, base) for name in
              ("vanilla", "pride", "pride_original", "lad", "raw_attention", "purified_attention", "permutation_average")]
     return plain + ablation_grid(base) + tau_sweep(base) + top_k_sweep(base, (1, 3, 4, 8)) + paper_vs_reference_grid(base)
 
@@ -101,13 +101,13 @@ def run(args: argparse.Namespace) -> Timer:
                             for seed in range(args.draws)]
             paper_calibrations = [fit_calibration(sim.cal_scores, sim.cal_attn, sim.cal_target_pos, args.n_cal,
                                                   seed, average="paper") for seed in range(args.draws)]
-        variants = all_variants(base)
-        with timer.step(n, "predict every variant, first draw", len(variants)):
-            predictions = evaluate_variants(sim, calibrations[0], variants)
+        rows = all_rows(base)
+        with timer.step(n, "predict every row, first draw", len(rows)):
+            predictions = evaluate_rows(sim, calibrations[0], rows)
             predictions["lad_calibration_paper_average"] = METHODS["lad"](sim, paper_calibrations[0], base)
         with timer.step(n, "predict LAD + PriDe for the other draws", 2 * (args.draws - 1)):
             draws = [{name: METHODS[name](sim, cal, base) for name in ("lad", "pride")} for cal in calibrations[1:]]
-        with timer.step(n, f"summarize every variant ({args.bootstrap} resamples)", len(predictions)):
+        with timer.step(n, f"summarize every row ({args.bootstrap} resamples)", len(predictions)):
             summaries = {label: summarize(pred, sim.target_pos, sim.order, n, n_boot=args.bootstrap, seed=0)
                          for label, pred in predictions.items()}
         with timer.step(n, "spread over calibration draws", 2):

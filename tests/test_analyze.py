@@ -18,7 +18,7 @@ from ladbench.analysis import (
     Bootstrap,
     analyze,
     dcal_sizes_for_pool,
-    variant_result,
+    row_result,
 )
 from ladbench.stages.arrays import calibration_arrays, eval_arrays
 
@@ -163,8 +163,8 @@ def test_variant_that_cannot_run_is_reported_not_raised(planted_cache):
     cache = read_cache(str(planted_cache))
     arrays, cal = eval_arrays(cache), calibration_arrays(cache)
     calibration = fit_calibration(cal.scores, cal.attn, cal.target_pos, n_cal=5, seed=0)
-    variant = methods.Variant("too_many", "lad", methods.LadSettings(top_k=9, k_beyond_range="error"))
-    row = variant_result(variant, arrays, [calibration], Bootstrap(0))
+    variant = methods.MethodRow("too_many", "lad", methods.LadSettings(top_k=9, k_beyond_range="error"))
+    row = row_result(variant, arrays, [calibration], Bootstrap(0))
     assert "top_k" in row["unavailable"] and "metrics" not in row
 
 

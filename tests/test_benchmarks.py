@@ -55,8 +55,8 @@ def test_bench_methods_counts_and_results_at_a_toy_size():
         assert steps["simulate cache"][0] == str(instances * orderings + pool * n)
         assert steps["fit calibrations (draws x 2 score averages)"][0] == str(2 * draws)
         assert steps["predict LAD + PriDe for the other draws"][0] == str(2 * (draws - 1))
-        variants = int(steps["predict every variant, first draw"][0])
-        assert int(steps["summarize every variant (50 resamples)"][0]) == variants + 1   # + LAD, paper average
+        rows = int(steps["predict every row, first draw"][0])
+        assert int(steps["summarize every row (50 resamples)"][0]) == rows + 1   # + LAD, paper average
         timed = [float(v[1]) for name, v in steps.items() if name not in ("simulate cache",) and "total" not in name]
         total = float(steps["**total (without simulation)**"][1].strip("*"))
         assert total == pytest.approx(sum(timed), abs=0.0005 * (len(timed) + 1))

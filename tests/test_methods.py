@@ -318,6 +318,6 @@ def test_ablation_grid_and_sweeps_describe_tables_4_and_figure_6():
     assert {(v.settings.layer_mean, v.settings.mixture) for v in paper_vs_reference_grid()} == {
         ("reference", "reference"), ("reference", "paper"), ("paper", "reference"), ("paper", "paper")}
     arrays, calibration = _random_case(lyr=10)
-    predictions = methods.evaluate_variants(arrays, calibration, ablation_grid() + tau_sweep())
+    predictions = methods.evaluate_rows(arrays, calibration, ablation_grid() + tau_sweep())
     assert len(predictions) == 17
     np.testing.assert_array_equal(predictions["dynamic_prior_K2"], METHODS["lad"](arrays, calibration, {}))

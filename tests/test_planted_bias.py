@@ -12,7 +12,7 @@ import pytest
 
 from ladbench.calibration import fit_calibration
 from ladbench.divergence import divergence_summary
-from ladbench.methods import METHODS, ablation_grid, evaluate_variants, paper_vs_reference_grid
+from ladbench.methods import METHODS, ablation_grid, evaluate_rows, paper_vs_reference_grid
 from ladbench.metrics import acc_mean_std, consistency
 
 from simulate import conditional_bias, simulate_cache, static_bias
@@ -83,14 +83,14 @@ def test_every_paper_and_reference_variant_recovers_the_attention_accuracy():
     attention = _accuracy(sim.attention_pred, sim)
     for average in ("reference", "paper"):
         calibration = _fit(sim, average=average)
-        for label, pred in evaluate_variants(sim, calibration, paper_vs_reference_grid()).items():
+        for label, pred in evaluate_rows(sim, calibration, paper_vs_reference_grid()).items():
             assert _accuracy(pred, sim) >= 0.9 * attention, (average, label)
 
 
 def test_ablations_behave_as_designed():
     sim = simulate_cache(bias=conditional_bias(4, 4.0), seed=6)
     calibration = _fit(sim)
-    acc = {label: _accuracy(pred, sim) for label, pred in evaluate_variants(sim, calibration, ablation_grid()).items()}
+    acc = {label: _accuracy(pred, sim) for label, pred in evaluate_rows(sim, calibration, ablation_grid()).items()}
     # the planted signal lives in two layers: K = 2 finds exactly them
     assert acc["dynamic_prior_K2"] >= acc["dynamic_prior_K8"]
     assert acc["dynamic_prior_K2"] >= acc["all_layers_prior"]

@@ -46,7 +46,7 @@ __all__ = [
     "position_profiles",
     "readout_rows",
     "tau_sweep_rows",
-    "variant_result",
+    "row_result",
 ]
 
 # Figure 6 of the paper: |D_cal| in 1..100 and tau in 1..9.
@@ -86,20 +86,21 @@ def _metrics_of(pred: np.ndarray, arrays: EvalArrays, boot: Bootstrap, intervals
     return metrics.summarize(pred, arrays.target_pos, arrays.order, n, **boot.kwargs())
 
 
-def variant_result(
-    variant: methods.Variant, arrays: EvalArrays, calibrations: Sequence[Calibration], boot: Bootstrap
+def row_result(
+    method_row: methods.MethodRow, arrays: EvalArrays, calibrations: Sequence[Calibration], boot: Bootstrap
 ) -> dict[str, Any]:
-    """One table row: the variant's metrics on the first draw (with CIs) and, with several
-    draws, their spread. A variant that cannot run on this cache (e.g. K larger than the
+    """One table row: the method's metrics on the first draw (with CIs) and, with several
+    draws, their spread. A row that cannot run on this cache (e.g. K larger than the
     layer range) is kept with an ``unavailable`` reason so the table shows "–"."""
-    row: dict[str, Any] = {"label": variant.label, "method": variant.method, "settings": variant.settings.as_dict()}
+    row: dict[str, Any] = {"label": method_row.label, "method": method_row.method,
+                           "settings": method_row.settings.as_dict()}
     try:
-        predictions = [variant.predict(arrays, cal) for cal in calibrations]
+        predictions = [method_row.predict(arrays, cal) for cal in calibrations]
     except ValueError as error:
         return {**row, "unavailable": str(error)}
     row["metrics"] = _metrics_of(predictions[0], arrays, boot)
-    if variant.method in ("lad", "raw_attention", "purified_attention"):
-        row["warnings"] = methods.selection_warnings(arrays.attn, variant.settings)
+    if methods.METHODS[method_row.method].selects_layers:
+        row["warnings"] = methods.selection_warnings(arrays.attn, method_row.settings)
     if len(predictions) > 1:
         row["calibration_draws"] = metrics.spread_over_draws([_metrics_of(p, arrays, boot, False) for p in predictions])
     return row
@@ -110,16 +111,16 @@ def variant_result(
 
 def readout_rows(arrays: EvalArrays, calibrations: Sequence[Calibration], base: methods.LadSettings, boot: Bootstrap) -> list[dict]:
     """Table 7: Vanilla, raw attention, purified attention and LAD, at the base settings."""
-    variants = [methods.Variant(name, name, base) for name in ("vanilla", "raw_attention", "purified_attention", "lad")]
-    return [variant_result(v, arrays, calibrations, boot) for v in variants]
+    rows = [methods.MethodRow(name, name, base) for name in ("vanilla", "raw_attention", "purified_attention", "lad")]
+    return [row_result(row, arrays, calibrations, boot) for row in rows]
 
 
-def _ablation_labels(variant: methods.Variant) -> dict[str, Any]:
+def _ablation_labels(method_row: methods.MethodRow) -> dict[str, Any]:
     """Table 4's Strategy / Prior / K columns for a row of :func:`ladbench.methods.ablation_grid`."""
-    s = variant.settings
-    if variant.method == "raw_attention":
+    s = method_row.settings
+    if method_row.method == "raw_attention":
         return {"strategy": "Attn readout", "prior": False, "top_k": s.top_k}
-    if variant.method == "purified_attention":
+    if method_row.method == "purified_attention":
         return {"strategy": "Attn readout", "prior": s.use_prior, "top_k": s.top_k}
     if s.all_layers:
         return {"strategy": "All layers", "prior": s.use_prior, "top_k": None}
@@ -129,7 +130,7 @@ def _ablation_labels(variant: methods.Variant) -> dict[str, Any]:
 def ablation_rows(arrays: EvalArrays, calibrations: Sequence[Calibration], base: methods.LadSettings, boot: Bootstrap) -> list[dict]:
     """Table 4: every row of :func:`ladbench.methods.ablation_grid` around the base settings."""
     return [
-        {**_ablation_labels(v), **variant_result(v, arrays, calibrations, boot)} for v in methods.ablation_grid(base)
+        {**_ablation_labels(v), **row_result(v, arrays, calibrations, boot)} for v in methods.ablation_grid(base)
     ]
 
 
@@ -138,7 +139,7 @@ def tau_sweep_rows(
 ) -> list[dict]:
     """Figure 6 (right): LAD at each sharpening temperature tau."""
     return [
-        {"tau": v.settings.tau, **variant_result(v, arrays, calibrations, boot)}
+        {"tau": v.settings.tau, **row_result(v, arrays, calibrations, boot)}
         for v in methods.tau_sweep(base, taus)
     ]
 
@@ -167,8 +168,8 @@ def dcal_sweep(
         calibrations = fit_draws(cal, size, seeds, average)
         per_method = {}
         for name in DCAL_METHODS:
-            variant = methods.Variant(name, name, base)
-            summaries = [_metrics_of(variant.predict(arrays, c), arrays, boot, False) for c in calibrations]
+            method_row = methods.MethodRow(name, name, base)
+            summaries = [_metrics_of(method_row.predict(arrays, c), arrays, boot, False) for c in calibrations]
             per_method[name] = metrics.spread_over_draws(summaries)
         rows.append({"n_cal": int(size), "seeds": seeds, "methods": per_method})
     return rows
@@ -183,16 +184,16 @@ def paper_vs_reference_rows(
     rows = []
     for average in ("reference", "paper"):
         calibrations = fit_draws(cal, n_cal, seeds, average)
-        for variant in methods.paper_vs_reference_grid(base):
-            s = variant.settings
+        for method_row in methods.paper_vs_reference_grid(base):
+            s = method_row.settings
             rows.append({
                 "score_average": average, "layer_mean": s.layer_mean, "mixture": s.mixture,
-                **variant_result(variant, arrays, calibrations, boot),
+                **row_result(method_row, arrays, calibrations, boot),
             })
         for name in ("pride", "pride_original"):
             rows.append({
                 "score_average": average, "layer_mean": None, "mixture": None,
-                **variant_result(methods.Variant(name, name, base), arrays, calibrations, boot),
+                **row_result(methods.MethodRow(name, name, base), arrays, calibrations, boot),
             })
     return rows
 

@@ -17,8 +17,9 @@ ones) and the paper's equations:
 
 :data:`METHODS` maps a method name to its :class:`Method` entry, a ``callable(arrays,
 calibration, settings) -> predictions [I, T]`` that also says whether it needs a
-calibration, its label and which prompt variant's cache it reads; :func:`ablation_grid`, :func:`tau_sweep` and friends list the
-variants of Tables 4 and 7 and Figure 6 as :class:`Variant` entries.
+calibration, its label and which prompt variant's cache it reads; :func:`ablation_grid`,
+:func:`tau_sweep` and friends list the rows of Tables 4 and 7 and Figure 6 as
+:class:`MethodRow` entries (a label, a method and its settings).
 """
 
 from __future__ import annotations
@@ -35,10 +36,10 @@ __all__ = [
     "METHODS",
     "LadSettings",
     "Method",
-    "Variant",
+    "MethodRow",
     "ablation_grid",
     "check_compatible",
-    "evaluate_variants",
+    "evaluate_rows",
     "expected_bias",
     "identity_indexed",
     "lad",
@@ -560,11 +561,11 @@ def method(name: str) -> Method:
         raise ValueError(f"unknown method {name!r}; known: {', '.join(sorted(METHODS))}") from None
 
 
-# --------------------------------------------------------------------------- variant grids
+# --------------------------------------------------------------------------- ablation and sweep grids
 
 
 @dataclass(frozen=True)
-class Variant:
+class MethodRow:
     """One row of an ablation table: a label, a registered method and its settings."""
 
     label: str
@@ -575,7 +576,7 @@ class Variant:
         return METHODS[self.method](arrays, calibration, self.settings)
 
 
-def ablation_grid(base: Mapping[str, Any] | LadSettings | None = None) -> list[Variant]:
+def ablation_grid(base: Mapping[str, Any] | LadSettings | None = None) -> list[MethodRow]:
     """Table 4's rows (and Table 7's readouts) around ``base`` settings.
 
     "All layers" averages every layer of the model (``layer_range=None``), as the paper
@@ -583,45 +584,45 @@ def ablation_grid(base: Mapping[str, Any] | LadSettings | None = None) -> list[V
     """
     b = LadSettings.from_mapping(base)
     rows = [
-        Variant("attn_readout_no_prior_K2", "raw_attention", replace(b, top_k=2, use_prior=False)),
-        Variant("attn_readout_prior_K2", "purified_attention", replace(b, top_k=2, use_prior=True)),
-        Variant("all_layers_prior", "lad", replace(b, all_layers=True, layer_range=None, use_prior=True)),
-        Variant("dynamic_no_prior_K2", "lad", replace(b, top_k=2, use_prior=False)),
+        MethodRow("attn_readout_no_prior_K2", "raw_attention", replace(b, top_k=2, use_prior=False)),
+        MethodRow("attn_readout_prior_K2", "purified_attention", replace(b, top_k=2, use_prior=True)),
+        MethodRow("all_layers_prior", "lad", replace(b, all_layers=True, layer_range=None, use_prior=True)),
+        MethodRow("dynamic_no_prior_K2", "lad", replace(b, top_k=2, use_prior=False)),
     ]
-    rows += [Variant(f"dynamic_prior_K{k}", "lad", replace(b, top_k=k, use_prior=True)) for k in (1, 2, 4, 8)]
+    rows += [MethodRow(f"dynamic_prior_K{k}", "lad", replace(b, top_k=k, use_prior=True)) for k in (1, 2, 4, 8)]
     return rows
 
 
-def tau_sweep(base: Mapping[str, Any] | LadSettings | None = None, taus: Iterable[float] = range(1, 10)) -> list[Variant]:
+def tau_sweep(base: Mapping[str, Any] | LadSettings | None = None, taus: Iterable[float] = range(1, 10)) -> list[MethodRow]:
     """LAD at each sharpening temperature (Figure 6, right)."""
     b = LadSettings.from_mapping(base)
-    return [Variant(f"lad_tau{tau:g}", "lad", replace(b, tau=float(tau))) for tau in taus]
+    return [MethodRow(f"lad_tau{tau:g}", "lad", replace(b, tau=float(tau))) for tau in taus]
 
 
-def top_k_sweep(base: Mapping[str, Any] | LadSettings | None = None, ks: Iterable[int] = (1, 2, 4, 8)) -> list[Variant]:
+def top_k_sweep(base: Mapping[str, Any] | LadSettings | None = None, ks: Iterable[int] = (1, 2, 4, 8)) -> list[MethodRow]:
     """LAD with each number of selected layers K."""
     b = LadSettings.from_mapping(base)
-    return [Variant(f"lad_K{k}", "lad", replace(b, top_k=int(k))) for k in ks]
+    return [MethodRow(f"lad_K{k}", "lad", replace(b, top_k=int(k))) for k in ks]
 
 
-def paper_vs_reference_grid(base: Mapping[str, Any] | LadSettings | None = None) -> list[Variant]:
+def paper_vs_reference_grid(base: Mapping[str, Any] | LadSettings | None = None) -> list[MethodRow]:
     """LAD under the four combinations of layer mean and mixture (reference vs paper).
 
     The third switch, how ``L`` is averaged, is a calibration setting (``fit_calibration``).
     """
     b = LadSettings.from_mapping(base)
     return [
-        Variant(f"lad_layer-{mean}_mixture-{mix}", "lad", replace(b, layer_mean=mean, mixture=mix))
+        MethodRow(f"lad_layer-{mean}_mixture-{mix}", "lad", replace(b, layer_mean=mean, mixture=mix))
         for mean in ("reference", "paper")
         for mix in ("reference", "paper")
     ]
 
 
-def evaluate_variants(
-    arrays: EvalArraysLike, calibration: CalibrationLike, variants: Sequence[Variant]
+def evaluate_rows(
+    arrays: EvalArraysLike, calibration: CalibrationLike, rows: Sequence[MethodRow]
 ) -> dict[str, np.ndarray]:
-    """Predictions [I, T] per variant label."""
-    labels = [v.label for v in variants]
+    """Predictions [I, T] per row label."""
+    labels = [row.label for row in rows]
     if len(set(labels)) != len(labels):
-        raise ValueError(f"duplicate variant labels in {labels}")
-    return {v.label: v.predict(arrays, calibration) for v in variants}
+        raise ValueError(f"duplicate row labels in {labels}")
+    return {row.label: row.predict(arrays, calibration) for row in rows}

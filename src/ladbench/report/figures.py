@@ -339,9 +339,12 @@ def divergence_figure(entries: Sequence[tuple[str, Mapping[str, np.ndarray], dic
 
 
 def save_figure(fig, outputs: Sequence[str | Path]) -> None:
-    """Write ``fig`` to every path (format from the suffix), then close it."""
+    """Write ``fig`` to every path (format from the suffix), then close it. A PDF carries no
+    creation date, so the same data give the same bytes (PNGs carry none already)."""
     for path in outputs:
+        fmt = Path(path).suffix[1:]
+        metadata = {"CreationDate": None} if fmt == "pdf" else None
         with atomic_path(path) as tmp:         # a reader never sees half a figure
-            fig.savefig(tmp, format=Path(path).suffix[1:], dpi=150, bbox_inches="tight")
+            fig.savefig(tmp, format=fmt, dpi=150, bbox_inches="tight", metadata=metadata)
     plt.close(fig)
 
