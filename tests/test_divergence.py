@@ -112,3 +112,15 @@ def test_attention_profiles_use_the_selected_layers():
     # Figure 3's data: the raw attention evidence of the top-K layers per ground-truth position
     profile = profiles(raw_attention(attn, top_k=1), np.array([0, 1]))
     np.testing.assert_allclose(profile.mean, [[0.9, 0.1], [0.2, 0.8]])
+
+
+def test_divergence_summary_applies_the_layer_selection_rules():
+    """The divergence statistics select layers by the same rules as LAD: with
+    k_beyond_range="error", a K beyond the layer range is refused, not silently lowered."""
+    rng = np.random.default_rng(0)
+    scores, attn = rng.normal(size=(6, 3, 4)), rng.random((6, 3, 5, 4))
+    order = np.tile(np.arange(4), (6, 3, 1))
+    common = dict(attn=attn, top_k=4, layer_range=(1, 2), n_boot=0)
+    divergence_summary(scores, order, **common)                       # the default lowers K to the range
+    with pytest.raises(ValueError):
+        divergence_summary(scores, order, k_beyond_range="error", **common)

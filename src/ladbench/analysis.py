@@ -213,7 +213,8 @@ def divergence_statistics(
     Returns the JSON summaries (without per-instance lists) and the per-instance rho
     arrays for the ``.npz`` (``rho_logits``, ``rho_attention_raw``, ``rho_attention_purified``).
     """
-    common = dict(top_k=base.top_k, layer_range=base.layer_range, n_boot=boot.n_boot, ci=boot.ci, seed=boot.seed)
+    common = dict(top_k=base.top_k, layer_range=base.layer_range, ties=base.layer_ties,
+                  k_beyond_range=base.k_beyond_range, n_boot=boot.n_boot, ci=boot.ci, seed=boot.seed)
     raw = divergence.divergence_summary(arrays.scores, arrays.order, attn=arrays.attn, **common)
     purified = divergence.divergence_summary(
         arrays.scores, arrays.order, attn=arrays.attn, attn_prior=calibration.attn_prior, **common
