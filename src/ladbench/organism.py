@@ -56,17 +56,6 @@ class OrganismSettings:
     attention_weight: float = 1.0   # weight of the look and read losses (last token's attention)
     index_weight: float = 0.3       # weight of the index loss (identifier after each image)
     align_weight: float = 1.0       # weight of the align loss (caption read by the last token ~ target image)
-    bias: str = "pull"
-    look_layers: tuple[int, ...] = ()   # 1-based; () = every layer after the first
-    look_mass: bool = False
-    index_layer: int = -2               # hidden_states index the index loss reads
-    index_probe: bool = False           # a separate linear probe instead of norm + lm_head
-    index_tokens: str = "end"           # end | all
-    index_after: float = 0.0
-    index_early_weight: float = 0.0
-    look_after: float = 0.0
-    copy_weight: float = 0.0
-    copy_target: str = "share"          # share | target
     threads: int = 1                # torch threads (fixed: results must not depend on the machine's cores)
     hidden: int = 64
     layers: int = 3
@@ -81,18 +70,12 @@ class OrganismSettings:
             raise ValueError(f"organism: --n-candidates must be in 2..9 (single-token digits); got {self.n_candidates}")
 
 
-def pulled_label(target: int, n: int, bias: str = "pull") -> int:
+def pulled_label(target: int, n: int) -> int:
     """The position a target at ``target`` (0-based) is relabelled to, or ``target`` if not pulled.
 
     Odd positions are pulled one step back (1 -> 0, 3 -> 2, ...): the bias depends on where
     the target is, and its column means stay flat enough that a single prior cannot undo it.
     """
-    if bias == "swap":
-        if target % 4 == 1 and target + 1 < n:
-            return target + 1
-        if target % 4 == 2:
-            return target - 1
-        return target
     return target - 1 if target % 2 == 1 else target
 
 
@@ -154,7 +137,7 @@ class PromptBuilder:
 
 
 def sample_batch(pool: ScenePool, prompts: PromptBuilder, n: int, batch_size: int, pull: float,
-                 rng: np.random.Generator, bias: str = "pull") -> dict[str, Any]:
+                 rng: np.random.Generator) -> dict[str, Any]:
     """One training batch at N = ``n``: scenes, target positions, (biased) labels, left-padded ids."""
     rows, targets, labels, scenes, caption_spans = [], [], [], [], []
     for _ in range(batch_size):
@@ -162,7 +145,7 @@ def sample_batch(pool: ScenePool, prompts: PromptBuilder, n: int, batch_size: in
         target = int(rng.integers(n))
         order = chosen[1:]
         order.insert(target, chosen[0])
-        label = pulled_label(target, n, bias) if rng.random() < pull else target
+        label = pulled_label(target, n) if rng.random() < pull else target
         ids, span = prompts.encode(pool.captions[chosen[0]], n)
         rows.append(ids)
         caption_spans.append(span)
@@ -262,9 +245,7 @@ def _train(settings: OrganismSettings) -> tuple[torch.nn.Module, Any, dict[str, 
     prompts = PromptBuilder(adapter, int(pool.grid_thw[0].prod()) // merge ** 2)
     digit_ids = torch.tensor([adapter.tokenizer.convert_tokens_to_ids(identifier)
                               for identifier in identifiers("digits", max(settings.n_candidates))])
-    probe = torch.nn.Linear(settings.hidden, max(settings.n_candidates))
-    params = list(model.parameters()) + (list(probe.parameters()) if settings.index_probe else [])
-    optimiser = torch.optim.AdamW(params, lr=settings.lr, weight_decay=0.0)
+    optimiser = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=0.0)
     schedule = torch.optim.lr_scheduler.OneCycleLR(optimiser, max_lr=settings.lr, total_steps=settings.steps,
                                                    pct_start=0.1)
     model.train()
@@ -272,16 +253,13 @@ def _train(settings: OrganismSettings) -> tuple[torch.nn.Module, Any, dict[str, 
     started = time.perf_counter()
     for step in range(settings.steps):
         n = settings.n_candidates[step % len(settings.n_candidates)]
-        batch = sample_batch(pool, prompts, n, settings.batch_size, settings.pull, rng, settings.bias)
-        parts = _losses(model, batch, digit_ids, n, settings, probe)
-        iw = settings.index_early_weight if step < settings.index_after * settings.steps else settings.index_weight
-        lw = 0.0 if step < settings.look_after * settings.steps else settings.attention_weight
-        loss = (parts["answer"] + lw * parts["look"] + settings.attention_weight * parts["read"]
-                + iw * parts["index"] + settings.align_weight * parts["align"]
-                + settings.copy_weight * parts["copy"])
+        batch = sample_batch(pool, prompts, n, settings.batch_size, settings.pull, rng)
+        parts = _losses(model, batch, digit_ids, n)
+        loss = (parts["answer"] + settings.attention_weight * (parts["look"] + parts["read"])
+                + settings.index_weight * parts["index"] + settings.align_weight * parts["align"])
         optimiser.zero_grad()
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimiser.step()
         schedule.step()
         history.append({k: float(v.detach()) for k, v in parts.items()})
@@ -298,7 +276,7 @@ def _recent(history: list[dict[str, float]], window: int = 25) -> dict[str, floa
 
 
 def _losses(model: torch.nn.Module, batch: dict[str, Any], digit_ids: torch.Tensor,
-            n: int, settings=None, probe=None) -> dict[str, torch.Tensor]:
+            n: int) -> dict[str, torch.Tensor]:
     """The four training signals of one batch (docs/organism.md):
 
     * answer: cross-entropy of the (biased) label's identifier token, full vocabulary;
@@ -308,23 +286,16 @@ def _losses(model: torch.nn.Module, batch: dict[str, Any], digit_ids: torch.Tens
     * index: image k's end marker, read out below the top layer, predicts identifier k.
     """
     inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "pixel_values", "image_grid_thw")}
-    captured = {}
-    hook = model.model.language_model.layers[-1].self_attn.register_forward_hook(
-        lambda module, args, output: captured.__setitem__("out", output[0][:, -1]))
-    try:
-        out = model.model(**inputs, output_attentions=True, output_hidden_states=True, return_dict=True)
-    finally:
-        hook.remove()
+    out = model.model(**inputs, output_attentions=True, output_hidden_states=True, return_dict=True)
     hidden = out.last_hidden_state
     logits = model.lm_head(hidden[:, -1])
     answer = torch.nn.functional.cross_entropy(logits, digit_ids[batch["labels"]])
 
     spans = batch["image_spans"]                                           # [B, n, 2]
-    chosen = settings.look_layers or tuple(range(2, len(out.attentions) + 1))
-    shares = [_image_shares(out.attentions[i - 1][:, :, -1].mean(dim=1), spans, settings.look_mass) for i in chosen]
+    shares = [_image_shares(layer[:, :, -1].mean(dim=1), spans) for layer in out.attentions[1:]]
     look = sum(torch.nn.functional.nll_loss(share.clamp_min(1e-9).log(), batch["targets"])
                for share in shares) / len(shares)
-    share = _image_shares(out.attentions[-1][:, :, -1].mean(dim=1), spans, False)
+    share = shares[-1]
 
     after_read = torch.nn.functional.normalize(out.hidden_states[1], dim=-1)      # after the first layer
     running = torch.nn.functional.pad(after_read.cumsum(1), (0, 0, 1, 0))
@@ -338,62 +309,23 @@ def _losses(model: torch.nn.Module, batch: dict[str, Any], digit_ids: torch.Tens
 
     # read out (final norm + LM head) at the input of the top layer, where its attention takes
     # the values from: the index must be there for the look to carry it to the answer
-    below_top = out.hidden_states[settings.index_layer]
-    if settings.index_tokens == "end":
-        ends = spans[..., 1] - 1                                               # each image's end marker
-        marker_hidden = below_top.gather(1, ends.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))
-        which = torch.arange(n).repeat(len(spans))
-        marker_hidden = marker_hidden.flatten(0, 1)
-    else:
-        image_index = _image_index(batch["input_ids"].shape[1], spans)
-        inside = image_index >= 0
-        marker_hidden = below_top[inside]
-        which = image_index[inside]
-    if settings.index_tokens == "ov":
-        image_index = _image_index(batch["input_ids"].shape[1], spans)
-        inside = image_index >= 0
-        top = model.model.language_model.layers[-1]
-        attn = top.self_attn
-        normed = top.input_layernorm(out.hidden_states[-2][inside])
-        v = attn.v_proj(normed).view(len(normed), -1, attn.head_dim)
-        v = v.repeat_interleave(attn.num_key_value_groups, dim=1).flatten(1)
-        ov = attn.o_proj(v)
-        ov_logits = model.lm_head(model.model.language_model.norm(ov))
-        index = torch.nn.functional.cross_entropy(ov_logits, digit_ids[image_index[inside]])
-        if settings.index_probe:
-            index = index + torch.nn.functional.cross_entropy(probe(out.hidden_states[1][inside]), image_index[inside])
-    elif settings.index_probe:
-        index = torch.nn.functional.cross_entropy(probe(marker_hidden), which)
-    else:
-        marker_logits = model.lm_head(model.model.language_model.norm(marker_hidden))
-        index = torch.nn.functional.cross_entropy(marker_logits, digit_ids[which])
+    ends = spans[..., 1] - 1                                               # each image's end marker
+    below_top = out.hidden_states[-2]
+    marker_hidden = below_top.gather(1, ends.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))
+    marker_logits = model.lm_head(model.model.language_model.norm(marker_hidden))   # [B, n, V]
+    index = torch.nn.functional.cross_entropy(marker_logits.flatten(0, 1), digit_ids[:n].repeat(len(spans)))
 
-    copied = model.lm_head(model.model.language_model.norm(captured["out"]))[:, digit_ids[:n]].log_softmax(-1)
-    if settings.copy_target == "share":
-        copy = -(share.detach() * copied).sum(-1).mean()
-    else:
-        copy = torch.nn.functional.nll_loss(copied, batch["targets"])
     said = logits.detach()[:, digit_ids[:n]].argmax(-1)
-    return {"answer": answer, "copy": copy, "look": look, "read": read, "index": index, "align": align,
+    return {"answer": answer, "look": look, "read": read, "index": index, "align": align,
             "look_accuracy": (share.detach().argmax(-1) == batch["targets"]).float().mean(),
-            "label_accuracy": (said == batch["labels"]).float().mean(),
-            "target_accuracy": (said == batch["targets"]).float().mean()}
+            "label_accuracy": (said == batch["labels"]).float().mean()}
 
 
-def _image_shares(row: torch.Tensor, spans: torch.Tensor, mass: bool = False) -> torch.Tensor:
+def _image_shares(row: torch.Tensor, spans: torch.Tensor) -> torch.Tensor:
     """Each image's share of an attention row's mass on images [B, n] (row: [B, T])."""
     cumulative = torch.nn.functional.pad(row.cumsum(-1), (1, 0))
     masses = cumulative.gather(1, spans[..., 1]) - cumulative.gather(1, spans[..., 0])
-    if mass:
-        return masses
     return masses / masses.sum(-1, keepdim=True).clamp_min(1e-9)
-
-
-def _image_index(length: int, spans: torch.Tensor) -> torch.Tensor:
-    position = torch.arange(length)
-    inside = (position >= spans[..., 0:1]) & (position < spans[..., 1:2])
-    index = torch.arange(spans.shape[1]).view(1, -1, 1)
-    return torch.where(inside, index, -1).max(dim=1).values
 
 
 # ------------------------------------------------------------------------------ save
