@@ -79,8 +79,9 @@ def dcal_sizes_for_pool(requested: Sequence[int], pool_size: int) -> list[int]:
     return sorted({min(int(s), pool_size) for s in requested})
 
 
-def _metrics_of(pred: np.ndarray, arrays: EvalArrays, boot: Bootstrap, intervals: bool = True) -> dict[str, Any]:
-    """``summarize`` with ``boot``'s options; ``intervals=False`` skips the bootstrap (spreads over draws)."""
+def summarize_predictions(pred: np.ndarray, arrays: EvalArrays, boot: Bootstrap, intervals: bool = True) -> dict[str, Any]:
+    """:func:`metrics.summarize` of one method's predictions with ``boot``'s options;
+    ``intervals=False`` skips the bootstrap (spreads over calibration draws)."""
     n = arrays.scores.shape[-1]
     boot = boot if intervals else replace(boot, n_boot=0)
     return metrics.summarize(pred, arrays.target_pos, arrays.order, n, **boot.kwargs())
@@ -98,11 +99,11 @@ def row_result(
         predictions = [method_row.predict(arrays, cal) for cal in calibrations]
     except ValueError as error:
         return {**row, "unavailable": str(error)}
-    row["metrics"] = _metrics_of(predictions[0], arrays, boot)
+    row["metrics"] = summarize_predictions(predictions[0], arrays, boot)
     if methods.METHODS[method_row.method].selects_layers:
         row["warnings"] = methods.selection_warnings(arrays.attn, method_row.settings)
     if len(predictions) > 1:
-        row["calibration_draws"] = metrics.spread_over_draws([_metrics_of(p, arrays, boot, False) for p in predictions])
+        row["calibration_draws"] = metrics.spread_over_draws([summarize_predictions(p, arrays, boot, False) for p in predictions])
     return row
 
 
@@ -169,7 +170,7 @@ def dcal_sweep(
         per_method = {}
         for name in DCAL_METHODS:
             method_row = methods.MethodRow(name, name, base)
-            summaries = [_metrics_of(method_row.predict(arrays, c), arrays, boot, False) for c in calibrations]
+            summaries = [summarize_predictions(method_row.predict(arrays, c), arrays, boot, False) for c in calibrations]
             per_method[name] = metrics.spread_over_draws(summaries)
         rows.append({"n_cal": int(size), "seeds": seeds, "methods": per_method})
     return rows

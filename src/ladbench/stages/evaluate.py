@@ -15,10 +15,12 @@ from pathlib import Path
 import numpy as np
 
 from ladbench import methods, metrics
+from ladbench.analysis import summarize_predictions
 from ladbench.atomic import atomic_path, atomic_write_json
 from ladbench.calibration import Calibration
 from ladbench.cli import output_file
-from ladbench.stages.options import add_bootstrap_arguments, add_lad_arguments, lad_settings, metrics_line
+from ladbench.stages.options import (add_bootstrap_arguments, add_lad_arguments, bootstrap_settings, lad_settings,
+                                     metrics_line)
 from ladbench.inference.cache import read_cache
 from ladbench.stages.arrays import EvalArrays, eval_arrays
 from ladbench.stages.inputs import cache_identity, calibration_record, check_calibrations, what_it_is
@@ -95,17 +97,13 @@ def run(args: argparse.Namespace) -> None:
     if cache.has_shifts:
         arrays = unshifted(arrays)
 
+    boot = bootstrap_settings(args)
     summary = {}
     for name in names:
-        summary[name] = metrics.summarize(
-            draws[0][name], arrays.target_pos, arrays.order, n, n_boot=args.bootstrap, ci=args.ci, seed=args.seed,
-            acc_ddof=args.acc_ddof,
-        )
+        summary[name] = summarize_predictions(draws[0][name], arrays, boot)
         if len(draws) > 1:
             summary[name]["calibration_draws"] = metrics.spread_over_draws(
-                [metrics.summarize(d[name], arrays.target_pos, arrays.order, n, n_boot=0, acc_ddof=args.acc_ddof)
-                 for d in draws]
-            )
+                [summarize_predictions(d[name], arrays, boot, intervals=False) for d in draws])
     result = {
         **what_it_is(cache.attrs),
         # the benchmark the calibrations were fitted on (another one: a calibration transfer)
@@ -120,8 +118,8 @@ def run(args: argparse.Namespace) -> None:
         "n_instances": int(arrays.scores.shape[0]),
         "n_orderings": int(arrays.scores.shape[1]),
         "n_candidates": int(n),
-        "settings": {**settings.as_dict(), "bootstrap": args.bootstrap, "ci": args.ci, "seed": args.seed,
-                     "acc_ddof": args.acc_ddof},
+        "settings": {**settings.as_dict(), "bootstrap": boot.n_boot, "ci": boot.ci, "seed": boot.seed,
+                     "acc_ddof": boot.acc_ddof},
         "methods": summary,
         # where the layer-selection rules (lad.layer_ties, lad.k_beyond_range) decided something
         "warnings": (methods.selection_warnings(arrays.attn, settings)
