@@ -45,8 +45,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-FAMILY_CHOICES = FAMILIES
-
 
 @dataclass
 class InferenceSettings:
@@ -98,7 +96,7 @@ class InferenceSettings:
 
     def validate(self) -> None:
         from ladbench.models.vision import VISION_TOWERS
-        checks = [("family", self.family, FAMILY_CHOICES), ("prompt", self.prompt, variant_names()),
+        checks = [("family", self.family, FAMILIES), ("prompt", self.prompt, variant_names()),
                   ("vision_tower", self.vision_tower, VISION_TOWERS),
                   ("identifiers", self.identifiers, IDENTIFIER_FORMATS), ("score_mode", self.score_mode, SCORE_MODES)]
         for name, value, allowed in checks:
