@@ -130,6 +130,11 @@ def sample_scene(rng: np.random.Generator, image_size: int) -> list[SceneObject]
     return objects
 
 
+def sample_background(rng: np.random.Generator) -> tuple[int, int, int]:
+    """A light background colour (each channel in 200..245), drawn per scene."""
+    return tuple(int(v) for v in rng.integers(200, 246, size=3))
+
+
 def render_scene(objects: list[SceneObject], image_size: int, background: tuple[int, int, int]) -> tuple[bytes, list[list[float]]]:
     """Render a scene to PNG bytes; also return each object's outline polygon."""
     image = Image.new("RGB", (image_size, image_size), background)
@@ -165,8 +170,7 @@ def build_scenes(out_dir: str | os.PathLike, n_images: int, seed: int = 0, image
         (tmp / "annotations").mkdir()
         for image_id in tqdm(image_ids.tolist(), desc="demo-scenes", unit="img"):
             objects = sample_scene(rng, image_size)
-            background = tuple(int(v) for v in rng.integers(200, 246, size=3))
-            png, polygons = render_scene(objects, image_size, background)
+            png, polygons = render_scene(objects, image_size, sample_background(rng))
             file_name = f"scene_{image_id:06d}.png"
             (tmp / "images" / file_name).write_bytes(png)
             images.append({"id": image_id, "file_name": file_name, "width": image_size,

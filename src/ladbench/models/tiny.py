@@ -138,7 +138,7 @@ def _qwen_vision_config(p: dict[str, Any], full_attention_blocks: list[int]) -> 
                 temporal_patch_size=2, window_size=112, fullatt_block_indexes=full_attention_blocks)
 
 
-def _build_qwen2_5_vl(out_dir: str, p: dict[str, Any]):
+def _build_qwen2_5_vl(p: dict[str, Any]):
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
     tok = build_tokenizer()
     ids = _ids(tok, QWEN_SPECIAL_TOKENS)
@@ -161,7 +161,7 @@ QWEN3_VL_CHAT_TEMPLATE = QWEN2_5_VL_CHAT_TEMPLATE.replace(
     "")
 
 
-def _build_qwen3_vl(out_dir: str, p: dict[str, Any]):
+def _build_qwen3_vl(p: dict[str, Any]):
     """Qwen3-VL (transformers 5.x): 16-px patches (32 px per visual token), interleaved M-RoPE,
     DeepStack features from the first vision block."""
     from transformers import (Qwen2VLImageProcessor, Qwen3VLConfig, Qwen3VLForConditionalGeneration,
@@ -209,7 +209,7 @@ def internvl_processor(tok, tile: int, tokens_per_tile: int):
                              image_seq_length=tokens_per_tile, chat_template=INTERNVL_CHAT_TEMPLATE)
 
 
-def _build_internvl(out_dir: str, p: dict[str, Any]):
+def _build_internvl(p: dict[str, Any]):
     from transformers import InternVLConfig, InternVLForConditionalGeneration
     tok = internvl_tokenizer()
     ids = _ids(tok, QWEN_SPECIAL_TOKENS + INTERNVL_SPECIAL_TOKENS)
@@ -227,7 +227,7 @@ def _build_internvl(out_dir: str, p: dict[str, Any]):
     return InternVLForConditionalGeneration(cfg), proc
 
 
-def _build_llava_ov15(out_dir: str, p: dict[str, Any]):
+def _build_llava_ov15(p: dict[str, Any]):
     from .tiny_ov15 import modeling_tiny_ov15 as remote
     tok = build_tokenizer()
     ids = _ids(tok, QWEN_SPECIAL_TOKENS)
@@ -254,7 +254,7 @@ LLAVA_ONEVISION_CHAT_TEMPLATE = (
     "{{'<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
 
 
-def _build_llava_onevision(out_dir: str, p: dict[str, Any]):
+def _build_llava_onevision(p: dict[str, Any]):
     """LLaVA-OneVision: a SigLIP tower on 28-px inputs (4 patches of 14 px: 4 features + 1
     newline per image in a multi-image prompt), a 2-layer projector, a Qwen2 decoder."""
     from transformers import (LlavaOnevisionConfig, LlavaOnevisionForConditionalGeneration,
@@ -299,20 +299,34 @@ def build_tiny_model(family: str, out_dir: str, *, seed: int = 0, preset: str = 
         raise ValueError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
     from . import adapter_class
     compat.require_lane(family, adapter_class(family).lanes)       # e.g. Qwen3-VL needs transformers 5.x
+    torch.manual_seed(seed)
+    model, processor = _BUILDERS[family](PRESETS[preset])
+    model.eval()
+    remote_code = []
+    if family == "llava_ov15":
+        from .tiny_ov15 import modeling_tiny_ov15 as remote
+        remote_code.append(remote.__file__)
+    return save_model_folder(out_dir, model, processor,
+                             {"family": family, "kind": TINY_RANDOM, "seed": seed, "preset": preset,
+                              "note": "random weights built offline by ladbench demo-model; answers are meaningless"},
+                             extra_files=remote_code)
+
+
+def save_model_folder(out_dir: str, model: Any, processor: Any, metadata: dict[str, Any],
+                      extra_files: list[str] = ()) -> str:
+    """Save a tiny model like a hub folder (weights, processor, chat template, ``extra_files``)
+    plus its ``ladbench_tiny.json`` (``metadata``: what it is, how it was made). The folder is
+    written to a temporary sibling and renamed over ``out_dir``, so a half-built model is never
+    mistaken for a finished one. Returns ``out_dir`` as an absolute path."""
     out_dir = os.path.abspath(out_dir)
     tmp_dir = out_dir.rstrip("/") + ".tmp"
     shutil.rmtree(tmp_dir, ignore_errors=True)
-    torch.manual_seed(seed)
-    model, processor = _BUILDERS[family](tmp_dir, PRESETS[preset])
-    model.eval()
     model.save_pretrained(tmp_dir)
     processor.save_pretrained(tmp_dir)
-    if family == "llava_ov15":
-        from .tiny_ov15 import modeling_tiny_ov15 as remote
-        shutil.copy(remote.__file__, os.path.join(tmp_dir, "modeling_tiny_ov15.py"))
+    for path in extra_files:
+        shutil.copy(path, os.path.join(tmp_dir, os.path.basename(path)))
     with open(os.path.join(tmp_dir, METADATA_FILE), "w", encoding="utf-8") as f:
-        json.dump({"family": family, "kind": TINY_RANDOM, "seed": seed, "preset": preset,
-                   "note": "random weights built offline by ladbench demo-model; answers are meaningless"}, f)
+        json.dump(metadata, f, indent=1)
     shutil.rmtree(out_dir, ignore_errors=True)
     os.replace(tmp_dir, out_dir)
     return out_dir
