@@ -9,7 +9,7 @@ import argparse
 import dataclasses
 import logging
 
-from ladbench.organism import OrganismSettings
+from ladbench.organism import OrganismSettings, save_organism, train_organism
 
 
 def register(subparsers) -> None:
@@ -30,8 +30,6 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    from ladbench.organism import save_organism, train_organism
-
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     values = {spec.name: getattr(args, spec.name) for spec in dataclasses.fields(OrganismSettings)}
     values["n_candidates"] = tuple(values["n_candidates"])
