@@ -267,6 +267,7 @@ def _train(settings: OrganismSettings) -> tuple[torch.nn.Module, Any, dict[str, 
         batch = sample_batch(pool, prompts, n, settings.batch_size, settings.pull, rng)
         parts = _losses(model, probe, batch, digit_ids, n)
         index_weight = settings.index_weight if step >= index_from else 0.0
+        # term by term, in the order the recipe was measured in (float sums are not associative)
         loss = (parts["answer"] + settings.attention_weight * parts["look"] + settings.attention_weight * parts["read"]
                 + index_weight * parts["index"] + settings.align_weight * parts["align"])
         optimiser.zero_grad()
