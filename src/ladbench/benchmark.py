@@ -52,7 +52,7 @@ import math
 import os
 import random
 import sys
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 from tqdm import tqdm
@@ -199,15 +199,7 @@ def require_orderings(n: int, t: int) -> None:
 
 def distinct_orderings(n: int, t: int, rng: np.random.Generator) -> list[list[int]]:
     """The identity followed by ``t - 1`` distinct non-identity random permutations of range(n)."""
-    require_orderings(n, t)
-    orderings = [list(range(n))]
-    seen = {tuple(orderings[0])}
-    while len(orderings) < t:
-        perm = rng.permutation(n).tolist()
-        if tuple(perm) not in seen:
-            seen.add(tuple(perm))
-            orderings.append(perm)
-    return orderings
+    return _identity_then_distinct(n, t, lambda: rng.permutation(n).tolist())
 
 
 def shared_orderings(n: int, t: int, seed: int) -> list[list[int]]:
@@ -218,12 +210,17 @@ def shared_orderings(n: int, t: int, seed: int) -> list[list[int]]:
     Python's global ``random`` with 42 (``transformers.set_seed``) and draws nothing else
     from it before its shuffles, so with ``seed = 42`` these are its orderings for this N and T.
     """
-    require_orderings(n, t)
     rng = random.Random(seed)
-    identity = list(range(n))
-    orderings, seen = [identity], {tuple(identity)}
+    return _identity_then_distinct(n, t, lambda: rng.sample(list(range(n)), n))
+
+
+def _identity_then_distinct(n: int, t: int, draw: Callable[[], list[int]]) -> list[list[int]]:
+    """The identity, then permutations from ``draw()`` until there are ``t``, repeats skipped."""
+    require_orderings(n, t)
+    orderings = [list(range(n))]
+    seen = {tuple(orderings[0])}
     while len(orderings) < t:
-        perm = rng.sample(identity, n)
+        perm = draw()
         if tuple(perm) not in seen:
             seen.add(tuple(perm))
             orderings.append(perm)
