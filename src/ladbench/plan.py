@@ -96,17 +96,17 @@ def _generating(prompt: str) -> bool:
     return prompt_variant(prompt).generative
 
 
-def job_seconds(config: dict, rows: int, prompt: str, n: int, attrs: dict | None) -> tuple[float, int, bool]:
-    """(seconds, generated tokens, measured?) of ``rows`` rows at the rates of ``attrs``
-    (a cache's attributes) or the assumed ones."""
+def job_seconds(config: dict, rows: int, prompt: str, n: int, attrs: dict | None) -> tuple[float, int]:
+    """(seconds, generated tokens) of ``rows`` rows at the rates of ``attrs`` (a cache's
+    attributes) or, where it is None or lacks a generation rate, the assumed ones."""
     if not _generating(prompt):
         rate = attrs["rows_per_s"] if attrs else ASSUMED_ROWS_PER_S_N4 * 4 / n
-        return rows / rate, 0, attrs is not None
+        return rows / rate, 0
     if attrs and attrs.get("generated_tokens_per_s", 0) > 0 and attrs.get("timed_rows", 0) > 0:
         tokens = round(rows * attrs["generated_tokens"] / attrs["timed_rows"])
-        return tokens / attrs["generated_tokens_per_s"], tokens, True
+        return tokens / attrs["generated_tokens_per_s"], tokens
     tokens = rows * max_generated_per_row(config, prompt)
-    return tokens / ASSUMED_GENERATED_TOKENS_PER_S, tokens, False
+    return tokens / ASSUMED_GENERATED_TOKENS_PER_S, tokens
 
 
 def plan_jobs(config: dict) -> list[Job]:
@@ -132,7 +132,7 @@ def plan_jobs(config: dict) -> list[Job]:
                 rows = job_rows(config, benchmark, n, prompt)
                 for shard in range(shards):
                     start, stop = rows * shard // shards, rows * (shard + 1) // shards
-                    seconds, tokens, _ = job_seconds(config, stop - start, prompt, n, attrs)
+                    seconds, tokens = job_seconds(config, stop - start, prompt, n, attrs)
                     jobs.append(Job(model, benchmark, variant, shard, shards, stop - start, tokens, seconds,
                                     max(gpus, 1), source))
     return jobs
