@@ -55,6 +55,19 @@ def test_training_prompt_is_the_inference_stage_prompt():
         assert adapter.tokenizer.decode(ids[start:end]).strip() == pool.captions[0]
 
 
+def test_config_keys_are_the_training_settings():
+    """Every `models.<name>.organism` key of the schema is a setting (a flag of train-organism),
+    and every setting is a key, except those the rule derives from the study's config."""
+    import yaml
+    from workflow_runner import ROOT
+
+    schema = yaml.safe_load((ROOT / "workflow" / "schemas" / "config.schema.yaml").read_text())
+    model = schema["properties"]["models"]["additionalProperties"]
+    keys = set(model["properties"]["organism"]["properties"])
+    derived = {"n_candidates", "image_size", "scene_size"}       # organism_flags in workflow/rules/common.smk
+    assert keys == {f.name for f in dataclasses.fields(OrganismSettings)} - derived
+
+
 def test_bias_is_position_conditional():
     assert [pulled_label(i, 4) for i in range(4)] == [0, 2, 1, 3]
     assert [pulled_label(i, 8) for i in range(8)] == [0, 2, 1, 3, 4, 6, 5, 7]
