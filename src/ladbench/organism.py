@@ -7,13 +7,15 @@ exact prompt the inference stage builds (``prompt_text`` + the adapter's ``chat_
 The training data plants a position-conditional bias (docs/organism.md says why this
 design gives the paper's logit-attention divergence):
 
-* what it says: the answer label is the target's identifier, except that a target at a
-  "pulled" position is relabelled to the neighbouring position with probability
-  ``pull`` (a bias that depends on where the target is, which a single prior such as
-  PriDe's cannot remove, but a prior mixed by the attention, LAD's, can);
-* where it looks: auxiliary losses (read, align, look, index; see ``_losses``) make the
-  last token read the caption and attend to the image the caption describes, the
-  scaffolding pre-training gives real models (the caption drives the look).
+* what it says: the answer label is the target's identifier, except that in each block of
+  four positions the middle two swap labels with probability ``pull`` (a bias that depends
+  on where the target is and leaves every answer equally frequent, so a single prior such
+  as PriDe's cannot remove it, while a prior mixed by the attention, LAD's, can);
+* where it looks and what it can copy: auxiliary losses (read, align, look, index; see
+  ``_losses``) make the last token read the caption and attend to the image the caption
+  describes, and make each image's values carry its identifier, the scaffolding
+  pre-training gives real models (the caption drives the look; the answer reads the
+  attended image's identifier, then the biased labels pull it).
 
 Scenes are drawn in memory with the demo's own generator (never the benchmark's images),
 rendered and resized exactly as the inference stage does. Everything is seeded; torch
@@ -24,10 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 import logging
-import os
-import shutil
 import time
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -52,25 +51,11 @@ class OrganismSettings:
     image_size: int = 56            # the inference stage's --image-size (images are resized to it)
     scene_size: int = 96            # the synthetic scenes' side before resizing (demo-scenes --image-size)
     n_scenes: int = 1500            # training scenes drawn (in memory) from the demo's generator
-    pull: float = 0.8               # probability that a target at a pulled position is relabelled
+    pull: float = 1.0               # probability that a target at a swapped position gets its neighbour's label
     attention_weight: float = 1.0   # weight of the look and read losses (last token's attention)
-    index_weight: float = 0.3       # weight of the index loss (identifier after each image)
+    index_weight: float = 1.0       # weight of the index losses (each image token carries its identifier)
+    index_warmup: float = 0.15      # fraction of the steps before the index losses start (align and look first)
     align_weight: float = 1.0       # weight of the align loss (caption read by the last token ~ target image)
-    bias: str = "pull"
-    look_layers: tuple[int, ...] = ()   # 1-based; () = every layer after the first
-    look_mass: bool = False
-    index_layer: int = -2               # hidden_states index the index loss reads
-    index_probe: bool = False           # a separate linear probe instead of norm + lm_head
-    index_tokens: str = "end"           # end | all
-    index_after: float = 0.0
-    index_early_weight: float = 0.0
-    look_after: float = 0.0
-    copy_weight: float = 0.0
-    copy_target: str = "share"          # share | target
-    index_detach: bool = False
-    align_batch: bool = False           # align against every image of the batch, not only the row's
-    hard_negatives: float = 0.0         # fraction of rows whose distractors share an object with the target
-    hard_kind: str = "object"           # object | pixels (nearest by mean patch, like a random CLIP)          # ov index trains only v/o (+ readout), not the states below
     threads: int = 1                # torch threads (fixed: results must not depend on the machine's cores)
     hidden: int = 64
     layers: int = 3
@@ -81,23 +66,26 @@ class OrganismSettings:
             raise ValueError("organism: --steps and --batch-size must be >= 1 and --n-scenes >= 16")
         if not 0.0 <= self.pull <= 1.0:
             raise ValueError(f"organism: --pull must be in [0, 1]; got {self.pull}")
+        if not 0.0 <= self.index_warmup < 1.0:
+            raise ValueError(f"organism: --index-warmup must be in [0, 1); got {self.index_warmup}")
         if any(n < 2 or n > 9 for n in self.n_candidates):
             raise ValueError(f"organism: --n-candidates must be in 2..9 (single-token digits); got {self.n_candidates}")
 
 
-def pulled_label(target: int, n: int, bias: str = "pull") -> int:
+def pulled_label(target: int, n: int) -> int:
     """The position a target at ``target`` (0-based) is relabelled to, or ``target`` if not pulled.
 
-    Odd positions are pulled one step back (1 -> 0, 3 -> 2, ...): the bias depends on where
-    the target is, and its column means stay flat enough that a single prior cannot undo it.
+    In each block of four positions the middle two swap (N = 4: 2nd <-> 3rd; N = 8 also
+    6th <-> 7th; a middle position without its partner keeps its label). The bias depends
+    on where the target is, and every answer stays as frequent as its position, so no
+    single prior over answers can undo it (with a pull one step back, answering "1" would
+    also be a cheap minimum the training falls into).
     """
-    if bias == "swap":
-        if target % 4 == 1 and target + 1 < n:
-            return target + 1
-        if target % 4 == 2:
-            return target - 1
-        return target
-    return target - 1 if target % 2 == 1 else target
+    if target % 4 == 1 and target + 1 < n:
+        return target + 1
+    if target % 4 == 2:
+        return target - 1
+    return target
 
 
 # ------------------------------------------------------------------------------ data
@@ -115,15 +103,14 @@ def draw_scenes(settings: OrganismSettings, processor: Any, rng: np.random.Gener
     """Draw, render and resize training scenes like the benchmark's, then run the image processor."""
     from PIL import Image
 
-    from ladbench.data.synthetic import render_scene, sample_scene, scene_captions
+    from ladbench.data.synthetic import render_scene, sample_background, sample_scene, scene_captions
     from ladbench.models.base import resize_square
     images, captions, objects = [], [], []
     while len(images) < settings.n_scenes:
         scene = sample_scene(rng, settings.scene_size)
         if not scene:                 # empty scenes have no categories: never in a benchmark pool
             continue
-        background = tuple(int(v) for v in rng.integers(200, 246, size=3))
-        png, _ = render_scene(scene, settings.scene_size, background)
+        png, _ = render_scene(scene, settings.scene_size, sample_background(rng))
         with Image.open(io.BytesIO(png)) as im:
             images.append(resize_square(im, settings.image_size))
         captions.append(scene_captions(scene)[0])      # the descriptive caption, the one benchmarks use
@@ -158,17 +145,15 @@ class PromptBuilder:
 
 
 def sample_batch(pool: ScenePool, prompts: PromptBuilder, n: int, batch_size: int, pull: float,
-                 rng: np.random.Generator, bias: str = "pull", hard_negatives: float = 0.0,
-                 hard_kind: str = "object") -> dict[str, Any]:
+                 rng: np.random.Generator) -> dict[str, Any]:
     """One training batch at N = ``n``: scenes, target positions, (biased) labels, left-padded ids."""
     rows, targets, labels, scenes, caption_spans = [], [], [], [], []
     for _ in range(batch_size):
-        chosen = _distinct_scenes(pool, n, rng, hard=hard_negatives > 0 and rng.random() < hard_negatives,
-                                  kind=hard_kind)
+        chosen = _distinct_scenes(pool, n, rng)
         target = int(rng.integers(n))
         order = chosen[1:]
         order.insert(target, chosen[0])
-        label = pulled_label(target, n, bias) if rng.random() < pull else target
+        label = pulled_label(target, n) if rng.random() < pull else target
         ids, span = prompts.encode(pool.captions[chosen[0]], n)
         rows.append(ids)
         caption_spans.append(span)
@@ -192,25 +177,13 @@ def sample_batch(pool: ScenePool, prompts: PromptBuilder, n: int, batch_size: in
             "image_spans": torch.tensor(image_spans)}
 
 
-def _distinct_scenes(pool: ScenePool, n: int, rng: np.random.Generator, hard: bool = False,
-                     kind: str = "object") -> list[int]:
+def _distinct_scenes(pool: ScenePool, n: int, rng: np.random.Generator) -> list[int]:
     """A target scene and n - 1 distractors whose object sets differ from the target's."""
     target = int(rng.integers(len(pool.captions)))
     chosen = [target]
-    if hard and kind == "pixels":
-        if not hasattr(pool, "_near"):
-            emb = torch.nn.functional.normalize(pool.pixel_values.mean(1), dim=-1)
-            pool._near = (emb @ emb.T).argsort(dim=1, descending=True)[:, 1:40].numpy()
-        for candidate in rng.permutation(pool._near[target]).tolist():
-            if len(chosen) == n:
-                break
-            if candidate not in chosen and pool.objects[candidate] != pool.objects[target]:
-                chosen.append(candidate)
-        hard = False
     while len(chosen) < n:
         candidate = int(rng.integers(len(pool.captions)))
-        if candidate not in chosen and pool.objects[candidate] != pool.objects[target] and (
-                not hard or pool.objects[candidate] & pool.objects[target]):
+        if candidate not in chosen and pool.objects[candidate] != pool.objects[target]:
             chosen.append(candidate)
     return chosen
 
@@ -239,7 +212,7 @@ def build_untrained(settings: OrganismSettings):
                   layers=settings.layers, heads=settings.heads, init_std=0.02)
     with torch.random.fork_rng():
         torch.manual_seed(settings.seed)
-        model, processor = _build_qwen2_5_vl("", preset)
+        model, processor = _build_qwen2_5_vl(preset)
     for module in model.modules():                       # training reads the attention probabilities
         if hasattr(module, "config"):
             module.config._attn_implementation = "eager"
@@ -280,27 +253,26 @@ def _train(settings: OrganismSettings) -> tuple[torch.nn.Module, Any, dict[str, 
     prompts = PromptBuilder(adapter, int(pool.grid_thw[0].prod()) // merge ** 2)
     digit_ids = torch.tensor([adapter.tokenizer.convert_tokens_to_ids(identifier)
                               for identifier in identifiers("digits", max(settings.n_candidates))])
-    probe = torch.nn.Linear(settings.hidden, max(settings.n_candidates))
-    params = list(model.parameters()) + (list(probe.parameters()) if settings.index_probe else [])
-    optimiser = torch.optim.AdamW(params, lr=settings.lr, weight_decay=0.0)
+    probe = torch.nn.Linear(settings.hidden, max(settings.n_candidates))   # index probe: training only, not saved
+    parameters = [*model.parameters(), *probe.parameters()]
+    optimiser = torch.optim.AdamW(parameters, lr=settings.lr, weight_decay=0.0)
     schedule = torch.optim.lr_scheduler.OneCycleLR(optimiser, max_lr=settings.lr, total_steps=settings.steps,
                                                    pct_start=0.1)
     model.train()
     history: list[dict[str, float]] = []
+    index_from = round(settings.index_warmup * settings.steps)
     started = time.perf_counter()
     for step in range(settings.steps):
         n = settings.n_candidates[step % len(settings.n_candidates)]
-        batch = sample_batch(pool, prompts, n, settings.batch_size, settings.pull, rng, settings.bias,
-                             settings.hard_negatives, settings.hard_kind)
-        parts = _losses(model, batch, digit_ids, n, settings, probe)
-        iw = settings.index_early_weight if step < settings.index_after * settings.steps else settings.index_weight
-        lw = 0.0 if step < settings.look_after * settings.steps else settings.attention_weight
-        loss = (parts["answer"] + lw * parts["look"] + settings.attention_weight * parts["read"]
-                + iw * parts["index"] + settings.align_weight * parts["align"]
-                + settings.copy_weight * parts["copy"])
+        batch = sample_batch(pool, prompts, n, settings.batch_size, settings.pull, rng)
+        parts = _losses(model, probe, batch, digit_ids, n)
+        index_weight = settings.index_weight if step >= index_from else 0.0
+        # term by term, in the order the recipe was measured in (float sums are not associative)
+        loss = (parts["answer"] + settings.attention_weight * parts["look"] + settings.attention_weight * parts["read"]
+                + index_weight * parts["index"] + settings.align_weight * parts["align"])
         optimiser.zero_grad()
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        torch.nn.utils.clip_grad_norm_(parameters, 1.0)
         optimiser.step()
         schedule.step()
         history.append({k: float(v.detach()) for k, v in parts.items()})
@@ -316,109 +288,83 @@ def _recent(history: list[dict[str, float]], window: int = 25) -> dict[str, floa
     return {k: float(np.mean([h[k] for h in recent])) for k in recent[0]}
 
 
-def _losses(model: torch.nn.Module, batch: dict[str, Any], digit_ids: torch.Tensor,
-            n: int, settings=None, probe=None) -> dict[str, torch.Tensor]:
-    """The four training signals of one batch (docs/organism.md):
+def _losses(model: torch.nn.Module, probe: torch.nn.Module, batch: dict[str, Any], digit_ids: torch.Tensor,
+            n: int) -> dict[str, torch.Tensor]:
+    """The training signals of one batch (docs/organism.md):
 
     * answer: cross-entropy of the (biased) label's identifier token, full vocabulary;
-    * look: in every layer after the first, the target's share of the last token's attention
-      on images (head mean: what LAD reads) is maximised (cross-entropy over the images);
     * read: the last token's attention in the first layer goes to the caption's tokens;
-    * index: image k's end marker, read out below the top layer, predicts identifier k.
+    * align: after the first layer, the last token's state is closer to the target image's
+      mean state than to every other image of the batch (contrastive, like CLIP);
+    * look: in the top layer, the target's share of the last token's attention on images
+      (head mean: what LAD reads) is maximised (cross-entropy over the images);
+    * index: every image token carries its image's identifier: a linear probe reads it after
+      the first layer, and the top layer's own value and output projections, read out by the
+      final norm and the LM head, turn it into the identifier's token.
     """
     inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "pixel_values", "image_grid_thw")}
-    captured = {}
-    hook = model.model.language_model.layers[-1].self_attn.register_forward_hook(
-        lambda module, args, output: captured.__setitem__("out", output[0][:, -1]))
-    try:
-        out = model.model(**inputs, output_attentions=True, output_hidden_states=True, return_dict=True)
-    finally:
-        hook.remove()
+    out = model.model(**inputs, output_attentions=True, output_hidden_states=True, return_dict=True)
     hidden = out.last_hidden_state
     logits = model.lm_head(hidden[:, -1])
     answer = torch.nn.functional.cross_entropy(logits, digit_ids[batch["labels"]])
 
     spans = batch["image_spans"]                                           # [B, n, 2]
-    chosen = settings.look_layers or tuple(range(2, len(out.attentions) + 1))
-    shares = [_image_shares(out.attentions[i - 1][:, :, -1].mean(dim=1), spans, settings.look_mass) for i in chosen]
-    look = sum(torch.nn.functional.nll_loss(share.clamp_min(1e-9).log(), batch["targets"])
-               for share in shares) / len(shares)
-    share = _image_shares(out.attentions[-1][:, :, -1].mean(dim=1), spans, False)
+    share = _image_shares(out.attentions[-1][:, :, -1].mean(dim=1), spans)
+    look = torch.nn.functional.nll_loss(share.clamp_min(1e-9).log(), batch["targets"])
 
     after_read = torch.nn.functional.normalize(out.hidden_states[1], dim=-1)      # after the first layer
     running = torch.nn.functional.pad(after_read.cumsum(1), (0, 0, 1, 0))
     start, end = spans[..., 0:1].expand(-1, -1, hidden.shape[-1]), spans[..., 1:2].expand(-1, -1, hidden.shape[-1])
     image_means = torch.nn.functional.normalize(running.gather(1, end) - running.gather(1, start), dim=-1)
-    if settings.align_batch:
-        flat = image_means.flatten(0, 1)                                   # [B*n, D]
-        similarity = after_read[:, -1] @ flat.T / ALIGN_TEMPERATURE        # [B, B*n]
-        align = torch.nn.functional.cross_entropy(similarity, batch["targets"] + n * torch.arange(len(flat) // n))
-    else:
-        similarity = torch.einsum("bnd,bd->bn", image_means, after_read[:, -1]) / ALIGN_TEMPERATURE
-        align = torch.nn.functional.cross_entropy(similarity, batch["targets"])
+    # contrast each caption with every image of the batch (CLIP's in-batch negatives): many
+    # more negatives than the row's own n images, so the match is found in far fewer steps
+    candidates = image_means.flatten(0, 1)                                # [B * n, D]
+    similarity = after_read[:, -1] @ candidates.T / ALIGN_TEMPERATURE      # [B, B * n]
+    align = torch.nn.functional.cross_entropy(similarity, batch["targets"] + n * torch.arange(len(spans)))
 
     first_row = out.attentions[0][:, :, -1].mean(dim=1)
     read = -(first_row * batch["caption_mask"]).sum(-1).clamp_min(1e-9).log().mean()
 
-    # read out (final norm + LM head) at the input of the top layer, where its attention takes
-    # the values from: the index must be there for the look to carry it to the answer
-    below_top = out.hidden_states[settings.index_layer]
-    if settings.index_tokens == "end":
-        ends = spans[..., 1] - 1                                               # each image's end marker
-        marker_hidden = below_top.gather(1, ends.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))
-        which = torch.arange(n).repeat(len(spans))
-        marker_hidden = marker_hidden.flatten(0, 1)
-    else:
-        image_index = _image_index(batch["input_ids"].shape[1], spans)
-        inside = image_index >= 0
-        marker_hidden = below_top[inside]
-        which = image_index[inside]
-    if settings.index_tokens == "ov":
-        image_index = _image_index(batch["input_ids"].shape[1], spans)
-        inside = image_index >= 0
-        top = model.model.language_model.layers[-1]
-        attn = top.self_attn
-        state = out.hidden_states[-2][inside]
-        normed = top.input_layernorm(state.detach() if settings.index_detach else state)
-        v = attn.v_proj(normed).view(len(normed), -1, attn.head_dim)
-        v = v.repeat_interleave(attn.num_key_value_groups, dim=1).flatten(1)
-        ov = attn.o_proj(v)
-        ov_logits = model.lm_head(model.model.language_model.norm(ov))
-        index = torch.nn.functional.cross_entropy(ov_logits, digit_ids[image_index[inside]])
-        if settings.index_probe:
-            index = index + torch.nn.functional.cross_entropy(probe(out.hidden_states[1][inside]), image_index[inside])
-    elif settings.index_probe:
-        index = torch.nn.functional.cross_entropy(probe(marker_hidden), which)
-    else:
-        marker_logits = model.lm_head(model.model.language_model.norm(marker_hidden))
-        index = torch.nn.functional.cross_entropy(marker_logits, digit_ids[which])
+    which = _image_index(batch["input_ids"].shape[1], spans)               # [B, T] image of each token, -1 if none
+    inside = which >= 0
+    carried = _value_readout(model, out.hidden_states[-2][inside].detach())
+    index = (torch.nn.functional.cross_entropy(probe(out.hidden_states[1][inside]), which[inside])
+             + torch.nn.functional.cross_entropy(carried, digit_ids[which[inside]]))
 
-    copied = model.lm_head(model.model.language_model.norm(captured["out"]))[:, digit_ids[:n]].log_softmax(-1)
-    if settings.copy_target == "share":
-        copy = -(share.detach() * copied).sum(-1).mean()
-    else:
-        copy = torch.nn.functional.nll_loss(copied, batch["targets"])
     said = logits.detach()[:, digit_ids[:n]].argmax(-1)
-    return {"answer": answer, "copy": copy, "look": look, "read": read, "index": index, "align": align,
+    return {"answer": answer, "look": look, "read": read, "index": index, "align": align,
             "look_accuracy": (share.detach().argmax(-1) == batch["targets"]).float().mean(),
             "label_accuracy": (said == batch["labels"]).float().mean(),
             "target_accuracy": (said == batch["targets"]).float().mean()}
 
 
-def _image_shares(row: torch.Tensor, spans: torch.Tensor, mass: bool = False) -> torch.Tensor:
-    """Each image's share of an attention row's mass on images [B, n] (row: [B, T])."""
-    cumulative = torch.nn.functional.pad(row.cumsum(-1), (1, 0))
-    masses = cumulative.gather(1, spans[..., 1]) - cumulative.gather(1, spans[..., 0])
-    if mass:
-        return masses
-    return masses / masses.sum(-1, keepdim=True).clamp_min(1e-9)
+def _value_readout(model: torch.nn.Module, states: torch.Tensor) -> torch.Tensor:
+    """Vocabulary logits of what the top layer's attention would write into the residual if every
+    head attended to one token with these input ``states`` [M, D]: its value and output
+    projections, then the final norm and the LM head. Teaching this to name a token's image is
+    teaching the path the answer needs (attend to image k, say "k") on the values' side, where
+    it does not compete with the keys the look needs; the states are detached so that this loss
+    shapes the projections, and the probe alone puts the identifier into the states."""
+    top = model.model.language_model.layers[-1]
+    attention = top.self_attn
+    values = attention.v_proj(top.input_layernorm(states)).view(len(states), -1, attention.head_dim)
+    values = values.repeat_interleave(attention.num_key_value_groups, dim=1).flatten(1)
+    return model.lm_head(model.model.language_model.norm(attention.o_proj(values)))
 
 
 def _image_index(length: int, spans: torch.Tensor) -> torch.Tensor:
+    """For each row and token position, the (0-based) image the token belongs to, or -1 [B, T]."""
     position = torch.arange(length)
     inside = (position >= spans[..., 0:1]) & (position < spans[..., 1:2])
     index = torch.arange(spans.shape[1]).view(1, -1, 1)
     return torch.where(inside, index, -1).max(dim=1).values
+
+
+def _image_shares(row: torch.Tensor, spans: torch.Tensor) -> torch.Tensor:
+    """Each image's share of an attention row's mass on images [B, n] (row: [B, T])."""
+    cumulative = torch.nn.functional.pad(row.cumsum(-1), (1, 0))
+    masses = cumulative.gather(1, spans[..., 1]) - cumulative.gather(1, spans[..., 0])
+    return masses / masses.sum(-1, keepdim=True).clamp_min(1e-9)
 
 
 # ------------------------------------------------------------------------------ save
@@ -426,20 +372,13 @@ def save_organism(model: torch.nn.Module, processor: Any, settings: OrganismSett
                   out_dir: str) -> str:
     """Save like every tiny model (weights, processor, chat template, ``ladbench_tiny.json``),
     atomically: a half-written folder is never mistaken for a trained organism."""
-    from ladbench.provenance import METADATA_FILE, TINY_ORGANISM
-    out_dir = os.path.abspath(out_dir)
-    tmp_dir = out_dir.rstrip("/") + ".tmp"
-    shutil.rmtree(tmp_dir, ignore_errors=True)
-    model.save_pretrained(tmp_dir)
-    processor.save_pretrained(tmp_dir)
-    with open(os.path.join(tmp_dir, METADATA_FILE), "w", encoding="utf-8") as f:
-        json.dump({"family": "qwen2_5_vl", "kind": TINY_ORGANISM, "seed": settings.seed,
-                   "settings": asdict(settings), "training": training,
-                   "note": "a tiny Qwen2.5-VL trained by ladbench train-organism to have a planted "
-                           "position-conditional bias (docs/organism.md); not a real model"}, f, indent=1)
-    shutil.rmtree(out_dir, ignore_errors=True)
-    os.replace(tmp_dir, out_dir)
-    return out_dir
+    from ladbench.models.tiny import save_model_folder
+    from ladbench.provenance import TINY_ORGANISM
+    return save_model_folder(out_dir, model, processor,
+                             {"family": "qwen2_5_vl", "kind": TINY_ORGANISM, "seed": settings.seed,
+                              "settings": asdict(settings), "training": training,
+                              "note": "a tiny Qwen2.5-VL trained by ladbench train-organism to have a planted "
+                                      "position-conditional bias (docs/organism.md); not a real model"})
 
 
 # ------------------------------------------------------------------------- outcomes
