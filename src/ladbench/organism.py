@@ -146,7 +146,9 @@ class PromptBuilder:
 
 def sample_batch(pool: ScenePool, prompts: PromptBuilder, n: int, batch_size: int, pull: float,
                  rng: np.random.Generator) -> dict[str, Any]:
-    """One training batch at N = ``n``: scenes, target positions, (biased) labels, left-padded ids."""
+    """One training batch at N = ``n``: scenes, target positions, (biased) labels, left-padded ids,
+    and each token's segment as the inference stage numbers them (image k: k; others: n or more)."""
+    from ladbench.inference.runner import segment_ids
     rows, targets, labels, scenes, caption_spans = [], [], [], [], []
     for _ in range(batch_size):
         chosen = _distinct_scenes(pool, n, rng)
@@ -165,16 +167,17 @@ def sample_batch(pool: ScenePool, prompts: PromptBuilder, n: int, batch_size: in
     input_ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows])
     mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
     caption_mask = torch.zeros_like(mask, dtype=torch.bool)
-    image_spans = []
+    image_spans, segments = [], []
     for b, (r, (start, end)) in enumerate(zip(rows, caption_spans)):
         shift = width - len(r)
         caption_mask[b, shift + start:shift + end] = True
         image_spans.append(prompts.adapter.image_spans(input_ids[b].tolist()))
+        segments.append(segment_ids(input_ids[b].tolist(), mask[b].tolist(), image_spans[-1], n))
     return {"input_ids": input_ids, "attention_mask": mask,
             "pixel_values": pool.pixel_values[scenes].reshape(-1, pool.pixel_values.shape[-1]),
             "image_grid_thw": pool.grid_thw.repeat(len(scenes), 1),
             "targets": torch.tensor(targets), "labels": torch.tensor(labels), "caption_mask": caption_mask,
-            "image_spans": torch.tensor(image_spans)}
+            "image_spans": torch.tensor(image_spans), "segments": torch.from_numpy(np.stack(segments))}
 
 
 def _distinct_scenes(pool: ScenePool, n: int, rng: np.random.Generator) -> list[int]:
@@ -325,8 +328,8 @@ def _losses(model: torch.nn.Module, probe: torch.nn.Module, batch: dict[str, Any
     first_row = out.attentions[0][:, :, -1].mean(dim=1)
     read = -(first_row * batch["caption_mask"]).sum(-1).clamp_min(1e-9).log().mean()
 
-    which = _image_index(batch["input_ids"].shape[1], spans)               # [B, T] image of each token, -1 if none
-    inside = which >= 0
+    which = batch["segments"]                                              # [B, T] image of each token, >= n if none
+    inside = which < n
     carried = _value_readout(model, out.hidden_states[-2][inside].detach())
     index = (torch.nn.functional.cross_entropy(probe(out.hidden_states[1][inside]), which[inside])
              + torch.nn.functional.cross_entropy(carried, digit_ids[which[inside]]))
@@ -350,14 +353,6 @@ def _value_readout(model: torch.nn.Module, states: torch.Tensor) -> torch.Tensor
     values = attention.v_proj(top.input_layernorm(states)).view(len(states), -1, attention.head_dim)
     values = values.repeat_interleave(attention.num_key_value_groups, dim=1).flatten(1)
     return model.lm_head(model.model.language_model.norm(attention.o_proj(values)))
-
-
-def _image_index(length: int, spans: torch.Tensor) -> torch.Tensor:
-    """For each row and token position, the (0-based) image the token belongs to, or -1 [B, T]."""
-    position = torch.arange(length)
-    inside = (position >= spans[..., 0:1]) & (position < spans[..., 1:2])
-    index = torch.arange(spans.shape[1]).view(1, -1, 1)
-    return torch.where(inside, index, -1).max(dim=1).values
 
 
 def _image_shares(row: torch.Tensor, spans: torch.Tensor) -> torch.Tensor:
