@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 
@@ -313,7 +313,7 @@ def build_tiny_model(family: str, out_dir: str, *, seed: int = 0, preset: str = 
 
 
 def save_model_folder(out_dir: str, model: Any, processor: Any, metadata: dict[str, Any],
-                      extra_files: list[str] = ()) -> str:
+                      extra_files: Sequence[str] = ()) -> str:
     """Save a tiny model like a hub folder (weights, processor, chat template, ``extra_files``)
     plus its ``ladbench_tiny.json`` (``metadata``: what it is, how it was made). The folder is
     written to a temporary sibling and renamed over ``out_dir``, so a half-built model is never
