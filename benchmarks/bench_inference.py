@@ -56,6 +56,7 @@ import threading
 import time
 
 REFERENCE_PASSES_PER_ROW = 3      # Vanilla, PriDe, LAD each re-run inference in the reference
+GPU_PARTS = ("throughput", "split", "pass")   # infer rows/s + utilisation; per-row split; one pass vs bare/reference
 
 
 # ------------------------------------------------------------------------------ inputs
@@ -333,7 +334,8 @@ class UtilisationSampler:
         return statistics.fmean(self.samples) if self.samples else float("nan")
 
 
-def infer_throughput(model_dir: str, n: int, batch: int, rows: int, image_size: int, device: str) -> dict:
+def infer_throughput(model_dir: str, n: int, batch: int, rows: int, image_size: int, device: str,
+                     workers: int | None = None) -> dict:
     """``ladbench infer`` end to end (its own process): rows/s from the cache and mean GPU utilisation."""
     import h5py
     folder = tempfile.mkdtemp(prefix="bench_infer_")
@@ -342,6 +344,8 @@ def infer_throughput(model_dir: str, n: int, batch: int, rows: int, image_size: 
     cmd = [sys.executable, "-m", "ladbench", "infer", "--benchmark", bench_path, "--images", images_path, "--out", out,
            "--model-name", "bench", "--family", _family(model_dir), "--model-path", model_dir, "--device", device,
            "--image-size", str(image_size), "--batch-size", str(batch), "--chunk-size", str(max(64, batch))]
+    if workers is not None:
+        cmd += ["--workers", str(workers)]
     with UtilisationSampler() as util:
         t0 = time.perf_counter()
         done = subprocess.run(cmd, capture_output=True, text=True)
@@ -471,11 +475,14 @@ def gpu(args: argparse.Namespace) -> dict:
                                        device=args.device)
         r: dict = {"throughput": [], "split": [], "pass": []}
         for n in args.n:
-            for batch in args.batches:
-                r["throughput"].append(infer_throughput(model_dir, n, batch, args.gpu_rows, args.image_size, args.device))
+            for batch in args.batches if "throughput" in args.gpu_parts else ():
+                r["throughput"].append(infer_throughput(model_dir, n, batch, args.gpu_rows, args.image_size, args.device,
+                                                       args.workers))
                 print(arch, r["throughput"][-1], file=sys.stderr)
-            r["split"] += _run_worker("split", n, args, model_dir=model_dir, extra=("--batch", str(args.proxy_batch)))
-            r["pass"] += _run_worker("time", n, args, model_dir=model_dir, extra=("--methods", "bare", "ours", "reference"))
+            if "split" in args.gpu_parts:
+                r["split"] += _run_worker("split", n, args, model_dir=model_dir, extra=("--batch", str(args.proxy_batch)))
+            if "pass" in args.gpu_parts:
+                r["pass"] += _run_worker("time", n, args, model_dir=model_dir, extra=("--methods", "bare", "ours", "reference"))
         results[arch] = r
     return results
 
@@ -490,7 +497,8 @@ def gpu_tables(results: dict) -> str:
                   "capture + scoring ms/row |", "|---|---|---|---|---|---|"]
         lines += [f"| {s['n']} | {s['batch']} | {s['prepare_ms']:.1f} | {s['vision_ms']:.1f} | {s['decoder_ms']:.1f} | "
                   f"{s['capture_and_scoring_ms']:.1f} |" for s in r["split"]]
-        lines += ["", markdown_table(r["pass"])]
+        if r["pass"]:
+            lines += ["", markdown_table(r["pass"])]
     return "\n".join(lines)
 
 
@@ -516,6 +524,9 @@ def main() -> None:
                    help="GPU part: full-size random architectures to run")
     p.add_argument("--arch-scale", default="full", choices=["full", "small"], help="small: mechanics check only")
     p.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32], help="GPU part: infer batch sizes (1 8 32)")
+    p.add_argument("--gpu-parts", nargs="+", default=list(GPU_PARTS), choices=GPU_PARTS,
+                   help="GPU part: which measurements to run (all three; each model load costs time on a lent machine)")
+    p.add_argument("--workers", type=int, default=None, help="GPU part: infer's --workers (its default if omitted)")
     p.add_argument("--gpu-rows", type=int, default=128, help="GPU part: rows per infer run (128)")
     p.add_argument("--json", default=None, help="also write the raw results here")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
