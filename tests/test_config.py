@@ -303,6 +303,7 @@ CLI_OF_KEY = {
     "benchmarks.pool_size": [("benchmark", "pool_size")],
     "benchmarks.caption_sim_max": [("benchmark", "caption_sim_max")],
     "benchmarks.category_rule": [("benchmark", "category_rule")], "benchmarks.seed": [("benchmark", "seed")],
+    "benchmarks.draw": [("benchmark", "draw")], "benchmarks.similarity_dtype": [("benchmark", "similarity_dtype")],
     "calibration.source": [("benchmark", "calibration_source")],
     **{f"inference.{key}": [("infer", key)] for key in (
         "image_size", "batch_size", "chunk_size", "group_by_length", "vision_tower", "dtype", "device", "score_mode",
@@ -401,6 +402,8 @@ def test_the_schema_enums_are_the_registries():
         "orderings": (p["benchmarks"]["properties"]["orderings"]["enum"], benchmark.ORDERING_SCHEMES),
         "category rules": (p["benchmarks"]["properties"]["category_rule"]["enum"], benchmark.CATEGORY_RULES),
         "calibration sources": (p["calibration"]["properties"]["source"]["enum"], benchmark.CALIBRATION_SOURCES),
+        "draws": (p["benchmarks"]["properties"]["draw"]["enum"], benchmark.DRAWS),
+        "similarity dtypes": (p["benchmarks"]["properties"]["similarity_dtype"]["enum"], benchmark.SIMILARITY_DTYPES),
         "score averages": (p["calibration"]["properties"]["score_average"]["enum"], calibration.SCORE_AVERAGES),
         "PriDe logs": (p["calibration"]["properties"]["pride_original_logs"]["enum"], calibration.PRIDE_ORIGINAL_LOGS),
         "layer ties": (p["lad"]["properties"]["layer_ties"]["enum"], methods.LAYER_TIES),

@@ -109,6 +109,8 @@ REFERENCE_PROTOCOL: dict[tuple[str, str], Any] = {
     ("benchmarks", "orderings"): "shared",            # one list of T shuffles (build_shuffles)
     ("benchmarks", "seed"): 42,                       # its seed
     ("benchmarks", "category_rule"): "reference",     # skip candidates whose categories contain the anchor's
+    ("benchmarks", "draw"): "reference",              # data/build_eval_dataset.py's instances
+    ("benchmarks", "similarity_dtype"): "float16",    # its float16 dot products (and their ties)
     ("inference", "image_size"): 336,
     ("inference", "score_mode"): "reference",         # raw logits when every identifier is one token
     ("inference", "greedy_reply"): True,              # needed by vanilla_generate

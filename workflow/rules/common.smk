@@ -244,6 +244,7 @@ def benchmark_flags(wildcards):
         n_orderings=bench["n_orderings"], pool_size=bench["pool_size"], seed=bench["seed"],
         caption_sim_max=bench["caption_sim_max"], category_rule=bench["category_rule"],
         orderings=bench["orderings"], calibration_source=config["calibration"]["source"],
+        draw=bench["draw"], similarity_dtype=bench["similarity_dtype"],
     )
 
 
