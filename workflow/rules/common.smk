@@ -8,6 +8,7 @@ from ladbench.config import (ConfigError, benchmark_parts, check_environment, la
                              model_layer_range, read_yaml, startup_warnings, study_benchmarks, validate_config)
 from ladbench.cli import put_ladbench_on_path
 from ladbench.plan import benchmark_path, cache_path
+from ladbench.data.reference_tables import CAPTIONS_FILE as REFERENCE_CAPTIONS, CATEGORIES_FILE as REFERENCE_CATEGORIES
 from ladbench.methods import METHODS
 from ladbench.variants import PLUGINS_ENV, variant as prompt_variant
 
@@ -101,6 +102,19 @@ def raw_dataset_files(name):
         "instances": ds.get("instances_json", defaults["instances"]),
         "images": ds.get("images_dir", defaults["images"]),
     }
+
+
+def reference_table_files(name):
+    """The reference implementation's caption and category tables a dataset reads, if any."""
+    folder = dataset_config(name).get("reference_tables")
+    return [f"{folder}/{table}" for table in (REFERENCE_CAPTIONS, REFERENCE_CATEGORIES)] if folder else []
+
+
+def annotation_files(name):
+    """The files the image table is made from: the raw dataset's, where the reference's tables
+    (when given) replace the instances file."""
+    files = raw_dataset_files(name)
+    return {**files, "instances": None} if reference_table_files(name) else files
 
 
 def scenes_dir(name):
@@ -218,17 +232,19 @@ def benchmark_dataset(benchmark):
 def captions_inputs(wildcards):
     """Synthetic scenes and downloads are made by the workflow; local copies must exist."""
     ds = dataset_config(wildcards.dataset)
+    tables = reference_table_files(wildcards.dataset)
     if ds["source"] == "synthetic":
-        return [scenes_dir(wildcards.dataset)]
+        return [scenes_dir(wildcards.dataset), *tables]
     if ds["download"]:
-        return [download_marker(wildcards.dataset)]
-    return [f for f in raw_dataset_files(wildcards.dataset).values() if f is not None]
+        return [download_marker(wildcards.dataset), *tables]
+    return [f for f in annotation_files(wildcards.dataset).values() if f is not None] + tables
 
 
 def captions_flags(wildcards):
-    files = raw_dataset_files(wildcards.dataset)
+    files = annotation_files(wildcards.dataset)
     return flags(
         captions_json=files["captions"], instances_json=files["instances"], image_root=files["images"],
+        reference_tables=dataset_config(wildcards.dataset).get("reference_tables"),
     )
 
 

@@ -3,7 +3,8 @@
 One caption per image: the first caption annotation listed for that image in the
 captions file (file order, not annotation id; the reference implementation's choice).
 Captions are stripped of surrounding whitespace (COCO has a few with trailing spaces
-or newlines). Categories: the sorted set of category ids of the image's instance
+or newlines). Or, with ``reference_tables``, the caption and category tables the
+reference implementation ships, verbatim (:mod:`ladbench.data.reference_tables`). Categories: the sorted set of category ids of the image's instance
 annotations; an image without instances keeps an empty list here and is left out of
 the benchmark pool later (:mod:`ladbench.benchmark`).
 
@@ -124,21 +125,34 @@ def category_sets(instances: dict, known_ids: set[int] | dict, source: str | os.
 
 def build_image_table(captions_json: str | os.PathLike, instances_json: str | os.PathLike | None,
                       image_root: str | os.PathLike, dataset: str, check_files: bool = True,
-                      skip_missing: bool = False) -> dict:
+                      skip_missing: bool = False, reference_tables: str | os.PathLike | None = None) -> dict:
     """Build the image table of docs/formats.md §1 from COCO-format annotation files.
 
     ``instances_json`` may be None (datasets without instance annotations). With
     ``check_files`` every image file must exist under ``image_root``; a missing file is
     an error naming it, unless ``skip_missing`` drops such images (listed in
-    ``skipped_files``). Every image must have at least one caption.
+    ``skipped_files``). Every image must have at least one caption. ``reference_tables``:
+    a folder with the reference implementation's caption and category tables, which then
+    give every caption (verbatim) and category set instead of the captions file's first
+    caption and ``instances_json`` (:mod:`ladbench.data.reference_tables`).
     """
-    captions_doc = load_annotation_json(captions_json)
+    if reference_tables is not None and instances_json is not None:
+        raise AnnotationError(f"{instances_json}: the reference tables in {reference_tables} give the categories; "
+                              "pass one of the two")
+    captions_doc = load_annotation_json(captions_json, need=("images",) if reference_tables is not None else
+                                        ("images", "annotations"))
     files = index_images(captions_doc["images"], captions_json)
-    captions = first_captions(captions_doc["annotations"], files, captions_json)
+    categories: dict[int, list[int]] = {}
+    table_digests: dict[str, str] = {}
+    if reference_tables is not None:
+        from ladbench.data.reference_tables import table_annotations
+
+        captions, categories, table_digests = table_annotations(files, reference_tables)
+    else:
+        captions = first_captions(captions_doc["annotations"], files, captions_json)
     without_caption = sorted(set(files) - set(captions))
     if without_caption:
         raise AnnotationError(f"{captions_json}: images without any caption: {_examples(without_caption)}")
-    categories: dict[int, list[int]] = {}
     if instances_json is not None:
         instances_doc = load_annotation_json(instances_json)
         categories = category_sets(instances_doc, files, instances_json)
@@ -161,8 +175,10 @@ def build_image_table(captions_json: str | os.PathLike, instances_json: str | os
             for image_id in sorted(files) if files[image_id] not in skipped_set]
     # the digests of the annotation files it was read from (what it is made of, not where they were)
     sources = {"captions_sha256": file_digest(captions_json),
-               "instances_sha256": file_digest(instances_json) if instances_json is not None else None}
-    return {"dataset": dataset, "image_root": str(root), "has_categories": instances_json is not None,
+               "instances_sha256": file_digest(instances_json) if instances_json is not None else None,
+               **table_digests}
+    return {"dataset": dataset, "image_root": str(root),
+            "has_categories": instances_json is not None or reference_tables is not None,
             "sources": sources, "skipped_files": skipped, "images": rows}
 
 
