@@ -32,7 +32,7 @@ def test_paper_config_describes_the_paper_study():
     assert bench["n_eval"] == 1000 and bench["n_orderings"] == 5 and bench["seed"] == 42
     assert config["calibration"]["n_cal"] == 5
     assert config["lad"] == {"top_k": 2, "tau": 5.0, "layer_mean": "reference", "mixture": "reference",
-                             "layer_ties": "highest", "k_beyond_range": "lower"}
+                             "layer_ties": "highest", "k_beyond_range": "lower", "layers_beyond_depth": "clip"}
     assert config["clip"]["model"] == "ViT-L-14-quickgelu" and config["clip"]["pretrained"] == "openai"
 
 
@@ -313,9 +313,11 @@ CLI_OF_KEY = {
     "calibration.seeds": [("analyze", "seeds")],
     "calibration.score_average": [("calibrate", "score_average"), ("analyze", "score_average")],
     "calibration.pride_original_logs": [("calibrate", "pride_original_logs"), ("analyze", "pride_original_logs")],
+    "calibration.empty_positions": [("calibrate", "empty_positions"), ("analyze", "empty_positions")],
     **{f"lad.{key}": [("evaluate", key), ("analyze", key)] for key in (
-        "top_k", "tau", "layer_mean", "mixture", "layer_ties", "k_beyond_range")},
-    **{f"evaluation.{key}": [("evaluate", key), ("analyze", key)] for key in ("bootstrap", "ci", "seed", "acc_ddof")},
+        "top_k", "tau", "layer_mean", "mixture", "layer_ties", "k_beyond_range", "layers_beyond_depth")},
+    **{f"evaluation.{key}": [("evaluate", key), ("analyze", key)] for key in (
+        "bootstrap", "ci", "seed", "acc_ddof", "edge_statistics", "reply_parse")},
     **{f"analysis.{key}": [("analyze", key)] for key in ("dcal_sizes", "dcal_draws", "taus")},
 }
 # Defaulted keys only the workflow reads (no stage command has a default for them), and the
@@ -378,14 +380,16 @@ def test_every_settings_dataclass_has_the_schema_defaults():
         assert inference[key] == defaults[f"inference.{key}"], key
     assert inference["shard_count"] == defaults["inference.shards"]
     lad = LadSettings()
-    for key in ("top_k", "tau", "layer_mean", "mixture", "layer_ties", "k_beyond_range"):
+    for key in ("top_k", "tau", "layer_mean", "mixture", "layer_ties", "k_beyond_range", "layers_beyond_depth"):
         assert getattr(lad, key) == defaults[f"lad.{key}"], key
+    assert lad.reply_parse == defaults["evaluation.reply_parse"]
     assert Bootstrap() == Bootstrap(defaults["evaluation.bootstrap"], defaults["evaluation.ci"],
-                                    defaults["evaluation.seed"], defaults["evaluation.acc_ddof"])
+                                    defaults["evaluation.seed"], defaults["evaluation.acc_ddof"],
+                                    defaults["evaluation.edge_statistics"])
 
 
 def test_the_schema_enums_are_the_registries():
-    from ladbench import benchmark, calibration, methods
+    from ladbench import benchmark, calibration, methods, metrics
     from ladbench.families import FAMILIES
     from ladbench.inference.prompts import IDENTIFIER_FORMATS, MAX_CANDIDATES
     from ladbench.inference.scoring import SCORE_MODES
@@ -408,6 +412,10 @@ def test_the_schema_enums_are_the_registries():
         "PriDe logs": (p["calibration"]["properties"]["pride_original_logs"]["enum"], calibration.PRIDE_ORIGINAL_LOGS),
         "layer ties": (p["lad"]["properties"]["layer_ties"]["enum"], methods.LAYER_TIES),
         "K beyond range": (p["lad"]["properties"]["k_beyond_range"]["enum"], methods.K_BEYOND_RANGE),
+        "layers beyond depth": (p["lad"]["properties"]["layers_beyond_depth"]["enum"], methods.LAYERS_BEYOND_DEPTH),
+        "reply parses": (p["evaluation"]["properties"]["reply_parse"]["enum"], methods.REPLY_PARSES),
+        "edge statistics": (p["evaluation"]["properties"]["edge_statistics"]["enum"], metrics.EDGE_STATISTICS),
+        "empty positions": (p["calibration"]["properties"]["empty_positions"]["enum"], calibration.EMPTY_POSITIONS),
     }
     for name, (schema_enum, registry) in enums.items():
         assert list(schema_enum) == list(registry), name

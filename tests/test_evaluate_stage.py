@@ -42,6 +42,22 @@ def test_undefined_metrics_are_written_as_null_and_printed_as_a_dash(tmp_path, c
         assert predictions["pred_vanilla"].tolist() == [[0], [0], [0]]
 
 
+def test_the_reference_edge_statistics_are_numbers_recorded_with_warnings(tmp_path):
+    # The same set read as the reference reads it: std 0.0 at T = 1, RStd over the one position seen.
+    bench = {"n_candidates": N, "n_orderings": 1, "calibration": [],
+             "eval": [{"id": i, "caption": "c", "target": 10 * i, "candidates": [10 * i + k for k in range(N)],
+                       "orderings": [list(range(N))]} for i in range(3)]}
+    cache = tmp_path / "vanilla.h5"
+    write_cache(cache, bench)
+    out = tmp_path / "eval.json"
+    main(["evaluate", "--cache", str(cache), "--methods", "vanilla", "--bootstrap", "20", "--edge-statistics",
+          "reference", "--out", str(out)])
+    result = json.loads(out.read_text())
+    assert result["methods"]["vanilla"]["acc_std"] == 0.0 and result["methods"]["vanilla"]["rstd"] == 0.0
+    assert result["settings"]["edge_statistics"] == "reference"
+    assert [w.split(":")[0] for w in result["warnings"]] == ["T = 1 ordering", "position(s) [1, 2, 3] never hold the ground truth"]
+
+
 def test_the_printed_summary_line_shows_undefined_metrics_as_a_dash():
     from ladbench.stages.options import metrics_line
     line = metrics_line("lad", {"acc_mean": 51.7, "acc_std": 1.38, "rstd": None, "cons": 6.61, "extra": 1})

@@ -117,11 +117,15 @@ REFERENCE_PROTOCOL: dict[tuple[str, str], Any] = {
     ("calibration", "source"): "evaluation_head",     # the first |D_cal| evaluation instances
     ("calibration", "score_average"): "reference",
     ("calibration", "pride_original_logs"): "floor",  # the original PriDe code's log(p + 1e-10)
+    ("calibration", "empty_positions"): "zero",       # a position without rows: L's row 0, with a warning
     ("lad", "layer_mean"): "reference",
     ("lad", "mixture"): "reference",
-    ("lad", "layer_ties"): "highest",
+    ("lad", "layer_ties"): "argsort",                 # its np.argsort (result depends on numpy's build)
     ("lad", "k_beyond_range"): "lower",
+    ("lad", "layers_beyond_depth"): "absent",         # layers past the model's last: attention 0, prior 0
     ("evaluation", "acc_ddof"): 1,
+    ("evaluation", "edge_statistics"): "reference",   # std 0.0 at T = 1; RStd over the positions seen
+    ("evaluation", "reply_parse"): "int",             # int() of each digit run of the greedy reply
 }
 # ... and its Vanilla is the parsed greedy reply: evaluated beside the argmax readout.
 REFERENCE_METHODS = ("vanilla_generate",)

@@ -341,13 +341,14 @@ def lad_options(model):
     lad = config["lad"]
     return dict(layer_range=layer_range_arg(model_layer_range(config["models"][model])), top_k=lad["top_k"],
                 tau=lad["tau"], layer_mean=lad["layer_mean"], mixture=lad["mixture"], layer_ties=lad["layer_ties"],
-                k_beyond_range=lad["k_beyond_range"])
+                k_beyond_range=lad["k_beyond_range"], layers_beyond_depth=lad["layers_beyond_depth"],
+                reply_parse=config["evaluation"]["reply_parse"])   # a readout's, carried with the methods' settings
 
 
 def bootstrap_options():
     evaluation = config["evaluation"]
     return dict(bootstrap=evaluation["bootstrap"], ci=evaluation["ci"], seed=evaluation["seed"],
-                acc_ddof=evaluation["acc_ddof"])
+                acc_ddof=evaluation["acc_ddof"], edge_statistics=evaluation["edge_statistics"])
 
 
 def evaluation_flags(wildcards):
@@ -387,6 +388,7 @@ def analysis_flags(wildcards):
         **lad_options(wildcards.model),
         n_cal=N_CAL, seeds=CAL_SEEDS, score_average=config["calibration"]["score_average"],
         pride_original_logs=config["calibration"]["pride_original_logs"],
+        empty_positions=config["calibration"]["empty_positions"],
         dcal_sizes=sweeps["dcal_sizes"], dcal_draws=sweeps["dcal_draws"], taus=sweeps["taus"],
         **bootstrap_options(),
     )

@@ -48,7 +48,7 @@ def run(args: argparse.Namespace) -> None:
     base = lad_settings(args, read_cache_attributes(args.cache))
     document, arrays = analyze(
         args.cache, base, n_cal=args.n_cal, seeds=args.seeds, score_average=args.score_average,
-        pride_original_logs=args.pride_original_logs,
+        pride_original_logs=args.pride_original_logs, empty_positions=args.empty_positions,
         dcal_sizes=args.dcal_sizes, dcal_draws=args.dcal_draws, taus=args.taus,
         boot=bootstrap_settings(args), progress=True,
     )
