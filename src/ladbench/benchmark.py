@@ -55,7 +55,7 @@ adversarial), an anchor that is an evaluation target of the same setting drawn a
 ``similarity_dtype="float16"`` computes the mining's similarities as numpy computes the
 dot product of two float16 vectors (the reference's ``np.dot`` on its float16 CLIP
 features: products summed in float32 in index order, the sum rounded to float16), so its
-exact ties, broken by pool position, come out as the reference's (:func:`float16_dot_bounds`).
+exact ties, broken by pool position, come out as the reference's (:func:`float16_dot_estimate`).
 
 The output (docs/formats.md §3) carries additive keys beyond the contract: ``pool_size``,
 ``n_eval``, ``n_calibration``, ``caption_sim_max`` and ``category_rule`` (adversarial),
@@ -215,9 +215,9 @@ def _similarity_below(rows: np.ndarray, pool: np.ndarray, threshold: float) -> n
     """[R, P] True where the similarity of a row to a pool image is below ``threshold``."""
     if rows.dtype != np.float16:
         return (rows @ pool.T) < threshold
-    low, high = float16_dot_bounds(rows, pool)
-    below = high < threshold
-    unsure = np.nonzero((low < threshold) & ~below)     # only pairs whose rounding straddles it
+    estimate, margin = float16_dot_estimate(rows, pool)
+    below = estimate + margin < threshold
+    unsure = np.nonzero(~below & (estimate - margin < threshold))   # only pairs this close to the threshold
     below[unsure] = float16_dot_pairs(rows, pool, *unsure) < threshold
     return below
 
@@ -226,11 +226,12 @@ def _most_similar(rows: np.ndarray, pool: np.ndarray, admissible: np.ndarray, k:
     """[R, k] admissible pool positions of the highest similarity per row, ties to the smaller position."""
     if rows.dtype != np.float16:
         return top_k_by_row(np.where(admissible, rows @ pool.T, -np.inf), k)
-    low, high = float16_dot_bounds(rows, pool)
-    # The k-th largest lower bound: a pair whose upper bound is below it is beaten by k others.
-    kth_low = -np.partition(np.where(admissible, -low, np.inf), k - 1, axis=1)[:, k - 1:k]
-    contenders = np.nonzero(admissible & (high >= kth_low))
-    scores = np.full(low.shape, -np.inf)
+    estimate, margin = float16_dot_estimate(rows, pool)
+    # k pairs have a value >= (k-th largest estimate) - margin; a pair whose estimate is more
+    # than twice the margin below it is beaten by all of them.
+    kth = -np.partition(np.where(admissible, -estimate, np.inf), k - 1, axis=1)[:, k - 1:k]
+    contenders = np.nonzero(admissible & (estimate >= kth - 2 * margin))
+    scores = np.full(estimate.shape, -np.inf)
     scores[contenders] = float16_dot_pairs(rows, pool, *contenders)
     return top_k_by_row(scores, k)
 
@@ -240,26 +241,26 @@ def _most_similar(rows: np.ndarray, pool: np.ndarray, admissible: np.ndarray, k:
 _FLOAT32_UNIT_ROUNDOFF = 2.0 ** -24
 
 
-def float16_dot_bounds(rows: np.ndarray, pool: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Bounds ``low <= v <= high`` [R, P] (float64) of ``v = np.dot(rows[r], pool[p])`` on float16 vectors.
+def float16_dot_estimate(rows: np.ndarray, pool: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(estimate [R, P], margin [R, 1])``: ``|np.dot(rows[r], pool[p]) - estimate| <= margin[r]``
+    for numpy's dot product of two float16 vectors.
 
-    numpy's float16 dot multiplies the float16 values (exact in float32), sums the
-    products in float32 in index order and rounds the sum to float16. That sum is within
+    numpy multiplies the float16 values (exact in float32), sums the products in float32 in
+    index order and rounds the sum to float16. The float32 sum is within
     ``gamma_(D-1) * sum_i |x_i y_i| <= gamma_(D-1) |x| |y|`` of the exact dot product
-    (recursive summation; Higham, Accuracy and Stability of Numerical Algorithms, §4.2),
-    which a float64 product gives to far better than that (1 % of margin covers it);
-    rounding both ends to float16 (monotone) bounds ``v``. Where ``low == high`` the value is
-    known; only the rest need :func:`float16_dot_pairs`, so this costs two BLAS products.
+    (recursive summation; Higham, Accuracy and Stability of Numerical Algorithms, §4.2), and
+    the final rounding moves it by at most half a float16 step (2^-11 relative, 2^-25 below
+    float16's normal range). The estimate is a float64 product, accurate far beyond that (1 %
+    of margin covers it). Only pairs that these margins leave in doubt need
+    :func:`float16_dot_pairs`, so the mining costs one BLAS product per block, as in float32.
     """
     a, b = np.asarray(rows, np.float64), np.asarray(pool, np.float64)
     n = a.shape[1]
     gamma = 1.01 * (n - 1) * _FLOAT32_UNIT_ROUNDOFF / (1 - (n - 1) * _FLOAT32_UNIT_ROUNDOFF)
-    exact = a @ b.T
-    # + n float32 subnormal steps: the absolute error of sums that fall below float32's normal range
-    slack = gamma * np.outer(np.linalg.norm(a, axis=1), np.linalg.norm(b, axis=1)) + n * 2.0 ** -149
-    with np.errstate(over="ignore"):
-        return ((exact - slack).astype(np.float16).astype(np.float64),
-                (exact + slack).astype(np.float16).astype(np.float64))
+    reach = np.linalg.norm(a, axis=1, keepdims=True) * np.linalg.norm(b, axis=1).max(initial=0.0)  # >= sum |x_i y_i|
+    # + n float32 subnormal steps: the absolute error of sums below float32's normal range
+    summation = gamma * reach + n * 2.0 ** -149
+    return a @ b.T, summation + 2.0 ** -11 * (reach + summation) + 2.0 ** -25
 
 
 def float16_dot_pairs(rows: np.ndarray, pool: np.ndarray, row_index: np.ndarray, pool_index: np.ndarray) -> np.ndarray:
