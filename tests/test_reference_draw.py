@@ -69,6 +69,24 @@ def test_the_reference_draw_by_hand():
     assert shorter["eval"][0]["target"] != adversarial["eval"][0]["target"]
 
 
+def test_a_pool_of_every_eligible_image_by_hand():
+    # c and e without categories: the eligible names are a b d f. With seed 42 and N = 2:
+    #   random.sample(range(4), 10 -> 4) -> [0, 3, 1, 2]: the pool is a f b d
+    #   random:      [1, 0]: anchor f; pool without f (a b d): sample(range(3), 1) -> [2]: d;
+    #                shuffle([f, d]) by [1, 0] -> d f.   [0, 2]: anchor a; [1]: b; -> b a
+    #   adversarial: [0, 3]: anchor a, most similar b; [1, 0] -> b a.
+    #                [1, 2]: anchor f, most similar d (30 degrees apart); [1, 0] -> d f
+    table, features = hand_dataset()
+    for row in table["images"]:
+        if row["file_name"] in ("c.jpg", "e.jpg"):
+            row["categories"] = []
+    kwargs = dict(n_candidates=2, pool_size=10, seed=42)
+    random_set, adversarial = (reference(table, features, setting, **kwargs) for setting in bm.SETTINGS)
+    assert random_set["pool_size"] == 4
+    assert [(i["target"], i["candidates"]) for i in random_set["eval"]] == [(10, [15, 10]), (12, [14, 12])]
+    assert [(i["target"], i["candidates"]) for i in adversarial["eval"]] == [(12, [14, 12]), (10, [15, 10])]
+
+
 # --- the documented procedure, transcribed on names, against the vectorised draw ---------
 
 def script_draw(table, features, n, n_seq, pool_size, seed, caption_sim_max=0.9):
