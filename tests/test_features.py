@@ -161,7 +161,7 @@ def test_file_of_other_weights_is_started_over(tiny, reference_file, tmp_path, c
 
 
 def test_dataloader_workers_give_the_same_embeddings(tiny, reference_file, tmp_path):
-    out = run(tiny, tmp_path / "w.h5", workers=2, batch_size=3)
+    out = run(tiny, tmp_path / "w.h5", workers=2)   # same batch size: a GEMM of another shape may round differently
     np.testing.assert_array_equal(read_all(out)["image_emb"], read_all(reference_file)["image_emb"])
 
 
