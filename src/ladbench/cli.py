@@ -32,6 +32,8 @@ SUBCOMMANDS = {
     "evaluate": "ladbench.stages.evaluate",
     "analyze": "ladbench.stages.analyze",
     "report": "ladbench.stages.report",
+    "explore": "ladbench.stages.explore",
+    "explore-index": "ladbench.stages.explore",
 }
 
 
