@@ -443,7 +443,7 @@ EXPLORER_VARIANTS = [v for v in VANILLA_VARIANTS if needs_calibration(v)]
 
 
 def explorer_file(model, benchmark, variant):
-    return f"{REPORT}/explorer/{model}/{benchmark}/{variant}.html"
+    return f"{REPORT}/explorer/{model}_{benchmark}_{variant}.html"
 
 
 EXPLORER_INDEX = f"{REPORT}/explorer/index.html"
