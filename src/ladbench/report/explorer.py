@@ -78,7 +78,6 @@ PER_POSITION = {
 # Rounding: shares and probabilities in per mille, the heat map in 1/255.
 PER_MILLE = 1000
 HEAT_LEVELS = 255
-ASSETS = ("explorer.html", "explorer.css", "explorer.js")
 
 
 @dataclass(frozen=True)
@@ -323,11 +322,12 @@ def _script_json(document: Any) -> str:
     return json.dumps(document, separators=(",", ":"), allow_nan=False).replace("</", "<\\/")
 
 
-def render_page(document: Mapping[str, Any], template: str = "explorer.html", script: str = "explorer.js") -> str:
-    """The self-contained HTML page: the template with its style, script and data inlined."""
-    page = _asset(template)
-    for placeholder, text in (("/*STYLE*/", _asset("explorer.css")), ("/*SCRIPT*/", _asset(script)),
-                              ("/*DATA*/", _script_json(document)), ("<!--TITLE-->", html.escape(document["title"]))):
+def render_page(document: Mapping[str, Any], body: str = "explorer.html", script: str = "explorer.js") -> str:
+    """The self-contained HTML page: the page template with its body, style, script and data inlined."""
+    page = _asset("page.html")
+    for placeholder, text in (("<!--BODY-->", _asset(body)), ("/*STYLE*/", _asset("explorer.css")),
+                              ("/*SCRIPT*/", _asset(script)), ("/*DATA*/", _script_json(document)),
+                              ("<!--TITLE-->", html.escape(document["title"]))):
         page = page.replace(placeholder, text, 1)
     return page
 
