@@ -271,6 +271,7 @@
   }
 
   update();
+  void document.body.offsetHeight;          // lay the first page out before saying ready (the load time counts it)
   document.body.dataset.ready = "1";
   window.explorerReadyAt = performance.now();
 })();
