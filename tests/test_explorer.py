@@ -174,9 +174,12 @@ def check_page(driver, page: str | Path, evaluation: str | Path, cache: str | Pa
     assert pairs == {(i, t) for i in range(doc["n_instances"]) for t in range(doc["n_orderings"])}
 
     groups = filter_groups(evaluation)
+    current: dict[str, str] = {}
     for choice in [{}, *choices]:
         for group in groups:
-            select(driver, group, choice.get(group, "any"))
+            if current.get(group, "any") != choice.get(group, "any"):
+                select(driver, group, choice.get(group, "any"))
+        current = choice
         counts, matching = shown_counts(driver, groups)
         expected = facet_counts(groups, choice)
         assert counts == expected, choice
@@ -213,6 +216,14 @@ def test_the_page_in_a_browser(study):
         from selenium.webdriver.common.by import By
         first = driver.find_element(By.CSS_SELECTOR, "#cards .card")
         assert int(first.get_attribute("data-card")) == int(np.argmax(gap))
+        # the index: one row linking the page, with its divergence count, filterable by setting
+        index = Path(study["page"]).parent / "index.html"
+        main(["explore-index", "--pages", study["page"], "--evaluations", study["evaluation"], "--out", str(index)])
+        open_page(driver, index)
+        row = driver.find_element(By.CSS_SELECTOR, "#pages tr[data-setting]")
+        assert row.find_element(By.TAG_NAME, "a").get_attribute("href") == Path(study["page"]).resolve().as_uri()
+        assert str(int(groups["filter-divergence"]["raw_attention"].sum())) in row.text
+        assert [o.text for o in driver.find_elements(By.CSS_SELECTOR, "#filter-setting option")] == ["any (1)", "random (1)"]
         assert console_errors(driver) == []
 
 
