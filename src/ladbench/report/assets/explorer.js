@@ -55,7 +55,7 @@
   }
   document.getElementById("identity").textContent =
     `${D.n_instances} instances x ${D.n_orderings} orderings, N = ${N}, ${LYR} layers; LAD: K = ${D.settings.top_k}, ` +
-    `tau = ${D.settings.tau}, layer range ${JSON.stringify(D.settings.layer_range)}. From ${D.inputs.evaluation}.`;
+    `tau = ${D.settings.tau}, layer range ${D.settings.layer_range == null ? "all" : JSON.stringify(D.settings.layer_range)}. From ${D.inputs.evaluation}.`;
   const positions = Array.from({ length: N }, (_, p) => p + 1);
   (function summary() {
     const recall = el("table", { class: "grid", id: "recall-table" },
