@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -46,11 +47,14 @@ def headless_chromium(width: int = 1400, height: int = 1000) -> Iterator:
         options = webdriver.ChromeOptions()
         options.binary_location = _first_on_path(BROWSERS)
         for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
-                         "--disable-crash-reporter", "--disable-extensions", f"--user-data-dir={profile}",
+                         "--disable-crash-reporter", "--disable-breakpad", "--disable-extensions", f"--user-data-dir={profile}",
                          f"--window-size={width},{height}"):
             options.add_argument(argument)
         options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-        driver = webdriver.Chrome(options=options, service=Service(executable_path=_first_on_path(DRIVERS)))
+        # Chromium keeps crash reports and settings under HOME whatever its profile: give it the temporary folder
+        home = {"HOME": profile, "XDG_CONFIG_HOME": f"{profile}/config", "XDG_CACHE_HOME": f"{profile}/cache"}
+        service = Service(executable_path=_first_on_path(DRIVERS), env={**os.environ, **home})
+        driver = webdriver.Chrome(options=options, service=service)
         try:
             yield driver
         finally:
