@@ -319,6 +319,7 @@ CLI_OF_KEY = {
     **{f"evaluation.{key}": [("evaluate", key), ("analyze", key)] for key in (
         "bootstrap", "ci", "seed", "acc_ddof", "edge_statistics", "reply_parse")},
     **{f"analysis.{key}": [("analyze", key)] for key in ("dcal_sizes", "dcal_draws", "taus")},
+    **{f"report.{key}": [("explore", key)] for key in ("thumbnail_size", "thumbnail_quality")},
 }
 # Defaulted keys only the workflow reads (no stage command has a default for them), and the
 # prompt variants' own settings (inference.prompt_settings: checked against the variant registry).
@@ -337,6 +338,7 @@ REQUIRED_ARGS = {
     "calibrate": ["--cache", "c.h5", "--out", "c.npz"],
     "evaluate": ["--cache", "c.h5", "--out", "e.json"],
     "analyze": ["--cache", "c.h5", "--out", "a.json"],
+    "explore": ["--cache", "c.h5", "--calibration", "c.npz", "--evaluation", "e.json", "--out", "p.html"],
 }
 
 

@@ -262,10 +262,13 @@ def test_tables_and_figures_regenerate_from_cache_only_and_the_html_report_build
     products = sorted(p.relative_to(out) for p in (out / "report").rglob("*") if p.is_file())
     assert len([p for p in products if p.parent.name == "figures"]) == 20  # 10 figures x (png, pdf)
     assert len([p for p in products if p.parent.name == "report"]) == 9 * 4  # 9 tables x 4 formats
+    explorers = [p for p in products if p.parts[1] == "explorer"]
+    assert len(explorers) == 2 + 1  # a page per vanilla cache (2 benchmarks), and the index
 
     shutil.rmtree(out / "report")
     jobs = planned_jobs(tmp_path)
-    assert set(jobs) == {"report_table", "report_confusion", "report_figures", "report_model_figures", "all"}
+    assert set(jobs) == {"report_table", "report_confusion", "report_figures", "report_model_figures", "report_explorer",
+                         "report_explorer_index", "all"}
     assert not {"infer", "calibrate", "analyze", "evaluate"} & set(jobs)
     snakemake(tmp_path)
 
@@ -281,6 +284,8 @@ def test_tables_and_figures_regenerate_from_cache_only_and_the_html_report_build
                  "calibration_sweeps_tiny_qwen2_5_vl_scenes_adversarial_N4_vanilla.png", "divergence_tiny_qwen2_5_vl.png"):
         assert name in text, name
     assert "position confusion matrices" in text  # a caption
+    for page in explorers:          # the report links every explorer page
+        assert page.name in text and "Instance explorer" in text, page
 
 
 # --------------------------------------------------------------------------- identity from the files

@@ -14,7 +14,8 @@ from workflow_runner import DEMO_CONFIG, copy_run, planned_jobs, snakemake
 pytestmark = pytest.mark.slow
 
 # Every rule of workflow/rules/report.smk that makes a file (tables and figures).
-REPORT_RULES = {"report_table", "report_confusion", "report_figures", "report_model_figures"}
+REPORT_RULES = {"report_table", "report_confusion", "report_figures", "report_model_figures", "report_explorer",
+                "report_explorer_index"}
 
 
 def edited_config(tmp_path: Path, **sections) -> Path:

@@ -38,6 +38,7 @@ __all__ = [
     "Bootstrap",
     "ablation_rows",
     "analyze",
+    "attention_shares",
     "dcal_sizes_for_pool",
     "dcal_sweep",
     "divergence_statistics",
@@ -230,7 +231,7 @@ def divergence_statistics(
     return summary, per_instance
 
 
-def _shares(values: np.ndarray) -> np.ndarray:
+def attention_shares(values: np.ndarray) -> np.ndarray:
     """Normalise non-negative values over the last axis so they sum to one (0/0 -> uniform)."""
     values = np.asarray(values, dtype=np.float64)
     total = values.sum(axis=-1, keepdims=True)
@@ -250,7 +251,7 @@ def position_profiles(
     """
     probabilities = np.exp(log_softmax(arrays.scores))
     selection = dict(ties=base.layer_ties, k_beyond_range=base.k_beyond_range)
-    raw_share = _shares(methods.raw_attention(arrays.attn, base.top_k, base.layer_range, **selection))
+    raw_share = attention_shares(methods.raw_attention(arrays.attn, base.top_k, base.layer_range, **selection))
     log_pi = methods.purified_attention(
         arrays.attn, calibration.attn_prior, top_k=base.top_k, layer_range=base.layer_range, layer_mean=base.layer_mean,
         **selection,

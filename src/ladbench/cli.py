@@ -32,6 +32,8 @@ SUBCOMMANDS = {
     "evaluate": "ladbench.stages.evaluate",
     "analyze": "ladbench.stages.analyze",
     "report": "ladbench.stages.report",
+    "explore": "ladbench.stages.explore",
+    "explore-index": "ladbench.stages.explore",
 }
 
 
@@ -82,6 +84,8 @@ def _where(args: argparse.Namespace) -> None:
     print(f"Figures (PNG and PDF): {report}/figures/ ({len(figures)} figures)")
     for figure in figures:
         print(f"  {figure}")
+    explorers = sorted(p for p in report.glob("explorer/*.html") if p.name != "index.html")
+    print(f"Instance explorer ({len(explorers)} pages, open from disk): {report}/explorer/index.html")
     for name, model in config["models"].items():
         if model["tiny"] and "organism" in model:
             print(f"{name} is the trained model organism (docs/organism.md): a tiny model with a planted bias.")

@@ -456,6 +456,39 @@ def model_analysis_arrays(wildcards):
     return [analysis_file(wildcards.model, b, v, "npz") for b in BENCHMARKS for v in VANILLA_VARIANTS]
 
 
+# ---- instance explorer ----
+# One page per vanilla-prompt cache whose evaluation used a calibration (PriDe and LAD need one).
+EXPLORER_VARIANTS = [v for v in VANILLA_VARIANTS if needs_calibration(v)]
+
+
+def explorer_file(model, benchmark, variant):
+    return f"{REPORT}/explorer/{model}_{benchmark}_{variant}.html"
+
+
+EXPLORER_INDEX = f"{REPORT}/explorer/index.html"
+EXPLORER_KEYS = [(m, b, v) for m in MODELS for b in BENCHMARKS for v in EXPLORER_VARIANTS]
+EXPLORERS = [explorer_file(*key) for key in EXPLORER_KEYS]
+
+
+def explorer_inputs(wildcards):
+    """What a page is built from: the cache, the evaluation's first calibration draw, the
+    evaluation (JSON and predictions), the benchmark (captions) and the image table (thumbnails)."""
+    model, benchmark, variant = wildcards.model, wildcards.benchmark, wildcards.variant
+    return {
+        "cache": cache_file(model, benchmark, variant),
+        "calibration": calibration_file(model, benchmark, variant, CAL_SEEDS[0]),
+        "evaluation": evaluation_file(model, benchmark, variant),
+        "predictions": evaluation_file(model, benchmark, variant, ext="npz"),
+        "benchmark": benchmark_file(benchmark),
+        "images": image_table(benchmark_dataset(benchmark)),
+    }
+
+
+def explorer_flags():
+    report_config = config["report"]
+    return flags(thumbnail_size=report_config["thumbnail_size"], thumbnail_quality=report_config["thumbnail_quality"])
+
+
 def output_folder(wildcards, output):
     """The folder of a rule's first output (where `report tables` writes every table)."""
     return os.path.dirname(output[0])

@@ -201,6 +201,11 @@ def load_image_table(path: str | os.PathLike) -> dict:
     return table
 
 
+def image_paths(table: dict) -> dict[int, str]:
+    """image_id -> file path, from an image table read by ``load_image_table`` (formats.md §1)."""
+    return {int(im["image_id"]): os.path.join(table["image_root"], im["file_name"]) for im in table["images"]}
+
+
 def table_fingerprint(table: dict) -> str:
     """sha256 of what the later stages take from an image table: ids, file names and
     captions (not ``image_root``: the same images moved elsewhere are the same inputs)."""

@@ -29,7 +29,7 @@ import numpy as np
 
 from ladbench.atomic import file_digest, sampled_digest
 from ladbench.benchmark import load_benchmark
-from ladbench.data.coco import load_image_table, table_fingerprint
+from ladbench.data.coco import image_paths, load_image_table, table_fingerprint
 from ladbench.families import FAMILIES
 from ladbench.stages.inputs import check_benchmark_table
 from ladbench.variants import PromptVariant, prompt_sha256, prompt_text, variant, variant_names
@@ -136,11 +136,6 @@ GPU_WORKERS = 8
 
 
 # --------------------------------------------------------------------------- inputs
-def image_paths(table: dict) -> dict[int, str]:
-    """image_id -> file path, from an image table read by ``load_image_table`` (formats.md §1)."""
-    return {int(im["image_id"]): os.path.join(table["image_root"], im["file_name"]) for im in table["images"]}
-
-
 def check_benchmark(bench: dict, path: str, known_images: dict[int, str]) -> None:
     for key in ("n_candidates", "eval", "calibration"):
         if key not in bench:
