@@ -71,6 +71,39 @@ def tiny_adapter(tiny_model) -> Callable[..., object]:
     return get
 
 
+@pytest.fixture(scope="session")
+def tiny_arch_model(hf_offline, tmp_path_factory) -> Callable[[str], str]:
+    """``tiny_arch_model(model_type)`` -> folder of that architecture's tiny build
+    (``models/tiny_archs.py``; built once, seed 0)."""
+    from ladbench.models.tiny_archs import build_tiny_architecture
+
+    root = tmp_path_factory.mktemp("tiny_archs")
+    built: dict[str, str] = {}
+
+    def get(model_type: str) -> str:
+        if model_type not in built:
+            built[model_type] = build_tiny_architecture(model_type, str(root / model_type))
+        return built[model_type]
+    return get
+
+
+@pytest.fixture(scope="session")
+def auto_adapter(tiny_model, tiny_arch_model) -> Callable[..., object]:
+    """``auto_adapter(name, attention="capture")``: ``family: auto`` on the tiny build of an
+    architecture (``models/tiny_archs.py``) or of a family (``models/tiny.py``), cached per session."""
+    from ladbench.families import TINY_FAMILIES
+    from ladbench.models import load_adapter
+
+    loaded: dict[tuple[str, str], object] = {}
+
+    def get(name: str, attention: str = "capture"):
+        if (name, attention) not in loaded:
+            folder = tiny_model(name) if name in TINY_FAMILIES else tiny_arch_model(name)
+            loaded[name, attention] = load_adapter("auto", folder, device="cpu", dtype="float32", attention=attention)
+        return loaded[name, attention]
+    return get
+
+
 def make_images(n: int, size: int = 40, offset: int = 0):
     """``n`` plain-colour PIL images (distinct colours)."""
     from PIL import Image
