@@ -16,10 +16,12 @@ from typing import Callable
 
 import pytest
 
+from ladbench.families import TINY_FAMILIES
 from ladbench.models import lane_families  # noqa: E402
 
 #: the families the model tests run: those of the installed transformers lane (models/compat.py)
-FAMILIES = lane_families()
+#: with a tiny build (family auto runs on the tiny builds of architectures: tests/test_auto.py)
+FAMILIES = tuple(f for f in lane_families() if f in TINY_FAMILIES)
 #: tiny processors cap images at 112 x 112 px; 56 px gives 4 visual tokens per image (Qwen, OV)
 TINY_IMAGE_SIZE = 56
 
@@ -91,7 +93,6 @@ def tiny_arch_model(hf_offline, tmp_path_factory) -> Callable[[str], str]:
 def auto_adapter(tiny_model, tiny_arch_model) -> Callable[..., object]:
     """``auto_adapter(name, attention="capture")``: ``family: auto`` on the tiny build of an
     architecture (``models/tiny_archs.py``) or of a family (``models/tiny.py``), cached per session."""
-    from ladbench.families import TINY_FAMILIES
     from ladbench.models import load_adapter
 
     loaded: dict[tuple[str, str], object] = {}

@@ -20,12 +20,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.lanes,
               pytest.mark.skipif(not compat.on_current_lane(), reason="family auto runs on the current lane")]
 
 if compat.on_current_lane():
-    from ladbench.models.tiny_archs import BUILDS
+    from ladbench.models.tiny_archs import BUILDS, FAMILY_BUILDS_AUTO_RUNS
     ARCHITECTURES = sorted(BUILDS)
 else:
-    BUILDS, ARCHITECTURES = {}, []
-#: the hand-written families whose tiny builds auto must reproduce (LLaVA-OV-1.5 is remote code, paper lane)
-FAMILIES_AUTO_RUNS = ("qwen2_5_vl", "internvl", "llava_onevision", "qwen3_vl")
+    BUILDS, ARCHITECTURES, FAMILY_BUILDS_AUTO_RUNS = {}, [], ()
 
 
 @torch.no_grad()
@@ -173,7 +171,7 @@ def test_architecture_passes_what_every_family_passes(arch, auto_adapter, tmp_pa
     _check_spans(adapter, BUILDS[arch].span_ends)
 
 
-@pytest.mark.parametrize("family", FAMILIES_AUTO_RUNS)
+@pytest.mark.parametrize("family", FAMILY_BUILDS_AUTO_RUNS)
 def test_auto_writes_the_family_adapters_cache(family, tiny_adapter, auto_adapter, tmp_path):
     """On a hand-written family's tiny build, ``family: auto`` writes the family adapter's
     cache: the same spans, scores and attention masses within 1e-5 (float32), greedy replies."""

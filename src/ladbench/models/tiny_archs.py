@@ -452,6 +452,15 @@ def _build_gemma4(p):
     return Gemma4ForConditionalGeneration(cfg), proc
 
 
+#: The hand-written families whose tiny builds (``models/tiny.py``) auto runs too, in the
+#: tests, where it must write their adapters' caches; each build's model type is the family's name.
+FAMILY_BUILDS_AUTO_RUNS = ("qwen2_5_vl", "internvl", "llava_onevision", "qwen3_vl")
+
+#: Architectures with no tiny build here, and why (``ladbench models`` lists them as untested).
+NOT_BUILT = {
+    "smolvlm": "its processor imports num2words, which the lanes do not install (its layout is idefics3's)",
+}
+
 #: Every tiny architecture build, by transformers model type.
 BUILDS: dict[str, TinyArch] = {
     "llava": TinyArch(_build_llava, "single span, no markers",
