@@ -59,6 +59,7 @@ def _check_capture_and_batching(adapter, eager, runner, n):
         np.testing.assert_allclose(batch[key], np.concatenate([s[key] for s in singles]), atol=tol, rtol=0,
                                    err_msg=key)
     np.testing.assert_array_equal(batch["greedy_tokens"], np.concatenate([s["greedy_tokens"] for s in singles]))
+    return rows, batch["greedy_tokens"]
 
 
 def _extended(inputs, tokens):
@@ -93,24 +94,15 @@ def _check_kv_continuation(adapter, runner):
     assert state.past_key_values.get_seq_length() == inputs["input_ids"].shape[1]    # cache cropped back
 
 
-def _check_greedy_reply(adapter, runner):
-    """The greedy reply of the scoring pass = ``generate`` on each row alone, with and without
-    a repetition penalty."""
-    config = adapter.model.generation_config
-    saved = config.repetition_penalty
-    try:
-        for penalty in (1.0, 3.0):
-            config.repetition_penalty = penalty
-            rows = [0, 3]                                                # left-padded batch
-            out = runner.score_batch(rows)
-            for b, r in enumerate(rows):                                 # the reference: one row, generate()
-                inputs = runner.encode_rows([r])
-                generated = adapter.model.generate(**inputs, max_new_tokens=2, do_sample=False, num_beams=1,
-                                                   eos_token_id=adapter.end_token_ids())
-                new = generated[0, inputs["input_ids"].shape[1]:].tolist()
-                assert out["greedy_tokens"][b, :len(new)].tolist() == new, (penalty, r, new)
-    finally:
-        config.repetition_penalty = saved
+def _check_greedy_reply(adapter, runner, rows, greedy_tokens):
+    """The greedy reply of a batch's scoring pass = ``generate`` on each row alone (the
+    repetition penalty's handling is the families' own: tests/test_greedy.py)."""
+    for b, r in enumerate(rows):                                         # the reference: one row, generate()
+        inputs = runner.encode_rows([r])
+        generated = adapter.model.generate(**inputs, max_new_tokens=2, do_sample=False, num_beams=1,
+                                           eos_token_id=adapter.end_token_ids())
+        new = generated[0, inputs["input_ids"].shape[1]:].tolist()
+        assert greedy_tokens[b, :len(new)].tolist() == new, (r, new)
 
 
 def _decoder_inputs(adapter, inputs):
@@ -164,10 +156,9 @@ def test_architecture_passes_what_every_family_passes(arch, auto_adapter, tmp_pa
     greedy reply = generate, spans (one test per architecture: the model loads once)."""
     adapter, eager = auto_adapter(arch), auto_adapter(arch, "eager")
     runners = {n: demo_runner(adapter, tmp_path / f"N{n}", n, store_head_attention=True) for n in (4, 8)}
-    for n, runner in runners.items():
-        _check_capture_and_batching(adapter, eager, runner, n)
+    greedy = {n: _check_capture_and_batching(adapter, eager, runner, n) for n, runner in runners.items()}
     _check_kv_continuation(adapter, runners[4])
-    _check_greedy_reply(adapter, runners[4])
+    _check_greedy_reply(adapter, runners[4], *greedy[4])
     _check_spans(adapter, BUILDS[arch].span_ends)
 
 
@@ -177,7 +168,7 @@ def test_auto_writes_the_family_adapters_cache(family, tiny_adapter, auto_adapte
     cache: the same spans, scores and attention masses within 1e-5 (float32), greedy replies."""
     from ladbench.inference.cache import read_cache
     from ladbench.inference.runner import InferenceSettings, run_inference
-    bench, images = make_demo_benchmark(tmp_path, 4)
+    bench, images = make_demo_benchmark(tmp_path, 4, n_eval=2, n_orderings=2, n_cal=1)
     caches = {}
     for name, adapter in (("family", tiny_adapter(family)), ("auto", auto_adapter(family))):
         runner = demo_runner(adapter, tmp_path / name, 4)
@@ -192,3 +183,28 @@ def test_auto_writes_the_family_adapters_cache(family, tiny_adapter, auto_adapte
     for key in ("scores", "attn", "attn_text"):
         np.testing.assert_allclose(auto.arrays[key], hand.arrays[key], atol=1e-5, rtol=0, err_msg=key)
     np.testing.assert_array_equal(auto.arrays["greedy_tokens"], hand.arrays["greedy_tokens"])
+
+
+def test_hybrid_decoder_cache_records_its_attention_layers(tiny_arch_model, tmp_path):
+    """LFM2-VL (convolution blocks with attention in some layers): the cache holds the attention
+    layers only and says which decoder layers they are."""
+    from ladbench.inference.cache import read_cache
+    from ladbench.inference.runner import InferenceSettings, run_inference
+    bench, images = make_demo_benchmark(tmp_path, 4)
+    out = str(tmp_path / "hybrid.h5")
+    run_inference(InferenceSettings(benchmark=str(bench), images=str(images), out=out, model_name="tiny", family="auto",
+                                    model_path=tiny_arch_model("lfm2_vl"), device="cpu", dtype="float32",
+                                    image_size=TINY_IMAGE_SIZE, batch_size=4))
+    cache = read_cache(out)
+    assert cache.attrs["attention_layers"] == [1] and cache.attrs["n_layers"] == 1
+    assert cache.arrays["attn"].shape[1:] == (1, 4)
+
+
+@pytest.mark.parametrize("arch, end_of_turn", [("gemma3", "<end_of_turn>"), ("aya_vision", "<|END_OF_TURN_TOKEN|>"),
+                                               ("glm4v", "<|user|>"), ("llava", "<|im_end|>")])
+def test_end_of_turn_from_the_template_else_the_generation_config(arch, end_of_turn, auto_adapter):
+    """The token the chat template writes after an assistant message (Gemma 3, Aya); GLM's and
+    LLaVA-1.5's templates write none: the generation config's first end-of-sequence token."""
+    adapter = auto_adapter(arch)
+    assert adapter.tokenizer.convert_ids_to_tokens(adapter.end_of_turn_id) == end_of_turn
+    assert adapter.end_of_turn_id in adapter.end_token_ids()

@@ -42,15 +42,16 @@ class Family:
 FAMILY_REGISTRY: dict[str, Family] = {
     "qwen2_5_vl": Family("qwen2_5_vl:Qwen25VLAdapter",
                          why="the batched vision tower (models/vision.py) and the paper lane's published numbers"),
-    "internvl": Family("internvl:InternVLAdapter", why="the paper lane's published numbers (transformers 4.53)"),
+    "internvl": Family("internvl:InternVLAdapter",
+                       why="the paper lane (auto needs transformers 5.x); on the current lane auto writes its cache"),
     "llava_ov15": Family("llava_ov15:LlavaOV15Adapter", lanes=("paper",), remote_code=True,
                          why="the checkpoint's own code, which does not run on transformers 5.x"),
     "qwen3_vl": Family("qwen3_vl:Qwen3VLAdapter", lanes=("current",),
-                       why="its class exists only from transformers 5.x on; auto runs it too"),
+                       why="nothing over auto, which writes its cache; kept so that studies naming it keep their caches"),
     "llava_onevision": Family("llava_onevision:LlavaOnevisionAdapter",
-                              why="the paper lane (transformers 4.53); auto runs it on the current lane"),
+                              why="the paper lane (auto needs transformers 5.x); on the current lane auto writes its cache"),
     "auto": Family("auto:AutoAdapter", lanes=("current",), tiny_build=False,
-                   why="it reads each image's tokens from the processor's replacement offsets, new in transformers 5.x"),
+                   why="reads each image's tokens from the processor's replacement offsets, new in transformers 5.x"),
 }
 
 #: The family names, in registry order.

@@ -515,6 +515,9 @@ def run_inference(settings: InferenceSettings) -> str:
              "benchmark_name": f"{bench.get('dataset')}_{bench.get('setting')}_N{n}",
              "calibration_source": bench.get("calibration_source", "pool"),  # read by calibrate / analyze
              **shard_attrs}
+    attention_layers = getattr(adapter, "attention_layers", None)
+    if attention_layers and len(attention_layers) < len(adapter.decoder_layers()):     # a hybrid decoder
+        attrs["attention_layers"] = list(attention_layers)
     if settings.greedy_reply and not generative:
         attrs.update(greedy_repetition_penalty=repetition_penalty(adapter), greedy_stop_ids=adapter.end_token_ids())
     attrs.update(entry.hashed_settings(settings.options))      # the variant's own settings, e.g. sofa_sigma

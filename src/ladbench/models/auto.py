@@ -39,6 +39,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from ladbench.families import family_lanes
 from ladbench.inference.attention import AttentionProbe
 
 from . import compat
@@ -105,7 +106,7 @@ class AutoAdapter(ModelAdapter):
         """:meth:`ModelAdapter.load`, after refusing architectures auto cannot run (one line)."""
         from transformers import AutoConfig
 
-        compat.require_lane(cls.family, ("current",))
+        compat.require_lane(cls.family, family_lanes(cls.family))
         config = AutoConfig.from_pretrained(model_path, revision=revision, trust_remote_code=trust_remote_code)
         reason = architecture_refusal(config.model_type)
         if reason:
