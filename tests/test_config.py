@@ -293,6 +293,7 @@ SCHEMA = load_schema(ROOT / "workflow/schemas/config.schema.yaml")
 # argument) that the workflow passes it to. A `ladbench <stage>` run by hand must behave as the
 # config's default does.
 CLI_OF_KEY = {
+    "models.*.family": [("infer", "family")],
     "clip.model": [("features", "model")], "clip.pretrained": [("features", "pretrained")],
     "clip.batch_size": [("features", "batch_size")], "clip.workers": [("features", "workers")],
     "clip.device": [("features", "device")],
@@ -329,8 +330,7 @@ REQUIRED_ARGS = {
     "demo-scenes": ["--out", "scenes"],
     "benchmark": ["--images", "t.json", "--features", "f.h5", "--setting", "random", "--n-candidates", "4",
                   "--out", "b.json"],
-    "infer": ["--benchmark", "b.json", "--images", "t.json", "--out", "c.h5", "--model-name", "m", "--family",
-              "qwen2_5_vl", "--model-path", "m"],
+    "infer": ["--benchmark", "b.json", "--images", "t.json", "--out", "c.h5", "--model-name", "m", "--model-path", "m"],
     "calibrate": ["--cache", "c.h5", "--out", "c.npz"],
     "evaluate": ["--cache", "c.h5", "--out", "e.json"],
     "analyze": ["--cache", "c.h5", "--out", "a.json"],
@@ -436,3 +436,12 @@ def test_one_layer_range_parser_reads_every_form():
     for bad in ("35:21", [35, 21], [1, 2, 3, 4], "1:40/36"):
         with pytest.raises(ValueError, match="layer range"):
             parse_layer_range(bad)
+
+
+def test_a_model_without_family_runs_through_auto_which_has_no_tiny_build():
+    config = raw(PAPER)
+    config["models"] = {"m": {"path": "google/gemma-3-4b-it"}}
+    assert validate_config(copy.deepcopy(config))["models"]["m"]["family"] == "auto"
+    config["models"] = {"m": {"family": "auto", "tiny": True}}
+    with pytest.raises(ConfigError, match=r"models.m.tiny: family auto has no tiny build"):
+        validate_config(config)

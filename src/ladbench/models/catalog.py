@@ -17,8 +17,9 @@ from .auto import architecture_refusal
 from .tiny_archs import BUILDS, FAMILY_BUILDS_AUTO_RUNS, NOT_BUILT
 
 STATUSES = ("tested", "refused", "untested")
-#: a vision tower that reads back from the device more often than this per row, inside its
-#: layers, is the next candidate for a batched tower like Qwen2.5-VL's (models/vision.py)
+#: a vision tower (the model's ``get_image_features``) that reads back from the device more
+#: often than this per row is the next candidate for a batched tower like Qwen2.5-VL's
+#: (models/vision.py)
 VISION_SYNCS_PER_ROW_LIMIT = 20
 
 
@@ -73,6 +74,6 @@ def as_markdown(rows: list[ArchitectureStatus], proxies: list[dict[str, Any]] | 
             syncs = f"{p['syncs_per_row']:.1f} ({p['vision_syncs_per_row']:.1f})"
             ops = f"{p['aten_ops_per_row']:,.0f}"
             if p["vision_syncs_per_row"] > VISION_SYNCS_PER_ROW_LIMIT:
-                reason += "; **vision tower reads back inside its layers: next candidate for a batched tower**"
+                reason += "; **its vision tower reads back from the device: next candidate for a batched tower**"
         lines.append(f"| {row.model_type} | {row.status} | {reason} | {syncs} | {ops} |")
     return "\n".join(lines)
