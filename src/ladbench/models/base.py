@@ -6,9 +6,10 @@ template lays out images and text, which marker tokens delimit an image's token 
 after a prefill (for KV-cache continuation steps). Everything downstream (attention
 capture, candidate scoring, the cache) talks to models through this interface only.
 
-All supported families use a ChatML-style template (``<|im_start|>`` /
+The hand-written families use a ChatML-style template (``<|im_start|>`` /
 ``<|im_end|>``), take images through their own processor, and expose a base model
-(``model.model``) whose output is the last hidden state, plus an ``lm_head``.
+(``model.model``) whose output is the last hidden state, plus an ``lm_head``. Family
+``auto`` (``models/auto.py``) derives all of this from the model and its processor instead.
 """
 from __future__ import annotations
 
