@@ -13,7 +13,7 @@ os.environ.setdefault("HF_HOME", tempfile.mkdtemp(prefix="ladbench-hf-home-"))
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 # Tiny-model fixtures (built once per session), shared by the model and inference tests.
-from conftest_models import hf_offline, tiny_adapter, tiny_model  # noqa: E402,F401
+from conftest_models import auto_adapter, hf_offline, tiny_adapter, tiny_arch_model, tiny_model  # noqa: E402,F401
 
 
 @pytest.fixture(scope="session")

@@ -96,6 +96,20 @@ def test_bench_inference_runs_on_the_tiny_model(tmp_path):
     assert table_rows(out, "tiny")[0][:4] == ["tiny", "4", "8", "ours"]
 
 
+@pytest.mark.lanes
+def test_bench_inference_counts_family_auto_per_architecture(tmp_path):
+    from ladbench.families import installed_lane
+    if installed_lane() != "current":
+        pytest.skip("family auto runs on the current lane")
+    out = run_script("bench_inference.py", "--n", "4", "--architectures", "llava", "--image-size", "56",
+                     "--json", str(tmp_path / "raw.json"))
+    (row,) = json.loads((tmp_path / "raw.json").read_text())["proxies"]
+    assert (row["architecture"], row["code"], row["n"], row["batch"]) == ("llava", "auto", 4, 8)
+    assert 0 <= row["vision_syncs_per_row"] <= row["syncs_per_row"]        # the tower is part of the step
+    assert (row["vision_syncs_per_row"] * row["batch"]).is_integer() and row["aten_ops_per_row"] > 0
+    assert table_rows(out, "llava")[0][:3] == ["llava", "4", "8"]
+
+
 def test_bench_checksums_reads_the_paper_size_cache():
     out = run_script("bench_checksums.py", "--n", "4", "--reps", "1")
     found = re.fullmatch(rf"cache of (\d+) rows, {NUMBER} MB: read {NUMBER} ms without checksums, {NUMBER} ms with "

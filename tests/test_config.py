@@ -257,11 +257,11 @@ CURRENT = ROOT / "config.current.yaml"
 
 
 def test_current_config_studies_todays_models_on_the_current_lane():
-    from ladbench.models import ADAPTERS
+    from ladbench.families import family_lanes
     config = load_config(CURRENT)
     families = {m["family"] for m in config["models"].values()}
     assert {"qwen3_vl", "llava_onevision"} <= families
-    assert all("current" in ADAPTERS[f].lanes for f in families)       # nothing that needs the paper lane
+    assert all("current" in family_lanes(f) for f in families)          # nothing that needs the paper lane
     qwen3 = sorted(m["path"] for m in config["models"].values() if m["family"] == "qwen3_vl")
     assert qwen3 == ["Qwen/Qwen3-VL-2B-Instruct", "Qwen/Qwen3-VL-8B-Instruct"]
     bench = config["benchmarks"]
@@ -293,6 +293,7 @@ SCHEMA = load_schema(ROOT / "workflow/schemas/config.schema.yaml")
 # argument) that the workflow passes it to. A `ladbench <stage>` run by hand must behave as the
 # config's default does.
 CLI_OF_KEY = {
+    "models.*.family": [("infer", "family")],
     "clip.model": [("features", "model")], "clip.pretrained": [("features", "pretrained")],
     "clip.batch_size": [("features", "batch_size")], "clip.workers": [("features", "workers")],
     "clip.device": [("features", "device")],
@@ -333,8 +334,7 @@ REQUIRED_ARGS = {
     "demo-scenes": ["--out", "scenes"],
     "benchmark": ["--images", "t.json", "--features", "f.h5", "--setting", "random", "--n-candidates", "4",
                   "--out", "b.json"],
-    "infer": ["--benchmark", "b.json", "--images", "t.json", "--out", "c.h5", "--model-name", "m", "--family",
-              "qwen2_5_vl", "--model-path", "m"],
+    "infer": ["--benchmark", "b.json", "--images", "t.json", "--out", "c.h5", "--model-name", "m", "--model-path", "m"],
     "calibrate": ["--cache", "c.h5", "--out", "c.npz"],
     "evaluate": ["--cache", "c.h5", "--out", "e.json"],
     "analyze": ["--cache", "c.h5", "--out", "a.json"],
@@ -449,3 +449,12 @@ def test_one_layer_range_parser_reads_every_form():
     for bad in ("35:21", [35, 21], [1, 2, 3, 4], "1:40/36"):
         with pytest.raises(ValueError, match="layer range"):
             parse_layer_range(bad)
+
+
+def test_a_model_without_family_runs_through_auto_which_has_no_tiny_build():
+    config = raw(PAPER)
+    config["models"] = {"m": {"path": "google/gemma-3-4b-it"}}
+    assert validate_config(copy.deepcopy(config))["models"]["m"]["family"] == "auto"
+    config["models"] = {"m": {"family": "auto", "tiny": True}}
+    with pytest.raises(ConfigError, match=r"models.m.tiny: family auto has no tiny build"):
+        validate_config(config)

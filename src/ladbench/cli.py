@@ -24,6 +24,7 @@ SUBCOMMANDS = {
     "features": "ladbench.stages.features",
     "benchmark": "ladbench.stages.benchmark",
     "demo-model": "ladbench.stages.demo_model",
+    "models": "ladbench.stages.models",
     "train-organism": "ladbench.stages.train_organism",
     "infer": "ladbench.stages.infer",
     "merge-shards": "ladbench.stages.merge_shards",

@@ -243,12 +243,17 @@ def _check_cross_references(config: dict, source: str) -> None:
             raise ConfigError(
                 f"{source}: datasets.{name}: give root (download folder) or images_dir + captions_json"
             )
+    from ladbench.families import family_entry
     for name, model in config["models"].items():
-        if model["family"] == "llava_ov15" and not model["trust_remote_code"]:
+        entry = family_entry(model["family"])
+        if entry.remote_code and not model["trust_remote_code"]:
             raise ConfigError(
-                f"{source}: models.{name}.trust_remote_code: LLaVA-OneVision-1.5 runs the model's own "
+                f"{source}: models.{name}.trust_remote_code: family {model['family']} runs the model's own "
                 "code (from the hub, or the tiny stand-in's folder); set it to true to allow that"
             )
+        if model["tiny"] and not entry.tiny_build:
+            raise ConfigError(f"{source}: models.{name}.tiny: family {model['family']} has no tiny build; "
+                              "name a family or give the model's path")
     study = set(study_benchmarks(config))
     for i, transfer in enumerate(config["evaluation"]["transfer"]):
         pair = [transfer["calibrate_on"], transfer["evaluate_on"]]

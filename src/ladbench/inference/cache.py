@@ -286,8 +286,9 @@ def read_cache_attributes(path: str) -> dict[str, Any]:
 
 
 def _attributes(f: h5py.File) -> dict[str, Any]:
-    """Attributes as Python values, with the JSON ``versions`` decoded."""
+    """Attributes as Python values, with the JSON ``versions`` and ``attention_layers`` decoded."""
     attrs = {k: (v.item() if isinstance(v, np.generic) else v) for k, v in f.attrs.items()}
-    if isinstance(attrs.get("versions"), str):
-        attrs["versions"] = json.loads(attrs["versions"])
+    for key in ("versions", "attention_layers"):
+        if isinstance(attrs.get(key), str):
+            attrs[key] = json.loads(attrs[key])
     return attrs

@@ -275,17 +275,17 @@ class RowRunner:
         """The host part of a batch (runs in DataLoader workers): inputs and token segments."""
         import torch
         texts, images = zip(*(self._row_inputs(r) for r in rows))
-        inputs = self.adapter.encode_on_host(list(texts), list(images), for_prefill=not self.generative)
+        if self.generative:
+            return PreparedBatch([int(r) for r in rows], self.adapter.encode_on_host(list(texts), list(images)))
+        inputs, row_spans = self.adapter.encode_with_spans(list(texts), list(images), for_prefill=True)
         batch = PreparedBatch([int(r) for r in rows], inputs)
-        if not self.generative:
-            ids, mask = inputs["input_ids"].numpy(), inputs["attention_mask"].numpy()
-            segs = []
-            for b, r in enumerate(rows):
-                spans = self.adapter.image_spans(ids[b].tolist())
-                if len(spans) != self.n:
-                    raise RuntimeError(f"row {r}: found {len(spans)} image spans in the prompt, expected {self.n}")
-                segs.append(segment_ids(ids[b], mask[b], spans, self.n))
-            batch.segments = torch.from_numpy(np.stack(segs))
+        ids, mask = inputs["input_ids"].numpy(), inputs["attention_mask"].numpy()
+        segs = []
+        for b, (r, spans) in enumerate(zip(rows, row_spans)):
+            if len(spans) != self.n:
+                raise RuntimeError(f"row {r}: found {len(spans)} image spans in the prompt, expected {self.n}")
+            segs.append(segment_ids(ids[b], mask[b], spans, self.n))
+        batch.segments = torch.from_numpy(np.stack(segs))
         return batch
 
     def _prepared(self, batch: Sequence[int] | PreparedBatch) -> PreparedBatch:
@@ -510,6 +510,9 @@ def run_inference(settings: InferenceSettings) -> str:
              "benchmark_name": f"{bench.get('dataset')}_{bench.get('setting')}_N{n}",
              "calibration_source": bench.get("calibration_source", "pool"),  # read by calibrate / analyze
              **shard_attrs}
+    attention_layers = getattr(adapter, "attention_layers", None)
+    if attention_layers and len(attention_layers) < len(adapter.decoder_layers()):     # a hybrid decoder
+        attrs["attention_layers"] = list(attention_layers)
     if settings.greedy_reply and not generative:
         attrs.update(greedy_repetition_penalty=repetition_penalty(adapter), greedy_stop_ids=adapter.end_token_ids())
     attrs.update(entry.hashed_settings(settings.options))      # the variant's own settings, e.g. sofa_sigma
