@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -56,7 +55,7 @@ def test_every_number_is_the_methods_own_rounded(study):
         "probability": softmax(arrays.scores),
         "attention_share": raw / raw.sum(-1, keepdims=True),
         "pride": softmax(arrays.scores - calibration.pride_prior),
-        "lad": softmax(methods.lad(arrays.scores, arrays.attn, calibration, **asdict(settings))),
+        "lad": softmax(methods.lad_scores(arrays.scores, arrays.attn, calibration, settings)),
         "layer_share": arrays.attn / arrays.attn.sum(-1, keepdims=True),
     }
     expected["purified_share"] = softmax(methods.purified_attention(arrays.attn, calibration.attn_prior, top_k=settings.top_k,

@@ -43,6 +43,7 @@ __all__ = [
     "expected_bias",
     "identity_indexed",
     "lad",
+    "lad_scores",
     "layer_selection_mask",
     "method",
     "layer_strength",
@@ -522,10 +523,15 @@ def _pride_original_method(arrays: EvalArraysLike, calibration: CalibrationLike,
     return predict(pride(scores, calibration.pride_original_prior))
 
 
-def _lad_method(arrays: EvalArraysLike, calibration: CalibrationLike, settings=None) -> np.ndarray:
+def lad_scores(scores: np.ndarray, attn: np.ndarray, calibration: CalibrationLike, settings=None) -> np.ndarray:
+    """:func:`lad` under a settings object or mapping (LAD's debiased scores)."""
     lad_settings = asdict(LadSettings.from_mapping(settings))
     del lad_settings["reply_parse"]   # a readout's setting, not LAD's
-    return predict(lad(arrays.scores, arrays.attn, calibration, **lad_settings))
+    return lad(scores, attn, calibration, **lad_settings)
+
+
+def _lad_method(arrays: EvalArraysLike, calibration: CalibrationLike, settings=None) -> np.ndarray:
+    return predict(lad_scores(arrays.scores, arrays.attn, calibration, settings))
 
 
 def _raw_attention_method(arrays: EvalArraysLike, calibration: CalibrationLike, settings=None) -> np.ndarray:

@@ -32,7 +32,7 @@ import base64
 import html
 import io
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -136,7 +136,7 @@ def per_position_values(arrays: EvalArrays, calibration: Calibration, settings: 
         "attention_share": profiles["attention_share"],
         "purified_share": profiles["purified_share"],
         "pride": softmax(methods.pride(arrays.scores, calibration.pride_prior)),
-        "lad": softmax(methods.lad(arrays.scores, arrays.attn, calibration, **asdict(settings))),
+        "lad": softmax(methods.lad_scores(arrays.scores, arrays.attn, calibration, settings)),
     }
     return {name: values[name] for name in PER_POSITION}
 
