@@ -28,7 +28,8 @@ import sys
 from pathlib import Path
 from typing import Any, Iterable
 
-from ladbench.atomic import atomic_write_json, atomic_write_text, file_digest, json_one_item_per_line, read_json
+from ladbench.atomic import (atomic_write_json, atomic_write_text, file_digest, json_one_item_per_line, read_json,
+                             read_signed_json, signed)
 
 _MAX_LISTED = 5  # how many offending ids/files an error message lists
 
@@ -167,14 +168,15 @@ def build_image_table(captions_json: str | os.PathLike, instances_json: str | os
 
 
 def write_image_table(table: dict, out: str | os.PathLike) -> None:
-    """Write the image table atomically: one image per line, so diffs stay readable."""
-    atomic_write_text(out, json_one_item_per_line(table, ["images"]))
+    """Write the image table atomically (signed): one image per line, so diffs stay readable."""
+    atomic_write_text(out, json_one_item_per_line(signed(table), ["images"]))
 
 
 def load_image_table(path: str | os.PathLike) -> dict:
     """Read an image table and check its shape (keys, sorted unique ids)."""
     path = Path(path)
-    table = read_json(path, "image table not found (run `ladbench captions`)", AnnotationError)
+    table = read_signed_json(path, "image table", "rebuild it with `ladbench captions` (or delete it and rerun the "
+                             "workflow)", AnnotationError)
     for key in ("dataset", "image_root", "images"):
         if key not in table:
             raise AnnotationError(f"{path}: missing key '{key}' (docs/formats.md §1)")

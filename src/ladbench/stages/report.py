@@ -112,15 +112,15 @@ def run_confusion(args: argparse.Namespace) -> None:
 
 
 def run_figures(args: argparse.Namespace) -> None:
-    from ladbench.atomic import read_json
     from ladbench.report.figures import (
         attention_vs_scores_figure,
         calibration_sweeps_figure,
         save_figure,
         score_profile_figure,
     )
+    from ladbench.report.study import read_analysis
 
-    analysis = read_json(args.analysis, "analysis file not found (run `ladbench analyze`)")
+    analysis = read_analysis(args.analysis)
     arrays = _npz(Path(args.analysis).with_suffix(".npz"))
     kind = analysis.get("model_kind")
     prefix = f"{args.title}: " if args.title else ""
