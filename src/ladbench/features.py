@@ -42,7 +42,8 @@ from tqdm import tqdm
 
 from ladbench.atomic import atomic_path, atomic_write_json, file_digest
 from ladbench.data.coco import load_image_table, table_fingerprint
-from ladbench.hdf5 import ResumableFile, RowDataset, check_digest, discard_work, is_complete, reading, writing
+from ladbench.hdf5 import (ResumableFile, RowDataset, attributes, check_digest, discard_work, is_complete, reading,
+                           writing)
 
 DEFAULT_MODEL = "ViT-L-14-quickgelu"
 DEFAULT_PRETRAINED = "openai"
@@ -350,13 +351,13 @@ def load_features(path: str | os.PathLike, require_complete: bool = True) -> dic
     if not path.is_file():
         raise FeatureError(f"{path}: features file not found (run `ladbench features`)")
     with reading(path, "features file", REBUILD) as h5:
-        if require_complete and not bool(h5.attrs.get("complete", False)):
+        attrs = attributes(h5)
+        if require_complete and not bool(attrs.get("complete", False)):
             raise FeatureError(f"{path}: features are incomplete (attribute complete is false); rerun `ladbench features`")
         for name in ("image_id", "image_emb", "text_emb"):
             if name not in h5:
                 raise FeatureError(f"{path}: dataset '{name}' missing (docs/formats.md §2)")
         arrays = {name: ds[()] for name, ds in h5.items()}
-        attrs = dict(h5.attrs)
     if attrs.get("complete", False):
         check_digest(path, attrs, arrays, "features file", REBUILD)
     data = {name: arrays[name] for name in ("image_id", "image_emb", "text_emb")}

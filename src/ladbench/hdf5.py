@@ -2,7 +2,10 @@
 
 - Every dataset is created with ``CHECKSUMS``: HDF5's per-chunk Fletcher-32 checksum, so a
   flipped byte in stored data is a read error where it lies. New files use the HDF5 1.10
-  format (``LIBVER``), whose object headers carry checksums too.
+  format (``LIBVER``), whose object headers carry checksums too. Texts, datasets and
+  attributes alike, are stored as fixed-length UTF-8 strings (:func:`write_attrs`,
+  :func:`stored_text`): variable-length strings live in HDF5's global heap, which has no
+  checksum, and a damaged heap can make HDF5 itself loop forever on a read.
 - Every finished file carries a content digest, the attribute ``content_sha256`` (:func:`sign`):
   the sha256 of every dataset (numbers byte for byte, strings text by text) and of every
   other attribute. Fletcher-32 alone misses changes (it sums modulo 65535: a 16-bit word
@@ -158,17 +161,17 @@ def sign(h5: h5py.File) -> None:
     """Record the digest of every dataset and attribute of an open file (its last write)."""
     record = {"attributes": attributes_digest(h5.attrs),
               "datasets": {name: dataset_digest(h5[name]) for name in h5}}
-    h5.attrs[DIGEST_ATTR] = json.dumps(record, sort_keys=True)
+    write_attrs(h5, {DIGEST_ATTR: json.dumps(record, sort_keys=True)})
 
 
 def resign_attributes(h5: h5py.File) -> None:
     """After attributes of a signed file changed on purpose: record their new digest (the
     datasets' digests are kept). A file without a digest is left without one."""
-    record = h5.attrs.get(DIGEST_ATTR)
+    record = attributes(h5).get(DIGEST_ATTR)
     if record is not None:
         record = json.loads(record)
         record["attributes"] = attributes_digest(h5.attrs)
-        h5.attrs[DIGEST_ATTR] = json.dumps(record, sort_keys=True)
+        write_attrs(h5, {DIGEST_ATTR: json.dumps(record, sort_keys=True)})
 
 
 def check_digest(path: str | os.PathLike, attrs: Mapping[str, Any], arrays: Mapping[str, np.ndarray],
@@ -192,8 +195,8 @@ def check_digest(path: str | os.PathLike, attrs: Mapping[str, Any], arrays: Mapp
         changed = [f"dataset {name}" for name in sorted(names)
                    if name not in arrays or recorded.get(name) != array_digest(arrays[name])]
     if changed:
-        raise HDF5FileError(f"{path}: {what}: changed since it was written ({', '.join(changed[:3])} "
-                            f"{'does' if len(changed) == 1 else 'do'} not match its {DIGEST_ATTR}); {remedy}")
+        raise HDF5FileError(f"{path}: {what}: changed since it was written ({', '.join(changed[:3])}: not what its "
+                            f"{DIGEST_ATTR} records); {remedy}")
 
 
 # ----------------------------------------------------------------------------- resumable files
@@ -219,6 +222,7 @@ def check_digest(path: str | os.PathLike, attrs: Mapping[str, Any], arrays: Mapp
 CHUNK_ROWS = 256
 INPUTS_FILE = "inputs.h5"
 _LAYOUT_ATTR, _CHUNK_ROWS_ATTR = "work_layout", "work_chunk_rows"     # the work folder's own, not the file's
+_CHUNK_REMEDY = "rerun: the file is removed and its rows computed again"
 #: What to do when a write fails for lack of space (the end of its error).
 _KEPT = "the rows written before are kept; free space and rerun to resume"
 
@@ -251,19 +255,45 @@ def _jsonable(value: Any) -> Any:
     return json.dumps(value, sort_keys=True) if isinstance(value, (dict, list, tuple)) else value
 
 
+def _text_dtype(n_bytes: int) -> np.dtype:
+    return h5py.string_dtype("utf-8", max(1, n_bytes))
+
+
 def write_attrs(h5: h5py.File, attrs: Mapping[str, Any]) -> None:
-    """Set attributes; dicts, lists and tuples are stored as JSON text."""
+    """Set attributes; dicts, lists and tuples are stored as JSON text, texts as fixed-length
+    UTF-8 (read them back with :func:`attributes`)."""
     for key, value in attrs.items():
-        h5.attrs[key] = _jsonable(value)
+        value = _jsonable(value)
+        if isinstance(value, str):
+            data = value.encode("utf-8", "surrogatepass")
+            h5.attrs.create(key, np.array(data, dtype=_text_dtype(len(data))))
+        else:
+            h5.attrs[key] = value
+
+
+def attributes(h5: h5py.File | h5py.Dataset) -> dict[str, Any]:
+    """An object's attributes, texts as ``str`` (however they were stored)."""
+    return {key: value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+            for key, value in h5.attrs.items()}
+
+
+def stored_text(values: np.ndarray, n_bytes: int | None = None) -> np.ndarray:
+    """Texts (``str`` or UTF-8 ``bytes``) as a fixed-length UTF-8 array (``n_bytes`` each, or the
+    longest's), NUL (which HDF5 strings cannot hold; a sampled reply can) as U+FFFD."""
+    values = np.asarray(values, dtype=object)
+    encoded = [(v.replace("\0", "\ufffd").encode("utf-8", "surrogatepass") if isinstance(v, str) else bytes(v))
+               for v in values.reshape(-1)]
+    width = max((len(e) for e in encoded), default=1) if n_bytes is None else n_bytes
+    return np.array(encoded, dtype=_text_dtype(width)).reshape(values.shape)
 
 
 def create_row_dataset(h5: h5py.File, name: str, spec: RowDataset, chunk_rows: int = CHUNK_ROWS) -> h5py.Dataset:
-    """A dataset of ``spec``'s shape chunked by rows, with checksums (except on variable-length
-    strings, which HDF5 cannot filter: the content digest covers them)."""
+    """A dataset of ``spec``'s shape chunked by rows, with checksums (a text dataset must have a
+    fixed-length string dtype: :func:`stored_text`)."""
     n_rows = spec.shape[0]
     chunks = (max(1, min(n_rows, chunk_rows)),) + tuple(spec.shape[1:]) if n_rows else None
-    checks = {} if _is_text(spec.dtype) else CHECKSUMS
-    return h5.create_dataset(name, shape=spec.shape, dtype=spec.dtype, fillvalue=spec.fill, chunks=chunks, **checks)
+    fill = stored_text(np.array([spec.fill]), np.dtype(spec.dtype).itemsize)[0] if _is_text(spec.dtype) else spec.fill
+    return h5.create_dataset(name, shape=spec.shape, dtype=spec.dtype, fillvalue=fill, chunks=chunks, **CHECKSUMS)
 
 
 def _is_text(dtype: Any) -> bool:
@@ -277,20 +307,16 @@ def _rows_selection(rows: np.ndarray) -> slice | np.ndarray:
     return rows
 
 
-def _without_nul(values: np.ndarray) -> np.ndarray:
-    """HDF5 strings cannot hold NUL (a sampled reply can): replaced by U+FFFD."""
-    return np.vectorize(lambda t: t.replace("\0", "\ufffd"), otypes=[object])(values)
-
-
 def file_problem(path: str | os.PathLike, identity: Mapping[str, Any], fixed: Mapping[str, np.ndarray] = {},
                  datasets: Mapping[str, RowDataset] = {}) -> str | None:
     """None if ``path`` is an HDF5 file with these identity attributes, fixed datasets and
     dataset shapes; else why it is not."""
     try:
         with open_h5(path, "r") as h5:
+            attrs = attributes(h5)
             for key, value in identity.items():
-                if _jsonable(value) != h5.attrs.get(key):
-                    return f"attribute {key} is {h5.attrs.get(key)!r}, expected {_jsonable(value)!r}"
+                if _jsonable(value) != attrs.get(key):
+                    return f"attribute {key} is {attrs.get(key)!r}, expected {_jsonable(value)!r}"
             for key, values in fixed.items():
                 if key not in h5 or not np.array_equal(h5[key][()], values):
                     return f"dataset {key} differs (other rows)"
@@ -308,7 +334,7 @@ def is_complete(path: str | os.PathLike, identity: Mapping[str, Any], fixed: Map
     if not os.path.isfile(path) or file_problem(path, identity, fixed, datasets) is not None:
         return False
     with open_h5(path, "r") as h5:
-        return bool(h5.attrs.get("complete", False))
+        return bool(attributes(h5).get("complete", False))
 
 
 def discard_work(path: str | os.PathLike) -> None:
@@ -340,7 +366,7 @@ class ResumableFile:
         self.final_path = path
         self.path = partial_path(path)
         with reading(self._inputs, "work file", "delete its folder and rerun") as h5:
-            self.layout = _layout(h5.attrs[_LAYOUT_ATTR])
+            self.layout = _layout(attributes(h5)[_LAYOUT_ATTR])
             self.n_rows = len(next(iter(h5.values())))
         self._sequence = 1 + max((int(chunk.stem.split("-")[1]) for chunk in self._chunks()), default=0)
 
@@ -398,19 +424,19 @@ class ResumableFile:
             try:
                 self._read_chunk(chunk, keys=())
             except (HDF5FileError, FileNotFoundError) as exc:
-                warn(f"{exc}; its rows are computed again")
+                warn(str(exc))
                 chunk.unlink()
         return self
 
     def _read_chunk(self, chunk: Path, keys: Iterable[str] | None = None) -> tuple[np.ndarray, dict[str, np.ndarray],
                                                                                       dict[str, Any]]:
         """A chunk file's rows, results (``keys``; None: all) and attributes, checked against its digest."""
-        with reading(chunk, "chunk of a work folder", "it is removed when the work is resumed") as h5:
-            attrs = dict(h5.attrs)
+        with reading(chunk, "chunk of a work folder", _CHUNK_REMEDY) as h5:
+            attrs = attributes(h5)
             names = list(h5) if keys is None else ["rows", *keys]
             arrays = {name: h5[name].asstr()[()] if _is_text(h5[name].dtype) else h5[name][()]
                       for name in names if name in h5}
-            check_digest(chunk, attrs, arrays, "chunk of a work folder", "it is removed when the work is resumed",
+            check_digest(chunk, attrs, arrays, "chunk of a work folder", _CHUNK_REMEDY,
                          every_dataset=keys is None)
         rows = arrays.pop("rows")
         return rows, arrays, {k: v for k, v in attrs.items() if k != DIGEST_ATTR}
@@ -441,7 +467,7 @@ class ResumableFile:
                     for key, values in results.items():
                         spec, values = self.layout[key], np.asarray(values)[order]
                         if _is_text(spec.dtype):
-                            h5.create_dataset(key, data=_without_nul(values.astype(object)), dtype=spec.dtype)
+                            h5.create_dataset(key, data=stored_text(values), **CHECKSUMS)
                         else:
                             h5.create_dataset(key, data=values.astype(spec.dtype, copy=False), **CHECKSUMS)
                     write_attrs(h5, attrs)
@@ -456,7 +482,7 @@ class ResumableFile:
         datasets ``keys`` (None: all; unwritten rows hold their fill value), ``done``, and the
         attributes (``complete`` false)."""
         with reading(self._inputs, "work file", "delete its folder and rerun") as h5:
-            attrs = {k: v for k, v in h5.attrs.items() if k not in (_LAYOUT_ATTR, _CHUNK_ROWS_ATTR, DIGEST_ATTR)}
+            attrs = {k: v for k, v in attributes(h5).items() if k not in (_LAYOUT_ATTR, _CHUNK_ROWS_ATTR, DIGEST_ATTR)}
             arrays = {key: ds[()] for key, ds in h5.items()}
         keys = list(self.layout) if keys is None else [k for k in keys if k in self.layout]
         arrays.update({key: _empty(self.layout[key]) for key in keys})
@@ -476,10 +502,13 @@ class ResumableFile:
         if undone:
             raise RuntimeError(f"{self.path}: {undone} rows not written; refusing to mark the file complete")
         with reading(self._inputs, "work file", "delete its folder and rerun") as h5:
-            merged = {k: v for k, v in h5.attrs.items() if k not in (_LAYOUT_ATTR, _CHUNK_ROWS_ATTR, DIGEST_ATTR)}
+            merged = {k: v for k, v in attributes(h5).items() if k not in (_LAYOUT_ATTR, _CHUNK_ROWS_ATTR, DIGEST_ATTR)}
             chunk_rows = int(h5.attrs[_CHUNK_ROWS_ATTR])
             fixed = {key: ds[()] for key, ds in h5.items()}
         datasets = {**self.layout, "done": RowDataset((self.n_rows,), np.bool_, False)}
+        for key, spec in datasets.items():           # texts: as long as the longest written
+            if _is_text(spec.dtype):
+                datasets[key] = RowDataset(spec.shape, _text_dtype(self._longest_text(key)), spec.fill)
         try:
             with atomic_path(self.final_path) as tmp:
                 # a chunk cache of 64 MB: rows arrive a chunk file at a time, not in HDF5 chunks
@@ -492,7 +521,8 @@ class ResumableFile:
                         rows, results, chunk_attrs = self._read_chunk(chunk)
                         where = _rows_selection(rows)
                         for key, values in results.items():
-                            h5[key][where] = values
+                            h5[key][where] = stored_text(values, h5[key].dtype.itemsize) if values.dtype == object \
+                                else values
                         h5["done"][where] = True
                         merged.update(chunk_attrs)
                     write_attrs(h5, {**merged, **attrs, "complete": True})
@@ -502,6 +532,15 @@ class ResumableFile:
             raise OSError(f"{self.final_path}: cannot write the finished file ({_problem(exc)}); the work in "
                           f"{self.path} is kept: free space and rerun to finish") from exc
         shutil.rmtree(self.path, ignore_errors=True)
+
+    def _longest_text(self, key: str) -> int:
+        """The byte length of the longest text of dataset ``key`` written so far."""
+        longest = 1
+        for chunk in self._chunks():
+            with reading(chunk, "chunk of a work folder", _CHUNK_REMEDY) as h5:
+                if key in h5:
+                    longest = max(longest, h5[key].dtype.itemsize)
+        return longest
 
     def attr(self, key: str, default: Any = None) -> Any:
         """An attribute as the finished file will have it (the last chunk's update, else the inputs')."""
@@ -520,6 +559,6 @@ def _work_problem(work: str | os.PathLike, identity: Mapping[str, Any], fixed: M
     if reason is not None:
         return reason
     with open_h5(inputs, "r") as h5:
-        if h5.attrs.get(_LAYOUT_ATTR) != _layout_json(datasets):
+        if attributes(h5).get(_LAYOUT_ATTR) != _layout_json(datasets):
             return "its datasets have another layout (written by another version?)"
     return None

@@ -25,8 +25,8 @@ from typing import Any, Mapping
 import h5py
 import numpy as np
 
-from ladbench.hdf5 import (DIGEST_ATTR, HDF5FileError, ResumableFile, RowDataset, check_digest, is_complete,
-                           partial_path, reading)
+from ladbench.hdf5 import (DIGEST_ATTR, HDF5FileError, ResumableFile, RowDataset, attributes, check_digest,
+                           is_complete, partial_path, reading)
 
 # Part of every cache's config_sha256: a cache written in an older layout is rebuilt.
 # 2: per-chunk checksums, text_sha256, benchmark identity attributes. (The content digest,
@@ -268,7 +268,7 @@ def read_cache(path: str, *, require_complete: bool = True) -> InferenceCache:
         arrays, raw = ResumableFile(unfinished).read()
         return InferenceCache(path=str(partial_path(unfinished)), arrays=arrays, attrs=_decoded(path, raw))
     with reading(path, "inference cache", REBUILD) as f:
-        raw = dict(f.attrs)
+        raw = attributes(f)
         if require_complete and not raw.get("complete", False):
             raise ValueError(f"{path}: inference cache is not complete (job unfinished or killed; rerun `ladbench infer`)")
         arrays = {}
@@ -285,7 +285,7 @@ def read_cache_attributes(path: str) -> dict[str, Any]:
     """A cache's attributes plus ``n_rows`` and ``n_eval_rows``, without loading its arrays
     (the attributes and ``split`` checked against the content digest)."""
     with reading(path, "inference cache", REBUILD) as f:
-        raw = dict(f.attrs)
+        raw = attributes(f)
         if "split" not in f:
             raise ValueError(f"{path}: no 'split' dataset (docs/formats.md §4)")
         split = f["split"][()]
@@ -310,4 +310,4 @@ def _decoded(path: str | os.PathLike, raw: Mapping[str, Any]) -> dict[str, Any]:
 
 def _attributes(f: h5py.File) -> dict[str, Any]:
     """An open cache's attributes as Python values, with the JSON ``versions`` decoded."""
-    return _decoded(f.filename, f.attrs)
+    return _decoded(f.filename, attributes(f))

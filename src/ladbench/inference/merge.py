@@ -13,10 +13,12 @@ from __future__ import annotations
 import hashlib
 from typing import Any, Mapping, Sequence
 
+import h5py
 import numpy as np
 
 from ladbench.atomic import atomic_path
-from ladbench.hdf5 import DIGEST_ATTR, RowDataset, create_row_dataset, open_h5, reading, sign, write_attrs, writing
+from ladbench.hdf5 import (DIGEST_ATTR, RowDataset, create_row_dataset, open_h5, reading, sign, stored_text, write_attrs,
+                           writing)
 
 from .cache import REBUILD, RowPlan, read_cache, read_cache_attributes, throughput
 
@@ -107,13 +109,22 @@ def merge_shards(paths: Sequence[str], out: str) -> dict[str, Any]:
     attrs = merged_attributes(shards)
     with writing(out, "inference cache"), atomic_path(out) as tmp, open_h5(tmp, "w") as dst:
         with reading(shards[0]["path"], "inference cache", REBUILD) as f:
-            for key, ds in f.items():               # chunked and checksummed as the cache writer's
-                create_row_dataset(dst, key, RowDataset((n_rows,) + ds.shape[1:], ds.dtype, ds.fillvalue))
+            specs = {key: RowDataset((n_rows,) + ds.shape[1:], ds.dtype, ds.fillvalue) for key, ds in f.items()}
+        longest = {key: 1 for key, spec in specs.items() if h5py.check_string_dtype(spec.dtype) is not None}
+        for shard in shards:                        # texts: as long as the longest of any shard
+            with reading(shard["path"], "inference cache", REBUILD) as f:
+                for key in longest:
+                    longest[key] = max([longest[key], *(len(t.encode()) for t in f[key].asstr()[()].reshape(-1))])
+        for key, spec in specs.items():             # chunked and checksummed as the cache writer's
+            text = key in longest
+            dtype = h5py.string_dtype("utf-8", longest[key]) if text else spec.dtype
+            create_row_dataset(dst, key, RowDataset(spec.shape, dtype, "" if text else spec.fill))
         for shard in shards:
             arrays = read_cache(shard["path"]).arrays
             if set(arrays) != set(dst):
                 raise ValueError(f"{shard['path']}: datasets {sorted(arrays)} differ from {sorted(dst)}")
             for key, values in arrays.items():
+                values = stored_text(values, dst[key].dtype.itemsize) if values.dtype == object else values
                 dst[key][shard["shard_start"]:shard["shard_stop"]] = values
         if not dst["done"][()].all():
             raise ValueError(f"{out}: a complete shard has rows not done (corrupt shard?)")

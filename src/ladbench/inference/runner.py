@@ -569,7 +569,7 @@ def _refresh_names(settings: InferenceSettings) -> None:
     """A complete cache is kept, but the names it records (not hashed: they change no number)
     follow the config's, so a cache made before ``variant_name`` was recorded gains it. The
     cache is checked first and its attributes' digest recorded again after."""
-    from ladbench.hdf5 import open_h5, resign_attributes
+    from ladbench.hdf5 import open_h5, resign_attributes, write_attrs
 
     from .cache import read_cache_attributes
     names = {"model": settings.model_name, "variant_name": _variant_name(settings)}
@@ -579,5 +579,5 @@ def _refresh_names(settings: InferenceSettings) -> None:
         with atomic_path(settings.out) as tmp:      # a copy renamed over it: a kill leaves one or the other
             shutil.copyfile(settings.out, tmp)
             with open_h5(tmp, "a") as f:
-                f.attrs.update(stale)
+                write_attrs(f, stale)
                 resign_attributes(f)
