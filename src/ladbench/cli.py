@@ -138,6 +138,20 @@ def main(argv: list[str] | None = None) -> None:
             raise
         print(f"ladbench {args.command}: error: {one_line(error)}", file=sys.stderr)
         raise SystemExit(2) from None
+    except Exception as error:         # noqa: BLE001 (out of memory: the only other failure a user causes)
+        if not is_out_of_memory(error) or args.debug or os.environ.get("LADBENCH_DEBUG"):
+            raise
+        print(f"ladbench {args.command}: error: out of memory ({one_line(error)[:200]}); a setting or an input is "
+              "too large for this machine (smaller batches, fewer rows, a shorter input), or --debug shows where",
+              file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """Python's MemoryError, or torch's (CPU or GPU) out-of-memory error, found by name so that
+    torch need not be imported."""
+    return isinstance(error, MemoryError) or type(error).__name__ == "OutOfMemoryError" or \
+        "can't allocate memory" in str(error)
 
 
 if __name__ == "__main__":

@@ -28,6 +28,10 @@ LANES = ("paper", "current")
 ONE_LANE_FAMILIES: dict[str, tuple[str, ...]] = {"llava_ov15": ("paper",), "qwen3_vl": ("current",)}
 
 
+class LaneError(ValueError):
+    """A family asked of the transformers lane that cannot run it; the message names the venv that can."""
+
+
 def family_lanes(family: str) -> tuple[str, ...]:
     """The lanes ``family`` runs on."""
     return ONE_LANE_FAMILIES.get(family, LANES)

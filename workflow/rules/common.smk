@@ -229,6 +229,7 @@ def captions_flags(wildcards):
     files = raw_dataset_files(wildcards.dataset)
     return flags(
         captions_json=files["captions"], instances_json=files["instances"], image_root=files["images"],
+        files_outside_root=dataset_config(wildcards.dataset)["files_outside_root"],
     )
 
 

@@ -32,10 +32,43 @@ from ladbench.atomic import (atomic_write_json, atomic_write_text, file_digest, 
                              read_signed_json, signed)
 
 _MAX_LISTED = 5  # how many offending ids/files an error message lists
+#: The longest caption accepted (characters): COCO's and Flickr8k's are under 300; a prompt
+#: holds one caption beside N images, and a megabyte of text would exhaust the memory of
+#: the model's processor long before it said anything.
+MAX_CAPTION_CHARS = 1000
 
 
 class AnnotationError(ValueError):
     """An annotation file is malformed or inconsistent; the message names the file."""
+
+
+def caption_problem(caption: Any) -> str | None:
+    """Why ``caption`` cannot be a caption (not a string, empty, too long), or None."""
+    if not isinstance(caption, str):
+        return f"is a {type(caption).__name__}, not a string"
+    if not caption.strip():
+        return "is empty"
+    if len(caption) > MAX_CAPTION_CHARS:
+        return f"has {len(caption):,} characters, more than {MAX_CAPTION_CHARS:,}"
+    return None
+
+
+def _identifier(value: Any, what: str, source: str | os.PathLike) -> int:
+    """An image or category id: an integer as written (4713.7 or "4713" are mistakes, not 4713)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise AnnotationError(f"{source}: {what} {str(value)[:40]!r} is not an integer")
+    return value
+
+
+def file_name_problem(file_name: Any) -> str | None:
+    """Why ``file_name`` does not name a file inside the image root, or None: an image table
+    reads only below its root unless it says otherwise (``files_outside_root``)."""
+    if not isinstance(file_name, str) or not file_name:
+        return "is not a file name"
+    path = Path(file_name)
+    if path.is_absolute() or ".." in path.parts:
+        return "points outside the image root (an absolute path or '..')"
+    return None
 
 
 def _examples(items: Iterable[Any]) -> str:
@@ -62,8 +95,8 @@ def index_images(images: list[dict], source: str | os.PathLike) -> dict[int, str
     duplicates = []
     for entry in images:
         if not isinstance(entry, dict) or "id" not in entry or "file_name" not in entry:
-            raise AnnotationError(f"{source}: an entry of 'images' lacks 'id' or 'file_name': {entry!r}")
-        image_id = int(entry["id"])
+            raise AnnotationError(f"{source}: an entry of 'images' lacks 'id' or 'file_name': {str(entry)[:200]}")
+        image_id = _identifier(entry["id"], "image id", source)
         if image_id in index:
             duplicates.append(image_id)
         index[image_id] = str(entry["file_name"])
@@ -82,12 +115,16 @@ def first_captions(annotations: list[dict], known_ids: set[int] | dict, source: 
     orphans = []
     for annotation in annotations:
         if not isinstance(annotation, dict) or "image_id" not in annotation or "caption" not in annotation:
-            raise AnnotationError(f"{source}: a caption annotation lacks 'image_id' or 'caption': {annotation!r}")
-        image_id = int(annotation["image_id"])
+            raise AnnotationError(f"{source}: a caption annotation lacks 'image_id' or 'caption': {str(annotation)[:200]}")
+        image_id = _identifier(annotation["image_id"], "image_id of a caption", source)
         if image_id not in known_ids:
             orphans.append(image_id)
             continue
-        captions.setdefault(image_id, str(annotation["caption"]).strip())
+        if image_id not in captions:
+            problem = caption_problem(annotation["caption"])
+            if problem:
+                raise AnnotationError(f"{source}: the caption of image {image_id} {problem}")
+            captions[image_id] = annotation["caption"].strip()
     if orphans:
         raise AnnotationError(f"{source}: captions refer to image ids that are not in 'images' "
                               f"(captions without images): {_examples(sorted(set(orphans)))}")
@@ -106,8 +143,10 @@ def category_sets(instances: dict, known_ids: set[int] | dict, source: str | os.
     unknown_images, unknown_categories = [], []
     for annotation in instances["annotations"]:
         if not isinstance(annotation, dict) or "image_id" not in annotation or "category_id" not in annotation:
-            raise AnnotationError(f"{source}: an instance annotation lacks 'image_id' or 'category_id': {annotation!r}")
-        image_id, category = int(annotation["image_id"]), int(annotation["category_id"])
+            raise AnnotationError(f"{source}: an instance annotation lacks 'image_id' or 'category_id': "
+                                  f"{str(annotation)[:200]}")
+        image_id = _identifier(annotation["image_id"], "image_id of an instance", source)
+        category = _identifier(annotation["category_id"], "category_id", source)
         if image_id not in known_ids:
             unknown_images.append(image_id)
         elif category not in declared:
@@ -125,16 +164,20 @@ def category_sets(instances: dict, known_ids: set[int] | dict, source: str | os.
 
 def build_image_table(captions_json: str | os.PathLike, instances_json: str | os.PathLike | None,
                       image_root: str | os.PathLike, dataset: str, check_files: bool = True,
-                      skip_missing: bool = False) -> dict:
+                      skip_missing: bool = False, files_outside_root: bool = False) -> dict:
     """Build the image table of docs/formats.md §1 from COCO-format annotation files.
 
     ``instances_json`` may be None (datasets without instance annotations). With
     ``check_files`` every image file must exist under ``image_root``; a missing file is
     an error naming it, unless ``skip_missing`` drops such images (listed in
-    ``skipped_files``). Every image must have at least one caption.
+    ``skipped_files``). Every image must have at least one caption (a non-empty string of
+    at most :data:`MAX_CAPTION_CHARS`). A ``file_name`` must lie inside ``image_root``
+    unless ``files_outside_root`` (recorded in the table).
     """
     captions_doc = load_annotation_json(captions_json)
     files = index_images(captions_doc["images"], captions_json)
+    if not files_outside_root:
+        _check_file_names(files.items(), captions_json)
     captions = first_captions(captions_doc["annotations"], files, captions_json)
     without_caption = sorted(set(files) - set(captions))
     if without_caption:
@@ -164,7 +207,16 @@ def build_image_table(captions_json: str | os.PathLike, instances_json: str | os
     sources = {"captions_sha256": file_digest(captions_json),
                "instances_sha256": file_digest(instances_json) if instances_json is not None else None}
     return {"dataset": dataset, "image_root": str(root), "has_categories": instances_json is not None,
-            "sources": sources, "skipped_files": skipped, "images": rows}
+            "sources": sources, "skipped_files": skipped, **({"files_outside_root": True} if files_outside_root else {}),
+            "images": rows}
+
+
+def _check_file_names(files: Iterable[tuple[int, Any]], source: str | os.PathLike) -> None:
+    for image_id, file_name in files:
+        problem = file_name_problem(file_name)
+        if problem:
+            raise AnnotationError(f"{source}: the file_name of image {image_id}, {str(file_name)[:200]!r}, {problem}; "
+                                  "set the dataset's files_outside_root: true in the config if that is meant")
 
 
 def write_image_table(table: dict, out: str | os.PathLike) -> None:
@@ -180,9 +232,15 @@ def load_image_table(path: str | os.PathLike) -> dict:
     for key in ("dataset", "image_root", "images"):
         if key not in table:
             raise AnnotationError(f"{path}: missing key '{key}' (docs/formats.md §1)")
-    ids = [row["image_id"] for row in table["images"]]
+    ids = [_identifier(row.get("image_id"), "image_id", path) for row in table["images"]]
     if any(b <= a for a, b in zip(ids, ids[1:])):
         raise AnnotationError(f"{path}: image ids must be unique and sorted")
+    for row in table["images"]:
+        problem = caption_problem(row.get("caption"))
+        if problem:
+            raise AnnotationError(f"{path}: the caption of image {row['image_id']} {problem}")
+    if not table.get("files_outside_root", False):
+        _check_file_names(((row["image_id"], row.get("file_name")) for row in table["images"]), path)
     table.setdefault("has_categories", any(row["categories"] for row in table["images"]))
     return table
 

@@ -30,7 +30,7 @@ import numpy as np
 
 from ladbench.atomic import atomic_path, file_digest, sampled_digest
 from ladbench.benchmark import load_benchmark
-from ladbench.data.coco import load_image_table, table_fingerprint
+from ladbench.data.coco import caption_problem, load_image_table, table_fingerprint
 from ladbench.families import FAMILIES
 from ladbench.stages.inputs import check_benchmark_table
 from ladbench.variants import PromptVariant, prompt_sha256, prompt_text, variant, variant_names
@@ -152,6 +152,10 @@ def check_benchmark(bench: dict, path: str, known_images: dict[int, str]) -> Non
             if unknown:
                 raise ValueError(f"benchmark {path}: {split} instance {inst.get('id')} uses image ids {unknown} "
                                  "that the image table does not list")
+            problem = caption_problem(inst.get("caption"))
+            if problem:
+                raise ValueError(f"benchmark {path}: the caption of {split} instance {inst.get('id')} (image "
+                                 f"{inst.get('target')}) {problem}")
 
 
 def model_fingerprint(model_path: str) -> dict[str, Any]:
