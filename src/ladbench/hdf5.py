@@ -68,7 +68,7 @@ def _problem(exc: OSError) -> str:
         return "truncated (an interrupted copy, or a full disk?)"
     if "filter returned failure" in text or "checksum" in text.lower():
         return "corrupted (a stored checksum does not match the data)"
-    if "lock" in text:
+    if "unable to lock file" in text.lower():
         return "locked by another process"
     return f"damaged or unreadable ({' '.join(text.split())})"
 

@@ -56,7 +56,7 @@ def caption_problem(caption: Any) -> str | None:
 def _identifier(value: Any, what: str, source: str | os.PathLike) -> int:
     """An image or category id: an integer as written (4713.7 or "4713" are mistakes, not 4713)."""
     if isinstance(value, bool) or not isinstance(value, int):
-        raise AnnotationError(f"{source}: {what} {str(value)[:40]!r} is not an integer")
+        raise AnnotationError(f"{source}: {what} {repr(value)[:40]} is not an integer")
     return value
 
 
