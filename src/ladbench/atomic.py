@@ -237,6 +237,17 @@ def exclusive_lock(path: str | os.PathLike, what: str) -> Iterator[None]:
         lock.release()
 
 
+#: The lock file of a study's output folder, held by the workflow that runs it.
+OUTPUT_LOCK_FILE = ".workflow.lock"
+
+
+def lock_output_dir(output_dir: str | os.PathLike) -> Lock:
+    """Hold the lock of a study's output folder (:data:`OUTPUT_LOCK_FILE` in it): one workflow
+    per folder, whatever folder it was started from (Snakemake's own lock is kept in the
+    working folder's ``.snakemake/``, so two workflows started from two folders both ran)."""
+    return hold_lock(Path(output_dir) / OUTPUT_LOCK_FILE, f"output_dir {output_dir} is in use by another workflow")
+
+
 def fsync_file(path: str | os.PathLike) -> None:
     """Flush a written file to the disk (before it is renamed into place)."""
     descriptor = os.open(path, os.O_RDONLY)

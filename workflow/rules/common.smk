@@ -6,6 +6,7 @@ import sys
 
 from ladbench.config import (ConfigError, benchmark_parts, check_environment, layer_range_arg, load_schema,
                              model_layer_range, read_yaml, startup_warnings, study_benchmarks, validate_config)
+from ladbench.atomic import LockedError, lock_output_dir
 from ladbench.cli import put_ladbench_on_path
 from ladbench.plan import benchmark_path, cache_path
 from ladbench.methods import METHODS
@@ -32,6 +33,28 @@ os.environ[PLUGINS_ENV] = ",".join(config["plugins"])
 put_ladbench_on_path()
 
 OUT = config["output_dir"].rstrip("/")
+
+# One workflow per output folder: when there is work to do (not on a dry run, nor in a
+# cluster job), the workflow takes {OUT}/.workflow.lock; a second one, started from any
+# folder, stops here naming the first. Released at the end (or when the process dies).
+_OUTPUT_LOCK = []
+
+
+onstart:
+    try:
+        _OUTPUT_LOCK.append(lock_output_dir(OUT))
+    except LockedError as error:
+        raise WorkflowError(str(error)) from None
+
+
+onsuccess:
+    for _lock in _OUTPUT_LOCK:
+        _lock.release()
+
+
+onerror:
+    for _lock in _OUTPUT_LOCK:
+        _lock.release()
 LOGS = f"{OUT}/logs"
 REPORT = f"{OUT}/report"
 
