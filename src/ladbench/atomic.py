@@ -27,7 +27,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-__all__ = ["atomic_path", "atomic_write_text", "atomic_write_json", "json_one_item_per_line", "read_json",
+__all__ = ["atomic_path", "replacing_together", "atomic_write_text", "atomic_write_json", "json_one_item_per_line", "read_json",
            "signed", "read_signed_json", "exclusive_lock", "LockedError", "file_digest", "sampled_digest"]
 
 
@@ -67,6 +67,33 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     except BaseException:
         _remove(tmp)
         raise
+
+
+@contextmanager
+def replacing_together(paths: Sequence[str | os.PathLike]) -> Iterator[list[Path]]:
+    """Yield a temporary path beside each of ``paths``; when the block succeeds, replace the
+    targets as one set: every old target is removed first, then every new file renamed in.
+    A kill in between leaves files missing (a rerun redoes them: Snakemake reruns a job whose
+    outputs are missing), never old files beside new ones. On an exception inside the block
+    the temporaries are removed and the targets are left as they were."""
+    targets = [Path(path) for path in paths]
+    temporaries = [_tmp_path_for(target) for target in targets]
+    for target, tmp in zip(targets, temporaries):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        _remove(tmp)
+    try:
+        yield temporaries
+        unwritten = [str(tmp) for tmp in temporaries if not tmp.exists()]
+        if unwritten:
+            raise FileNotFoundError(f"replacing_together: nothing was written to {', '.join(unwritten)}")
+    except BaseException:
+        for tmp in temporaries:
+            _remove(tmp)
+        raise
+    for target in targets:
+        _remove(target)
+    for target, tmp in zip(targets, temporaries):
+        os.replace(tmp, target)
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
