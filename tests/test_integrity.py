@@ -237,3 +237,24 @@ def test_a_second_writer_of_an_output_refuses_at_once_naming_the_first(tmp_path,
     with writing(out, "inference cache"):                                # released: free again
         pass
     assert not (tmp_path / "c.h5.lock").exists()
+
+
+# ------------------------------------------------------------------------ same inputs, same identity
+def test_a_model_folder_is_identified_by_its_content_not_its_place_or_training_time(tmp_path):
+    """The organism records how long it trained (training.train_seconds): that changes from
+    run to run and must not change the caches' identity; where the folder lies must not either."""
+    from ladbench.inference.runner import model_fingerprint
+
+    def folder(name, **metadata):
+        path = tmp_path / name / "organism"
+        path.mkdir(parents=True)
+        (path / "config.json").write_text('{"hidden_size": 8}')
+        (path / "model.safetensors").write_bytes(b"weights")
+        (path / "ladbench_tiny.json").write_text(json.dumps(
+            {"kind": "tiny-organism", "seed": 2, "training": {"loss": 0.5, "train_seconds": 10.0}, **metadata}))
+        return str(path)
+
+    first = model_fingerprint(folder("a"))
+    assert model_fingerprint(folder("b", training={"loss": 0.5, "train_seconds": 97.3})) == first
+    assert model_fingerprint(folder("c", seed=3)) != first
+    assert model_fingerprint(folder("d", training={"loss": 0.6, "train_seconds": 10.0})) != first

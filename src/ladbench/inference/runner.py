@@ -162,14 +162,16 @@ def model_fingerprint(model_path: str) -> dict[str, Any]:
     """For a local model folder: the hashes of its config and of its weight files (sampled
     blocks: a rebuilt, replaced or fine-tuned model changes the cache's identity; the folder's
     location does not), and of a tiny model's metadata. Hub ids are identified by id + revision."""
-    from ladbench.provenance import METADATA_FILE
+    from ladbench.provenance import METADATA_FILE, metadata_identity
     if not os.path.isdir(model_path):
         return {}
     out: dict[str, Any] = {}
     for name in sorted(os.listdir(model_path)):
         full = os.path.join(model_path, name)
-        if name in ("config.json", METADATA_FILE):         # the latter: how a tiny model was made
+        if name == "config.json":
             out[name] = file_digest(full)
+        elif name == METADATA_FILE:                        # how a tiny model was made (not how long it took)
+            out[name] = metadata_identity(full)
         elif name.endswith((".safetensors", ".bin")):
             out[name] = sampled_digest(full)
     return out
