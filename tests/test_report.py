@@ -267,7 +267,14 @@ def test_tables_and_figures_regenerate_from_cache_only_and_the_html_report_build
     jobs = planned_jobs(tmp_path)
     assert set(jobs) == {"report_table", "report_confusion", "report_figures", "report_model_figures", "all"}
     assert not {"infer", "calibrate", "analyze", "evaluate"} & set(jobs)
-    snakemake(tmp_path)
+    # with a $HOME of its own and no cache folder set: nothing of the workflow lands in it but
+    # Snakemake's own source cache (README "Reliability"); matplotlib's goes under the output folder
+    home = tmp_path.parent / "home"
+    home.mkdir()
+    snakemake(tmp_path, extra_env={"HOME": str(home), "MPLCONFIGDIR": "", "XDG_CACHE_HOME": "", "XDG_CONFIG_HOME": ""})
+    written = sorted(str(p.relative_to(home)) for p in home.rglob("*"))
+    assert all(p.startswith(".cache/snakemake") for p in written), written
+    assert (out / ".cache" / "matplotlib").is_dir()
 
     assert {p: p.stat().st_mtime_ns for p in intermediates} == before
     assert sorted(p.relative_to(out) for p in (out / "report").rglob("*") if p.is_file()) == products

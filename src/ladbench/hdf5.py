@@ -108,11 +108,10 @@ def _dtype_name(dtype: Any) -> str:
 def _update(digest: "hashlib._Hash", block: np.ndarray) -> None:
     """Add a block of rows: numbers as little-endian bytes, texts as length-prefixed UTF-8."""
     if _dtype_name(block.dtype) == "str":
-        for text in block.reshape(-1):
-            data = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else bytes(text)
-            digest.update(len(data).to_bytes(8, "little") + data)
-    else:
-        digest.update(np.ascontiguousarray(block, dtype=np.dtype(_dtype_name(block.dtype))).tobytes())
+        texts = [t.encode("utf-8", "surrogatepass") if isinstance(t, str) else bytes(t) for t in block.reshape(-1)]
+        digest.update(b"".join(len(t).to_bytes(8, "little") + t for t in texts))
+    else:                                           # the array's own buffer: no copy when little-endian
+        digest.update(np.ascontiguousarray(block, dtype=np.dtype(_dtype_name(block.dtype))).reshape(-1).view(np.uint8))
 
 
 def _digest(blocks: Iterable[np.ndarray], dtype: Any, shape: tuple[int, ...]) -> str:

@@ -33,6 +33,10 @@ os.environ[PLUGINS_ENV] = ",".join(config["plugins"])
 put_ladbench_on_path()
 
 OUT = config["output_dir"].rstrip("/")
+# Nothing under $HOME: matplotlib's font cache and config (else ~/.cache/matplotlib,
+# ~/.config/matplotlib) go under the output folder, for every job (README "Reliability").
+if not os.environ.get("MPLCONFIGDIR"):
+    os.environ["MPLCONFIGDIR"] = os.path.abspath(f"{OUT}/.cache/matplotlib")
 
 # One workflow per output folder: when there is work to do (not on a dry run, nor in a
 # cluster job), the workflow takes {OUT}/.workflow.lock; a second one, started from any
