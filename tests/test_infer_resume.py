@@ -14,7 +14,6 @@ import textwrap
 import time
 from pathlib import Path
 
-import h5py
 import numpy as np
 import pytest
 

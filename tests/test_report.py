@@ -357,14 +357,14 @@ def test_a_killed_report_never_leaves_old_tables_beside_new_ones(toy_study, tmp_
         for path in files:
             path.parent.mkdir(exist_ok=True)
             path.write_text("old")
-        renames = {"n": 0}
-
-        def killed_after_some(source, target):
-            if renames["n"] == kill_at:
-                raise KeyboardInterrupt("killed")
-            renames["n"] += 1
-            real_replace(source, target)
-        monkeypatch.setattr(os, "replace", killed_after_some)
+        def killed_after(renames, kill_at=kill_at):
+            def replace(source, target):
+                if renames["n"] == kill_at:
+                    raise KeyboardInterrupt("killed")
+                renames["n"] += 1
+                real_replace(source, target)
+            return replace
+        monkeypatch.setattr(os, "replace", killed_after({"n": 0}))
         try:
             write_tables(tables)
         except KeyboardInterrupt:

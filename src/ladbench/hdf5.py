@@ -100,7 +100,7 @@ def reading(path: str | os.PathLike, what: str, remedy: str) -> Iterator[h5py.Fi
 # ----------------------------------------------------------------------------- content digest
 def _dtype_name(dtype: Any) -> str:
     dtype = np.dtype(dtype)
-    if h5py.check_string_dtype(dtype) is not None or dtype == object or dtype.kind in "SU":
+    if h5py.check_string_dtype(dtype) is not None or dtype.kind in "OSU":
         return "str"
     return dtype.newbyteorder("<").str if dtype.byteorder not in "|" else dtype.str
 
