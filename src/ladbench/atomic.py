@@ -16,6 +16,7 @@ object or an explicit format, e.g. ``np.savez(open(tmp, "wb"), ...)`` or
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -217,6 +218,12 @@ def _acquire(path: str | os.PathLike) -> int | str:
             holder = os.read(descriptor, 4096).decode("utf-8", "replace").strip()
             os.close(descriptor)
             return holder or "another process"
+        except OSError as error:        # a file system without locks (some network mounts): go on unlocked
+            if error.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
+                raise
+            print(f"WARNING: {path}: this file system does not lock files ({error.strerror}); a second writer "
+                  "would not be stopped", file=sys.stderr)
+            return descriptor
         try:
             if os.stat(path).st_ino == os.fstat(descriptor).st_ino:
                 return descriptor

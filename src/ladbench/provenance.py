@@ -10,6 +10,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+
+from ladbench.atomic import read_json
 from typing import Iterable
 
 TINY_RANDOM = "tiny-random"          # random weights (ladbench demo-model): mechanics, not results
@@ -26,8 +28,8 @@ def model_kind(model_path: str) -> str:
     path = os.path.join(model_path, METADATA_FILE)
     if not os.path.isfile(path):
         return PRETRAINED
-    with open(path, encoding="utf-8") as f:
-        return json.load(f).get("kind", TINY_RANDOM)
+    metadata = read_json(path, "tiny model metadata not found")
+    return metadata.get("kind", TINY_RANDOM) if isinstance(metadata, dict) else TINY_RANDOM
 
 
 def metadata_identity(path: str) -> str:
@@ -39,8 +41,7 @@ def metadata_identity(path: str) -> str:
         if isinstance(value, dict):
             return {k: without_timings(v) for k, v in value.items() if not str(k).endswith("_seconds")}
         return [without_timings(v) for v in value] if isinstance(value, list) else value
-    with open(path, encoding="utf-8") as f:
-        metadata = json.load(f)
+    metadata = read_json(path, "tiny model metadata not found")
     return hashlib.sha256(json.dumps(without_timings(metadata), sort_keys=True).encode()).hexdigest()
 
 

@@ -268,6 +268,8 @@ def read_flickr8k_captions(path: str | os.PathLike) -> list[tuple[str, str]]:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise AnnotationError(f"{path}: Flickr8k caption file not found") from None
+    except UnicodeDecodeError as err:
+        raise AnnotationError(f"{path}: not UTF-8 text (byte {err.start}: {err.reason})") from None
     lines = [line for line in text.splitlines() if line.strip()]
     if not lines:
         raise AnnotationError(f"{path}: empty caption file")
