@@ -258,3 +258,18 @@ def test_a_model_folder_is_identified_by_its_content_not_its_place_or_training_t
     assert model_fingerprint(folder("b", training={"loss": 0.5, "train_seconds": 97.3})) == first
     assert model_fingerprint(folder("c", seed=3)) != first
     assert model_fingerprint(folder("d", training={"loss": 0.6, "train_seconds": 10.0})) != first
+
+
+def test_a_chunk_damaged_on_disk_is_found_when_finishing_and_its_rows_computed_again(tmp_path):
+    writer, n_rows = _writer(tmp_path)
+    writer.write([0, 1], _scores([0, 1]))
+    writer.write(range(2, n_rows), _scores(range(2, n_rows)))
+    first = tmp_path / "c.h5.partial" / "chunk-00000001.h5"
+    with h5py.File(first, "r+") as h5:                  # results changed after the chunk was written
+        h5["scores"][0, 0] = 42.0
+    with pytest.raises(HDF5FileError, match="chunk-00000001.h5: chunk of a work folder: changed since it was written"
+                                            ".*rerun: the file is removed and its rows computed again"):
+        writer.finish({})
+    assert not first.exists() and not (tmp_path / "c.h5").exists()
+    reopened, _ = _writer(tmp_path)
+    assert reopened.pending_rows().tolist() == [0, 1]

@@ -517,7 +517,7 @@ class ResumableFile:
                     for key, spec in datasets.items():
                         create_row_dataset(h5, key, spec, chunk_rows)
                     for chunk in self._chunks():
-                        rows, results, chunk_attrs = self._read_chunk(chunk)
+                        rows, results, chunk_attrs = self._read_chunk_or_drop(chunk)
                         where = _rows_selection(rows)
                         for key, values in results.items():
                             h5[key][where] = stored_text(values, h5[key].dtype.itemsize) if values.dtype == object \
@@ -531,6 +531,15 @@ class ResumableFile:
             raise OSError(f"{self.final_path}: cannot write the finished file ({_problem(exc)}); the work in "
                           f"{self.path} is kept: free space and rerun to finish") from exc
         shutil.rmtree(self.path, ignore_errors=True)
+
+    def _read_chunk_or_drop(self, chunk: Path) -> tuple[np.ndarray, dict[str, np.ndarray], dict[str, Any]]:
+        """A chunk file read whole; one damaged on disk since it was written is removed (its rows
+        are pending again) and the error raised."""
+        try:
+            return self._read_chunk(chunk)
+        except HDF5FileError:
+            chunk.unlink()
+            raise
 
     def _longest_text(self, key: str) -> int:
         """The byte length of the longest text of dataset ``key`` written so far."""
