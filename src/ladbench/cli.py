@@ -45,6 +45,14 @@ def put_ladbench_on_path() -> None:
         os.environ["PATH"] = os.pathsep.join([folder, os.environ.get("PATH", "")])
 
 
+def keep_caches_under(folder: str) -> None:
+    """Make the workflow's jobs keep library caches under ``folder`` (the study's output folder)
+    rather than under $HOME: matplotlib's font cache and config (else ~/.cache/matplotlib and
+    ~/.config/matplotlib). Hugging Face's cache is left where the user keeps it: their models
+    are there."""
+    os.environ["MPLCONFIGDIR"] = os.path.abspath(os.path.join(folder, "matplotlib"))
+
+
 def output_file(*suffixes: str):
     """An argparse ``type`` for an output file: its name must end in one of ``suffixes``,
     the format the command writes. Anything else is refused before any work: the file would

@@ -7,7 +7,7 @@ import sys
 from ladbench.config import (ConfigError, benchmark_parts, check_environment, layer_range_arg, load_schema,
                              model_layer_range, read_yaml, startup_warnings, study_benchmarks, validate_config)
 from ladbench.atomic import LockedError, lock_output_dir
-from ladbench.cli import put_ladbench_on_path
+from ladbench.cli import keep_caches_under, put_ladbench_on_path
 from ladbench.plan import benchmark_path, cache_path
 from ladbench.methods import METHODS
 from ladbench.variants import PLUGINS_ENV, variant as prompt_variant
@@ -33,10 +33,8 @@ os.environ[PLUGINS_ENV] = ",".join(config["plugins"])
 put_ladbench_on_path()
 
 OUT = config["output_dir"].rstrip("/")
-# Nothing under $HOME: matplotlib's font cache and config (else ~/.cache/matplotlib,
-# ~/.config/matplotlib) go under the output folder, for every job (README "Reliability").
-if not os.environ.get("MPLCONFIGDIR"):
-    os.environ["MPLCONFIGDIR"] = os.path.abspath(f"{OUT}/.cache/matplotlib")
+# Nothing under $HOME: the jobs' library caches go under the output folder (README "Reliability").
+keep_caches_under(f"{OUT}/.cache")
 
 # One workflow per output folder: when there is work to do (not on a dry run, nor in a
 # cluster job), the workflow takes {OUT}/.workflow.lock; a second one, started from any
