@@ -21,7 +21,7 @@ from PIL import Image  # noqa: E402
 from ladbench.atomic import file_digest  # noqa: E402
 from ladbench import features as ft  # noqa: E402
 from ladbench.cli import build_parser  # noqa: E402
-from ladbench.hdf5 import ResumableFile, partial_path  # noqa: E402
+from ladbench.hdf5 import ResumableFile, attributes, partial_path  # noqa: E402
 from ladbench.data import coco, synthetic  # noqa: E402
 
 
@@ -85,10 +85,11 @@ def test_file_layout_and_values(tiny, reference_file):
         assert h5["image_id"].dtype == np.int64 and h5["image_emb"].dtype == np.float16
         assert h5["text_emb"].dtype == np.float16 and h5["done"].dtype == bool
         assert h5["image_id"][()].tolist() == [row["image_id"] for row in table["images"]]
-        assert h5["done"][()].all() and bool(h5.attrs["complete"])
-        assert h5.attrs["model"] == m["model"] and h5.attrs["pretrained"] == Path(m["pretrained"]).name
-        assert h5.attrs["weights_sha256"] == m["weights_sha256"]
-        assert h5.attrs["open_clip_version"]
+        attrs = attributes(h5)                   # (texts are stored fixed-length: h5py reads them as bytes)
+        assert h5["done"][()].all() and bool(attrs["complete"])
+        assert attrs["model"] == m["model"] and attrs["pretrained"] == Path(m["pretrained"]).name
+        assert attrs["weights_sha256"] == m["weights_sha256"]
+        assert attrs["open_clip_version"]
         image, text = h5["image_emb"][()].astype(np.float32), h5["text_emb"][()].astype(np.float32)
     assert image.shape == text.shape == (10, 32)
     np.testing.assert_allclose(np.linalg.norm(image, axis=1), 1, atol=2e-3)
