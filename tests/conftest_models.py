@@ -17,6 +17,7 @@ from typing import Callable
 import pytest
 
 from ladbench.families import TINY_FAMILIES
+from ladbench.atomic import signed
 from ladbench.models import lane_families  # noqa: E402
 
 #: the families the model tests run: those of the installed transformers lane (models/compat.py)
@@ -148,8 +149,8 @@ def make_demo_benchmark(folder: Path, n: int, *, n_eval: int = 3, n_orderings: i
     bench = {"dataset": "demo", "setting": "random", "n_candidates": n, "seed": seed, "n_orderings": n_orderings,
              "eval": evaluation, "calibration": calibration}
     bench_path, images_path = folder / f"demo_random_N{n}.json", folder / "images.json"
-    bench_path.write_text(json.dumps(bench))
-    images_path.write_text(json.dumps({"dataset": "demo", "image_root": str(img_dir), "images": table}))
+    bench_path.write_text(json.dumps(signed(bench)))
+    images_path.write_text(json.dumps(signed({"dataset": "demo", "image_root": str(img_dir), "images": table})))
     return bench_path, images_path
 
 

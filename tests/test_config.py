@@ -299,6 +299,7 @@ CLI_OF_KEY = {
     "clip.device": [("features", "device")],
     "datasets.*.n_images": [("demo-scenes", "n_images")], "datasets.*.image_size": [("demo-scenes", "image_size")],
     "datasets.*.seed": [("demo-scenes", "seed")],
+    "datasets.*.files_outside_root": [("captions", "files_outside_root")],
     "benchmarks.n_eval": [("benchmark", "n_eval")], "benchmarks.n_calibration_pool": [("benchmark", "n_calibration")],
     "benchmarks.n_orderings": [("benchmark", "n_orderings")], "benchmarks.orderings": [("benchmark", "orderings")],
     "benchmarks.pool_size": [("benchmark", "pool_size")],
@@ -330,6 +331,7 @@ WORKFLOW_ONLY = {"reproduce", "output_dir", "plugins", "datasets.*.download", "c
                  "models.*.gpus_per_job", "inference.variants", "inference.variants.*.identifiers",
                  "evaluation.methods", "evaluation.transfer", "report.figure_formats"}
 REQUIRED_ARGS = {
+    "captions": ["--captions-json", "c.json", "--image-root", "i", "--dataset", "d", "--out", "t.json"],
     "features": ["--images", "t.json", "--out", "f.h5"],
     "demo-scenes": ["--out", "scenes"],
     "benchmark": ["--images", "t.json", "--features", "f.h5", "--setting", "random", "--n-candidates", "4",

@@ -77,7 +77,7 @@ from typing import Any, Callable
 import numpy as np
 from tqdm import tqdm
 
-from ladbench.atomic import json_one_item_per_line, read_json
+from ladbench.atomic import json_one_item_per_line, read_signed_json, signed
 from ladbench.data.coco import table_fingerprint
 
 SETTINGS = ("random", "adversarial")
@@ -500,10 +500,13 @@ def _plain(value: Any) -> Any:
 
 
 def format_benchmark(doc: dict) -> str:
-    """JSON text with one instance per line: valid JSON, diff-friendly, deterministic."""
-    return json_one_item_per_line(doc, ["eval", "calibration"])
+    """JSON text with one instance per line: valid JSON, diff-friendly, deterministic, signed
+    (``content_sha256``)."""
+    return json_one_item_per_line(signed(doc), ["eval", "calibration"])
 
 
 def load_benchmark(path: str | os.PathLike) -> dict:
-    """Read a benchmark file written by :func:`format_benchmark` (any JSON reader works too)."""
-    return read_json(path, "benchmark file not found (run `ladbench benchmark`)", BenchmarkError)
+    """Read a benchmark file written by :func:`format_benchmark` (any JSON reader works too),
+    checked against its content digest."""
+    return read_signed_json(path, "benchmark file", "rebuild it with `ladbench benchmark` (or delete it and rerun "
+                            "the workflow)", BenchmarkError)

@@ -48,6 +48,14 @@ def put_ladbench_on_path() -> None:
         os.environ["PATH"] = os.pathsep.join([folder, os.environ.get("PATH", "")])
 
 
+def keep_caches_under(folder: str) -> None:
+    """Make the workflow's jobs keep library caches under ``folder`` (the study's output folder)
+    rather than under $HOME: matplotlib's font cache and config (else ~/.cache/matplotlib and
+    ~/.config/matplotlib). Hugging Face's cache is left where the user keeps it: their models
+    are there."""
+    os.environ["MPLCONFIGDIR"] = os.path.abspath(os.path.join(folder, "matplotlib"))
+
+
 def output_file(*suffixes: str):
     """An argparse ``type`` for an output file: its name must end in one of ``suffixes``,
     the format the command writes. Anything else is refused before any work: the file would
@@ -143,6 +151,20 @@ def main(argv: list[str] | None = None) -> None:
             raise
         print(f"ladbench {args.command}: error: {one_line(error)}", file=sys.stderr)
         raise SystemExit(2) from None
+    except Exception as error:         # noqa: BLE001 (out of memory: the only other failure a user causes)
+        if not is_out_of_memory(error) or args.debug or os.environ.get("LADBENCH_DEBUG"):
+            raise
+        print(f"ladbench {args.command}: error: out of memory ({one_line(error)[:200]}); a setting or an input is "
+              "too large for this machine (smaller batches, fewer rows, a shorter input), or --debug shows where",
+              file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """Python's MemoryError, or torch's (CPU or GPU) out-of-memory error, found by name so that
+    torch need not be imported."""
+    return isinstance(error, MemoryError) or type(error).__name__ == "OutOfMemoryError" or \
+        "can't allocate memory" in str(error)
 
 
 if __name__ == "__main__":

@@ -9,8 +9,10 @@ the file, e.g. ``config.yaml: lad.top_k: 'two' is not of type 'integer'``.
 from __future__ import annotations
 
 import copy
+import math
 import os
 import re
+import reprlib
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -53,6 +55,8 @@ def read_yaml(path: Path | str) -> Any:
             return yaml.load(handle, Loader=_StrictLoader)
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such config file") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason}); save it as UTF-8") from None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
@@ -86,6 +90,53 @@ _DefaultFillingValidator = _extend_with_defaults(jsonschema.Draft202012Validator
 def load_schema(path: Path | str = SCHEMA_PATH) -> dict:
     with open(path) as handle:
         return yaml.safe_load(handle)
+
+
+#: The most values a config may hold once its YAML aliases (``*name``) are expanded: the
+#: paper's holds a few hundred; an alias bomb (aliases of aliases) holds billions and would
+#: exhaust the memory of whatever walks it.
+MAX_CONFIG_VALUES = 100_000
+_SHORT = reprlib.Repr()
+_SHORT.maxlevel, _SHORT.maxdict, _SHORT.maxlist, _SHORT.maxstring, _SHORT.maxother = 2, 4, 4, 60, 60
+
+
+def short_repr(value: Any) -> str:
+    """A value as an error message shows it: never whole when it is large."""
+    return _SHORT.repr(value)
+
+
+def _check_size(config: Any, source: str) -> None:
+    """Refuse a config of more than :data:`MAX_CONFIG_VALUES` values (counted, not expanded)."""
+    count, stack = 0, [config]
+    while stack:
+        node = stack.pop()
+        count += 1
+        if count > MAX_CONFIG_VALUES:
+            raise ConfigError(f"{source}: more than {MAX_CONFIG_VALUES:,} values once its YAML aliases (*name) are "
+                              "expanded; a study config is far smaller (an alias bomb?)")
+        if isinstance(node, dict):
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+
+
+def _check_finite(node: Any, source: str, path: str = "") -> None:
+    """Every number must be finite: no setting of the study means anything at infinity or NaN
+    (YAML's .inf / .nan pass a schema's type: number)."""
+    if isinstance(node, float) and not math.isfinite(node):
+        raise ConfigError(f"{source}: {path or '(top level)'}: {node} is not a finite number")
+    items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+    for key, value in items:
+        _check_finite(value, source, f"{path}[{key}]" if isinstance(key, int) else f"{path}.{key}" if path else str(key))
+
+
+def _message(error: jsonschema.ValidationError) -> str:
+    """The validator's message, with the offending value shortened if it is large."""
+    text = error.message
+    if len(text) > 300:
+        whole = repr(error.instance)
+        text = text.replace(whole, short_repr(error.instance)) if whole in text else f"{text[:200]} … {text[-80:]}"
+    return text
 
 
 def key_path(error: jsonschema.ValidationError) -> str:
@@ -141,7 +192,7 @@ def apply_reproduce(config: dict, schema: Mapping, source: str = "config") -> di
         if not isinstance(block, dict):
             continue  # the schema reports the wrong type
         if key in block and block[key] != value:
-            raise ConfigError(f"{source}: {section}.{key}: {block[key]!r} conflicts with reproduce: reference, "
+            raise ConfigError(f"{source}: {section}.{key}: {short_repr(block[key])} conflicts with reproduce: reference, "
                               f"which sets it to {value!r}; remove one of the two")
         block[key] = value
     evaluation = config.setdefault("evaluation", {})
@@ -159,6 +210,7 @@ def validate_config(config: dict, schema: Mapping | None = None, source: str = "
     Raises :class:`ConfigError` naming ``source`` and the key path of the first problem.
     """
     schema = load_schema() if schema is None else schema
+    _check_size(config, source)
     _load_plugins(config, source)
     schema = with_registered_names(schema)
     apply_reproduce(config, schema, source)
@@ -166,7 +218,8 @@ def validate_config(config: dict, schema: Mapping | None = None, source: str = "
     errors = sorted(validator.iter_errors(config), key=lambda e: list(map(str, e.absolute_path)))
     if errors:
         error = _most_specific(errors[0])
-        raise ConfigError(f"{source}: {key_path(error)}: {error.message}")
+        raise ConfigError(f"{source}: {key_path(error)}: {_message(error)}")
+    _check_finite(config, source)
     _check_settings(config, source)
     _check_cross_references(config, source)
     return config

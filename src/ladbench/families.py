@@ -75,6 +75,10 @@ def family_lanes(name: str) -> tuple[str, ...]:
     return family_entry(name).lanes
 
 
+class LaneError(ValueError):
+    """A family asked of the transformers lane that cannot run it; the message names the venv that can."""
+
+
 def installed_lane() -> str:
     """The lane of the installed transformers, read from its metadata (without importing it)."""
     from importlib.metadata import version

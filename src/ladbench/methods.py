@@ -24,6 +24,7 @@ calibration, its label and which prompt variant's cache it reads; :func:`ablatio
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Callable, Iterable, Literal, Mapping, Protocol, Sequence
 
@@ -129,8 +130,8 @@ class LadSettings:
     def __post_init__(self) -> None:
         if self.top_k < 1:
             raise ValueError(f"top_k must be >= 1, got {self.top_k}")
-        if not self.tau > 0:
-            raise ValueError(f"tau must be > 0, got {self.tau}")
+        if not 0 < self.tau < math.inf:            # an infinite tau flattens every row: LAD predicts position 1
+            raise ValueError(f"tau must be > 0 and finite, got {self.tau}")
         for name in ("layer_mean", "mixture"):
             if getattr(self, name) not in ("reference", "paper"):
                 raise ValueError(f"{name} must be 'reference' or 'paper', got {getattr(self, name)!r}")

@@ -66,6 +66,9 @@ __all__ = [
 
 ACC_STD_DDOF = 1  # the reference implementation's sample std over the T orderings
 BOOTSTRAP_RESAMPLES = 10000  # bootstrap resamples over instances (evaluation.bootstrap's default)
+# ... and the most allowed: the counts are a float32 [resamples, instances] matrix (100,000 x
+# 1,000 instances: 400 MB); a larger number would run out of memory, not narrow the intervals.
+MAX_BOOTSTRAP_RESAMPLES = 100_000
 RSTD_DDOF = 1
 EDGE_STATISTICS = ("undefined", "reference")  # first: the default (None where a statistic is undefined)
 

@@ -6,7 +6,8 @@ import sys
 
 from ladbench.config import (ConfigError, benchmark_parts, check_environment, layer_range_arg, load_schema,
                              model_layer_range, read_yaml, startup_warnings, study_benchmarks, validate_config)
-from ladbench.cli import put_ladbench_on_path
+from ladbench.atomic import LockedError, lock_output_dir
+from ladbench.cli import keep_caches_under, put_ladbench_on_path
 from ladbench.plan import benchmark_path, cache_path
 from ladbench.data.reference_tables import CAPTIONS_FILE as REFERENCE_CAPTIONS, CATEGORIES_FILE as REFERENCE_CATEGORIES
 from ladbench.methods import METHODS
@@ -33,6 +34,30 @@ os.environ[PLUGINS_ENV] = ",".join(config["plugins"])
 put_ladbench_on_path()
 
 OUT = config["output_dir"].rstrip("/")
+# Nothing under $HOME: the jobs' library caches go under the output folder (README "Reliability").
+keep_caches_under(f"{OUT}/.cache")
+
+# One workflow per output folder: when there is work to do (not on a dry run, nor in a
+# cluster job), the workflow takes {OUT}/.workflow.lock; a second one, started from any
+# folder, stops here naming the first. Released at the end (or when the process dies).
+_OUTPUT_LOCK = []
+
+
+onstart:
+    try:
+        _OUTPUT_LOCK.append(lock_output_dir(OUT))
+    except LockedError as error:
+        raise WorkflowError(str(error)) from None
+
+
+onsuccess:
+    for _lock in _OUTPUT_LOCK:
+        _lock.release()
+
+
+onerror:
+    for _lock in _OUTPUT_LOCK:
+        _lock.release()
 LOGS = f"{OUT}/logs"
 REPORT = f"{OUT}/report"
 
@@ -245,6 +270,7 @@ def captions_flags(wildcards):
     return flags(
         captions_json=files["captions"], instances_json=files["instances"], image_root=files["images"],
         reference_tables=dataset_config(wildcards.dataset).get("reference_tables"),
+        files_outside_root=dataset_config(wildcards.dataset)["files_outside_root"],
     )
 
 

@@ -24,7 +24,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from ladbench.atomic import file_digest
-from ladbench.data.coco import AnnotationError, _examples
+from ladbench.data.checks import AnnotationError, caption_problem, examples
 
 CAPTIONS_FILE = "file_to_caption.pkl"
 CATEGORIES_FILE = "file_to_cat.pkl"
@@ -100,7 +100,7 @@ def read_reference_tables(folder: str | os.PathLike) -> tuple[dict[str, str], di
     empty = sorted(name for name, cats in sets.items() if not cats)
     if empty:
         # the reference pools every image its table lists; this project pools images with categories
-        raise AnnotationError(f"{categories_path}: images with an empty category set ({_examples(empty)}): the "
+        raise AnnotationError(f"{categories_path}: images with an empty category set ({examples(empty)}): the "
                               "reference would draw them into its pool and this project cannot")
     digests = {"file_to_caption_sha256": file_digest(captions_path), "file_to_cat_sha256": file_digest(categories_path)}
     return captions, {name: sorted(set(cats)) for name, cats in sets.items()}, digests
@@ -116,7 +116,12 @@ def table_annotations(files: dict[int, str], folder: str | os.PathLike,
     missing = sorted(name for name in names.values() if name not in by_name)
     if missing:
         raise AnnotationError(f"{Path(folder) / CAPTIONS_FILE}: no caption for images of the captions file: "
-                              f"{_examples(missing)}")
+                              f"{examples(missing)}")
     captions = {image_id: by_name[name] for image_id, name in names.items()}
+    for image_id, caption in captions.items():
+        problem = caption_problem(caption)
+        if problem:
+            raise AnnotationError(f"{Path(folder) / CAPTIONS_FILE}: the caption of image {image_id} ({names[image_id]}) "
+                                  f"{problem}")
     categories = {image_id: categories_by_name[name] for image_id, name in names.items() if name in categories_by_name}
     return captions, categories, digests

@@ -119,5 +119,5 @@ def require_lane(family: str, lanes: tuple[str, ...]) -> None:
     """One-line start-up error when ``family`` does not run on the installed lane."""
     if LANE not in lanes:
         venv = families.lane_venv(lanes)
-        raise RuntimeError(f"model family {family!r} runs only on the {' / '.join(lanes)} lane, not on this "
+        raise families.LaneError(f"model family {family!r} runs only on the {' / '.join(lanes)} lane, not on this "
                            f"{LANE} lane (transformers {transformers.__version__}): run it from {venv}")

@@ -16,7 +16,7 @@ import numpy as np
 
 from ladbench import methods, metrics
 from ladbench.analysis import summarize_predictions
-from ladbench.atomic import atomic_path, atomic_write_json
+from ladbench.atomic import atomic_path, atomic_write_json, signed
 from ladbench.calibration import Calibration
 from ladbench.cli import output_file
 from ladbench.stages.options import (add_bootstrap_arguments, add_lad_arguments, bootstrap_settings, lad_settings,
@@ -140,7 +140,7 @@ def run(args: argparse.Namespace) -> None:
         "methods": summary,
         "warnings": evaluation_warnings(names, arrays, settings, boot, loaded),
     }
-    atomic_write_json(args.out, result, indent=1)
+    atomic_write_json(args.out, signed(result), indent=1)
     npz = Path(args.out).with_suffix(".npz")
     with atomic_path(npz) as tmp:
         with open(tmp, "wb") as handle:

@@ -11,7 +11,7 @@ from typing import Any, Mapping
 from ladbench.config import parse_layer_range
 from ladbench.families import REFERENCE_LAYER_RANGE, default_layer_range
 from ladbench.methods import K_BEYOND_RANGE, LAYER_TIES, LAYERS_BEYOND_DEPTH, REPLY_PARSES, LadSettings
-from ladbench.metrics import ACC_STD_DDOF, BOOTSTRAP_RESAMPLES, EDGE_STATISTICS
+from ladbench.metrics import ACC_STD_DDOF, BOOTSTRAP_RESAMPLES, EDGE_STATISTICS, MAX_BOOTSTRAP_RESAMPLES
 
 _LAD = LadSettings()
 
@@ -27,6 +27,15 @@ class Bootstrap:
     seed: int = 0
     acc_ddof: int = ACC_STD_DDOF
     edge_statistics: str = EDGE_STATISTICS[0]
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.n_boot <= MAX_BOOTSTRAP_RESAMPLES:
+            raise ValueError(f"--bootstrap {self.n_boot}: give 0 to {MAX_BOOTSTRAP_RESAMPLES:,} resamples (each holds "
+                             "a count per instance in memory)")
+        if self.seed < 0:
+            raise ValueError(f"--seed {self.seed}: a seed is a non-negative integer")
+        if not 0 < self.ci < 1:
+            raise ValueError(f"--ci {self.ci}: a confidence level is between 0 and 1")
 
     def kwargs(self) -> dict[str, Any]:
         return asdict(self)
