@@ -20,7 +20,7 @@ from ladbench.analysis import (
     dcal_sizes_for_pool,
     row_result,
 )
-from ladbench.stages.arrays import calibration_arrays, eval_arrays
+from ladbench.arrays import calibration_arrays, eval_arrays
 
 N, LAYERS, N_EVAL, N_POOL, T = 4, 3, 40, 12, 5
 

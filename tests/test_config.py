@@ -375,7 +375,7 @@ def test_every_settings_dataclass_has_the_schema_defaults():
 
     from ladbench.inference.runner import InferenceSettings
     from ladbench.methods import LadSettings
-    from ladbench.stages.options import Bootstrap
+    from ladbench.metrics import Bootstrap
 
     defaults = schema_defaults(SCHEMA)
     inference = {f.name: f.default for f in fields(InferenceSettings)}

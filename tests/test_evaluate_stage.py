@@ -61,6 +61,6 @@ def test_the_reference_edge_statistics_are_numbers_recorded_with_warnings(tmp_pa
 
 
 def test_the_printed_summary_line_shows_undefined_metrics_as_a_dash():
-    from ladbench.stages.options import metrics_line
+    from ladbench.evaluation import metrics_line
     line = metrics_line("lad", {"acc_mean": 51.7, "acc_std": 1.38, "rstd": None, "cons": 6.61, "extra": 1})
     assert line == "                 lad: Acc 51.70 ± 1.38  RStd –  Cons 6.61"

@@ -19,7 +19,7 @@ from ladbench.calibration import Calibration, log_softmax
 from ladbench.cli import main
 from ladbench.inference.cache import read_cache
 from ladbench.report.explorer import _unpacked, card_flags, explorer_document, logits_attention_gap, render_page
-from ladbench.stages.arrays import eval_arrays
+from ladbench.arrays import eval_arrays
 
 needs_browser = pytest.mark.skipif(missing_reason() is not None, reason=str(missing_reason()))
 

@@ -1,6 +1,7 @@
 """The package's modules import each other without cycles, counting the imports inside
-functions too (a lazy import hides a cycle until the day it is hoisted), and no domain
-module builds a command line: the ``ladbench`` subcommands live in ``ladbench.stages``."""
+functions too (a lazy import hides a cycle until the day it is hoisted); the command layer
+is on top: no domain module imports it, and none builds a command line (the ``ladbench``
+subcommands live in ``ladbench.stages`` and ``ladbench.cli``)."""
 from __future__ import annotations
 
 import ast
@@ -95,3 +96,32 @@ def test_only_command_modules_parse_arguments(name):
     if name.startswith("ladbench.stages.") or name == "ladbench.cli":
         return
     assert "argparse" not in module_files()[name].read_text(), f"{name} builds a command line"
+
+
+COMMAND_LAYER = ("ladbench.stages", "ladbench.cli", "ladbench.__main__")
+
+
+def in_command_layer(name: str) -> bool:
+    return any(name == top or name.startswith(f"{top}.") for top in COMMAND_LAYER)
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """(domain module, command module) for every import of the command layer from below it."""
+    return sorted((name, target) for name, targets in graph.items() if not in_command_layer(name)
+                  for target in targets if in_command_layer(target))
+
+
+def test_no_domain_module_imports_the_command_layer():
+    """``stages/`` and ``cli.py`` stand on top: they parse, call one domain function and write."""
+    assert upward_imports(import_graph(module_files())) == []
+
+
+def test_the_direction_check_finds_an_upward_import(tmp_path):
+    package = tmp_path / "ladbench"
+    (package / "stages").mkdir(parents=True)
+    for init in (package / "__init__.py", package / "stages" / "__init__.py"):
+        init.write_text("")
+    (package / "stages" / "options.py").write_text("from ladbench.analysis import analyze\n")
+    (package / "analysis.py").write_text("def analyze():\n    from ladbench.stages.options import X\n")
+    (package / "cli.py").write_text("import ladbench.stages.options\n")
+    assert upward_imports(import_graph(module_files(tmp_path))) == [("ladbench.analysis", "ladbench.stages.options")]

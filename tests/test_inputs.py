@@ -126,7 +126,7 @@ def test_a_calibration_without_a_record_of_its_cache_is_refused(tmp_path, capsys
 
 
 def test_features_of_another_image_table_are_refused(tmp_path):
-    from ladbench.stages.inputs import MismatchError, check_benchmark_table, check_features_table
+    from ladbench.inputs import MismatchError, check_benchmark_table, check_features_table
     table = {"dataset": "scenes", "images": [{"image_id": 1, "file_name": "a.png", "caption": "a red circle"}]}
     from ladbench.data.coco import table_fingerprint
     check_features_table("f.h5", {"table_sha256": table_fingerprint(table)}, "images.json", table)
@@ -274,7 +274,7 @@ def test_an_unreadable_image_at_inference_is_one_line_naming_it(tiny_model, tmp_
 
 def test_the_report_refuses_an_evaluation_made_from_another_cache(tmp_path):
     from ladbench.report.study import load_study
-    from ladbench.stages.inputs import MismatchError
+    from ladbench.inputs import MismatchError
     # the report indexes files by what they record (model, benchmark, variant), not by their paths
     cache_dir = tmp_path / "caches"
     cache_dir.mkdir(parents=True)

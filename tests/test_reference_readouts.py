@@ -11,8 +11,8 @@ import pytest
 
 from ladbench import calibration, methods, metrics
 from ladbench.calibration import EPS, Calibration
-from ladbench.stages.evaluate import evaluation_warnings
-from ladbench.stages.options import Bootstrap
+from ladbench.evaluation import evaluation_warnings
+from ladbench.metrics import Bootstrap
 
 # --- the reply parse --------------------------------------------------------------------
 

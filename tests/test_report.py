@@ -338,7 +338,7 @@ def test_a_file_that_does_not_say_what_it_is_is_refused_naming_it(tmp_path):
 
 
 def test_a_file_of_another_prompt_than_its_variant_is_refused(tmp_path):
-    from ladbench.stages.inputs import MismatchError
+    from ladbench.inputs import MismatchError
     cot = write_evaluation(tmp_path, "m", "toy_random_N4", "vanilla", {**evaluation_document(0.5, 10), "prompt": "cot"})
     with pytest.raises(MismatchError, match="records prompt 'cot', but --variants gives vanilla=vanilla"):
         load_study(models=["m"], benchmarks=["toy_random_N4"], variants={"vanilla": "vanilla"}, evaluations=[cot])

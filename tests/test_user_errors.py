@@ -101,7 +101,7 @@ def test_a_setting_or_an_input_that_would_exhaust_the_memory_is_one_line(tmp_pat
 
     def exhausted(*args, **kwargs):
         raise MemoryError()
-    monkeypatch.setattr("ladbench.stages.calibrate.fit_calibration", exhausted)
+    monkeypatch.setattr("ladbench.evaluation.fit_calibration", exhausted)
     refused(capsys, lambda: calibrate(cache, tmp_path / "c2.npz"), "out of memory")
 
 

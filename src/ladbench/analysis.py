@@ -27,10 +27,11 @@ from tqdm import tqdm
 
 from ladbench import divergence, methods, metrics
 from ladbench.calibration import Calibration, fit_calibration, log_softmax
-from ladbench.stages.options import Bootstrap
+from ladbench.arrays import CalibrationArrays, EvalArrays, calibration_arrays, eval_arrays
+from ladbench.evaluation import summarize_predictions
 from ladbench.inference.cache import read_cache
-from ladbench.stages.arrays import CalibrationArrays, EvalArrays, calibration_arrays, eval_arrays
-from ladbench.stages.inputs import cache_identity, what_it_is
+from ladbench.inputs import cache_identity, what_it_is
+from ladbench.metrics import Bootstrap
 
 __all__ = [
     "DEFAULT_DCAL_SIZES",
@@ -79,14 +80,6 @@ def dcal_sizes_for_pool(requested: Sequence[int], pool_size: int) -> list[int]:
     if bad:
         raise ValueError(f"|D_cal| sizes must be >= 1, got {bad}")
     return sorted({min(int(s), pool_size) for s in requested})
-
-
-def summarize_predictions(pred: np.ndarray, arrays: EvalArrays, boot: Bootstrap, intervals: bool = True) -> dict[str, Any]:
-    """:func:`metrics.summarize` of one method's predictions with ``boot``'s options;
-    ``intervals=False`` skips the bootstrap (spreads over calibration draws)."""
-    n = arrays.scores.shape[-1]
-    boot = boot if intervals else replace(boot, n_boot=0)
-    return metrics.summarize(pred, arrays.target_pos, arrays.order, n, **boot.kwargs())
 
 
 def row_result(

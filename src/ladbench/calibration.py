@@ -242,7 +242,7 @@ class Calibration:
     """Everything the test-time methods need from a calibration draw (formats.md §5).
 
     ``settings`` records how it was fitted (``n_cal``, ``seed``, ``average``, pool size);
-    ``source`` the cache it was fitted on (``ladbench.stages.inputs.cache_identity``).
+    ``source`` the cache it was fitted on (``ladbench.inputs.cache_identity``).
     """
 
     instances: np.ndarray  # [|D_cal|] indices into the cache's calibration pool

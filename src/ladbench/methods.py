@@ -92,7 +92,7 @@ REPLY_PARSES = ("exact", "int")
 
 
 class EvalArraysLike(Protocol):
-    """What the registry needs from an evaluation cache (``ladbench.stages.arrays.EvalArrays``)."""
+    """What the registry needs from an evaluation cache (``ladbench.arrays.EvalArrays``)."""
 
     scores: np.ndarray  # [I, T, N]
     attn: np.ndarray  # [I, T, Lyr, N]

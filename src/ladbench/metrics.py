@@ -32,7 +32,7 @@ Choices (documented because the paper does not state them):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from functools import lru_cache
 from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
@@ -42,6 +42,7 @@ __all__ = [
     "ACC_STD_DDOF",
     "EDGE_STATISTICS",
     "STANDARD_METRICS",
+    "Bootstrap",
     "BootstrapResult",
     "InstanceMetric",
     "accuracy_per_ordering",
@@ -71,6 +72,30 @@ BOOTSTRAP_RESAMPLES = 10000  # bootstrap resamples over instances (evaluation.bo
 MAX_BOOTSTRAP_RESAMPLES = 100_000
 RSTD_DDOF = 1
 EDGE_STATISTICS = ("undefined", "reference")  # first: the default (None where a statistic is undefined)
+
+
+@dataclass(frozen=True)
+class Bootstrap:
+    """Options of :func:`summarize`: bootstrap resamples, level, seed, the ddof of Acc's std
+    and what undefined statistics read (every table row and sweep uses the same ones)."""
+
+    n_boot: int = BOOTSTRAP_RESAMPLES
+    ci: float = 0.95
+    seed: int = 0
+    acc_ddof: int = ACC_STD_DDOF
+    edge_statistics: str = EDGE_STATISTICS[0]
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.n_boot <= MAX_BOOTSTRAP_RESAMPLES:
+            raise ValueError(f"--bootstrap {self.n_boot}: give 0 to {MAX_BOOTSTRAP_RESAMPLES:,} resamples (each holds "
+                             "a count per instance in memory)")
+        if self.seed < 0:
+            raise ValueError(f"--seed {self.seed}: a seed is a non-negative integer")
+        if not 0 < self.ci < 1:
+            raise ValueError(f"--ci {self.ci}: a confidence level is between 0 and 1")
+
+    def kwargs(self) -> dict[str, Any]:
+        return asdict(self)
 
 
 # --------------------------------------------------------------------------- checks

@@ -32,7 +32,7 @@ from ladbench.atomic import atomic_path, file_digest, sampled_digest
 from ladbench.benchmark import load_benchmark
 from ladbench.data.coco import caption_problem, image_paths, load_image_table, table_fingerprint
 from ladbench.families import FAMILIES
-from ladbench.stages.inputs import check_benchmark_table
+from ladbench.inputs import check_benchmark_table
 from ladbench.variants import PromptVariant, prompt_sha256, prompt_text, variant, variant_names
 
 from .cache import CACHE_FORMAT, CacheLayout, CacheWriter, RowPlan, is_complete_for, plan_rows

@@ -47,8 +47,8 @@ from ladbench.calibration import Calibration, log_softmax
 from ladbench.data.coco import image_paths, load_image_table
 from ladbench.inference.cache import read_cache
 from ladbench.provenance import LABELS, title_with_kind
-from ladbench.stages.arrays import EvalArrays, eval_arrays
-from ladbench.stages.inputs import MismatchError, check_benchmark_table, check_calibrations
+from ladbench.arrays import EvalArrays, eval_arrays
+from ladbench.inputs import MismatchError, check_benchmark_table, check_calibrations
 
 __all__ = [
     "FORMAT",

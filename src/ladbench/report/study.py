@@ -20,9 +20,9 @@ from typing import Any, Iterable, Mapping, Sequence
 from ladbench.atomic import read_signed_json
 from ladbench.config import benchmark_parts
 from ladbench.inference.cache import read_cache_attributes
-from ladbench.stages.inputs import MismatchError, check_made_from_caches
+from ladbench.inputs import MismatchError, check_made_from_caches
 
-__all__ = ["Study", "load_study", "parse_assignments"]
+__all__ = ["Study", "accuracy_by_n", "load_study", "parse_assignments"]
 
 SETTING_NAMES = {"random": "Random", "adversarial": "Adversarial"}
 
@@ -207,3 +207,16 @@ def _check_prompts(study: Study) -> None:
         if prompt and expected and prompt != expected:
             raise MismatchError(f"the {what} of {'/'.join(key)} records prompt {prompt!r}, but --variants gives "
                                 f"{key[2]}={expected}; give the files of this study's variants")
+
+
+def accuracy_by_n(study, model: str, methods=("vanilla", "pride", "lad")) -> dict:
+    """``{(dataset, setting): {method: {N: metrics}}}`` of one model's vanilla-prompt evaluations."""
+    out: dict = {}
+    for benchmark in study.benchmarks:
+        dataset, setting, n = benchmark_parts(benchmark)
+        panel = out.setdefault((dataset, setting), {})
+        for method in methods:
+            metrics = study.method_metrics(model, benchmark, "vanilla", method)
+            if metrics is not None:
+                panel.setdefault(method, {})[n] = metrics
+    return out

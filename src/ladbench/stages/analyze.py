@@ -14,8 +14,8 @@ from ladbench.atomic import atomic_path, atomic_write_json, signed
 from ladbench.cli import output_file
 from ladbench.inference.cache import read_cache_attributes
 from ladbench.stages.calibrate import add_fit_arguments
-from ladbench.stages.options import (add_bootstrap_arguments, add_lad_arguments, bootstrap_settings, lad_settings,
-                                     metrics_line)
+from ladbench.evaluation import metrics_line
+from ladbench.stages.options import add_bootstrap_arguments, add_lad_arguments, bootstrap_settings, lad_settings
 
 
 def register(subparsers) -> None:

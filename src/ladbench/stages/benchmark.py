@@ -61,7 +61,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> None:
     from ladbench.features import load_features
-    from ladbench.stages.inputs import check_features_table
+    from ladbench.inputs import check_features_table
 
     table = load_image_table(args.images)
     features = load_features(args.features)

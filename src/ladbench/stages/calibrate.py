@@ -4,13 +4,10 @@ calibration rows of an inference cache, for one |D_cal| draw. Pure numpy; no tor
 from __future__ import annotations
 
 import argparse
-from dataclasses import replace
 
-from ladbench.calibration import EMPTY_POSITIONS, PRIDE_ORIGINAL_LOGS, SCORE_AVERAGES, fit_calibration
+from ladbench.calibration import EMPTY_POSITIONS, PRIDE_ORIGINAL_LOGS, SCORE_AVERAGES
 from ladbench.cli import output_file
-from ladbench.inference.cache import read_cache
-from ladbench.stages.arrays import calibration_arrays
-from ladbench.stages.inputs import cache_identity
+from ladbench.evaluation import calibration_from_cache
 
 
 # |D_cal| (calibration.n_cal's default; tests/test_config.py checks the schema states the same)
@@ -39,17 +36,14 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    cache = read_cache(args.cache)
-    cal = calibration_arrays(cache)
-    calibration = fit_calibration(
-        cal.scores, cal.attn, cal.target_pos, n_cal=args.n_cal, seed=args.seed, average=args.score_average,
-        source=cal.source,  # from the benchmark, through the cache
-        pride_original_logs=args.pride_original_logs, empty_positions=args.empty_positions,
-    )
-    replace(calibration, source=cache_identity(args.cache, cache.attrs)).to_npz(args.out)
-    how = "the first" if cal.source == "evaluation_head" else f"seed {args.seed},"
-    print(f"calibration from {args.n_cal} of {cal.scores.shape[0]} instances ({how} source {cal.source}): "
-          f"k = {calibration.k:.4f}")
+    calibration = calibration_from_cache(args.cache, args.n_cal, args.seed, average=args.score_average,
+                                         pride_original_logs=args.pride_original_logs,
+                                         empty_positions=args.empty_positions)
+    calibration.to_npz(args.out)
+    source = calibration.settings.get("source", "pool")
+    how = "the first" if source == "evaluation_head" else f"seed {args.seed},"
+    print(f"calibration from {args.n_cal} of {calibration.settings['n_pool']} instances ({how} source "
+          f"{source}): k = {calibration.k:.4f}")
     for warning in calibration.warnings:
         print(f"warning: {warning}")
     print(f"wrote {args.out}")

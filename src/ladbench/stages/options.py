@@ -1,44 +1,18 @@
-"""Command-line options and the printed summary line shared by the stages that run methods
-on a cache (evaluate, analyze). Every default is the settings dataclass's (:class:`LadSettings`,
-:class:`Bootstrap`), which tests/test_config.py checks against the config schema's."""
+"""Command-line options shared by the stages that run methods on a cache (evaluate, analyze).
+Every default is the settings dataclass's (:class:`LadSettings`, :class:`ladbench.metrics.Bootstrap`),
+which tests/test_config.py checks against the config schema's."""
 
 from __future__ import annotations
 
 import argparse
-from dataclasses import asdict, dataclass
 from typing import Any, Mapping
 
 from ladbench.config import parse_layer_range
 from ladbench.families import REFERENCE_LAYER_RANGE, default_layer_range
 from ladbench.methods import K_BEYOND_RANGE, LAYER_TIES, LAYERS_BEYOND_DEPTH, REPLY_PARSES, LadSettings
-from ladbench.metrics import ACC_STD_DDOF, BOOTSTRAP_RESAMPLES, EDGE_STATISTICS, MAX_BOOTSTRAP_RESAMPLES
+from ladbench.metrics import EDGE_STATISTICS, Bootstrap
 
 _LAD = LadSettings()
-
-
-@dataclass(frozen=True)
-class Bootstrap:
-    """Options of :func:`ladbench.metrics.summarize`: bootstrap resamples, level, seed, the
-    ddof of Acc's std and what undefined statistics read (every table row and sweep uses the
-    same ones)."""
-
-    n_boot: int = BOOTSTRAP_RESAMPLES
-    ci: float = 0.95
-    seed: int = 0
-    acc_ddof: int = ACC_STD_DDOF
-    edge_statistics: str = EDGE_STATISTICS[0]
-
-    def __post_init__(self) -> None:
-        if not 0 <= self.n_boot <= MAX_BOOTSTRAP_RESAMPLES:
-            raise ValueError(f"--bootstrap {self.n_boot}: give 0 to {MAX_BOOTSTRAP_RESAMPLES:,} resamples (each holds "
-                             "a count per instance in memory)")
-        if self.seed < 0:
-            raise ValueError(f"--seed {self.seed}: a seed is a non-negative integer")
-        if not 0 < self.ci < 1:
-            raise ValueError(f"--ci {self.ci}: a confidence level is between 0 and 1")
-
-    def kwargs(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def add_lad_arguments(group) -> None:
@@ -96,11 +70,3 @@ def lad_settings(args: argparse.Namespace, cache_attrs: Mapping[str, Any]) -> La
         layer_mean=args.layer_mean, mixture=args.mixture, layer_ties=args.layer_ties,
         k_beyond_range=args.k_beyond_range, layers_beyond_depth=args.layers_beyond_depth, reply_parse=args.reply_parse,
     )
-
-
-def metrics_line(label: str, summary: dict) -> str:
-    """``vanilla: Acc 51.70 ± 1.38  RStd 36.27  Cons 6.61``; "–" for a metric that is undefined
-    on this set (None: e.g. RStd when some position never holds the target)."""
-    m = {key: "–" if summary.get(key) is None else f"{summary[key]:.2f}"
-         for key in ("acc_mean", "acc_std", "rstd", "cons")}
-    return f"{label:>20s}: Acc {m['acc_mean']} ± {m['acc_std']}  RStd {m['rstd']}  Cons {m['cons']}"

@@ -134,23 +134,9 @@ def run_figures(args: argparse.Namespace) -> None:
     print("wrote " + ", ".join(args.profile + args.attention + args.sweeps))
 
 
-def accuracy_by_n(study, model: str, methods=("vanilla", "pride", "lad")) -> dict:
-    """``{(dataset, setting): {method: {N: metrics}}}`` of one model's vanilla-prompt evaluations."""
-    from ladbench.config import benchmark_parts
-
-    out: dict = {}
-    for benchmark in study.benchmarks:
-        dataset, setting, n = benchmark_parts(benchmark)
-        panel = out.setdefault((dataset, setting), {})
-        for method in methods:
-            metrics = study.method_metrics(model, benchmark, "vanilla", method)
-            if metrics is not None:
-                panel.setdefault(method, {})[n] = metrics
-    return out
-
-
 def run_model_figures(args: argparse.Namespace) -> None:
     from ladbench.report.figures import accuracy_vs_n_figure, divergence_figure, save_figures
+    from ladbench.report.study import accuracy_by_n
 
     study = _load(args)
     if args.model not in study.models:
