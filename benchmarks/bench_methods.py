@@ -32,6 +32,7 @@ from ladbench.methods import (  # noqa: E402
     METHODS,
     LadSettings,
     MethodRow,
+    MethodSettings,
     ablation_grid,
     evaluate_rows,
     paper_vs_reference_grid,
@@ -104,9 +105,9 @@ def run(args: argparse.Namespace) -> Timer:
         rows = all_rows(base)
         with timer.step(n, "predict every row, first draw", len(rows)):
             predictions = evaluate_rows(sim, calibrations[0], rows)
-            predictions["lad_calibration_paper_average"] = METHODS["lad"](sim, paper_calibrations[0], base)
+            predictions["lad_calibration_paper_average"] = METHODS["lad"](sim, paper_calibrations[0], MethodSettings(base))
         with timer.step(n, "predict LAD + PriDe for the other draws", 2 * (args.draws - 1)):
-            draws = [{name: METHODS[name](sim, cal, base) for name in ("lad", "pride")} for cal in calibrations[1:]]
+            draws = [{name: METHODS[name](sim, cal, MethodSettings(base)) for name in ("lad", "pride")} for cal in calibrations[1:]]
         with timer.step(n, f"summarize every row ({args.bootstrap} resamples)", len(predictions)):
             summaries = {label: summarize(pred, sim.target_pos, sim.order, n, n_boot=args.bootstrap, seed=0)
                          for label, pred in predictions.items()}
@@ -119,7 +120,7 @@ def run(args: argparse.Namespace) -> Timer:
                                       "acc_mean", n_boot=args.bootstrap)
         with timer.step(n, f"divergence statistics ({args.bootstrap})", 1):
             divergence = divergence_summary(sim.scores, sim.order, attn=sim.attn, attn_prior=calibrations[0].attn_prior,
-                                            top_k=2, layer_range=base.layer_range, n_boot=args.bootstrap)
+                                            settings=LadSettings(top_k=2, layer_range=base.layer_range), n_boot=args.bootstrap)
         print(f"N = {n}: Acc vanilla {summaries['vanilla']['acc_mean']:.1f}, PriDe {summaries['pride']['acc_mean']:.1f}, "
               f"LAD {summaries['lad']['acc_mean']:.1f} [{summaries['lad']['acc_mean_ci_low']:.1f}, "
               f"{summaries['lad']['acc_mean_ci_high']:.1f}], ideal attention "

@@ -16,6 +16,7 @@ from ladbench.cli import main
 from ladbench.inference.cache import CacheLayout, CacheWriter, plan_rows, read_cache
 from ladbench.analysis import (
     Bootstrap,
+    SweepSettings,
     analyze,
     dcal_sizes_for_pool,
     row_result,
@@ -70,8 +71,9 @@ def planted_cache(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def analysis(planted_cache):
-    return analyze(str(planted_cache), methods.LadSettings(top_k=2, tau=5.0), n_cal=5, seeds=[0, 1],
-                   dcal_sizes=(1, 5, 10, 20, 50, 100), dcal_draws=3, taus=(1, 5, 9), boot=Bootstrap(200, 0.95, 0))
+    return analyze(str(planted_cache), methods.MethodSettings(methods.LadSettings(top_k=2, tau=5.0)), n_cal=5,
+                   seeds=[0, 1], sweeps=SweepSettings(dcal_sizes=(1, 5, 10, 20, 50, 100), dcal_draws=3, taus=(1, 5, 9)),
+                   boot=Bootstrap(200, 0.95, 0))
 
 
 def by_label(rows):
@@ -105,7 +107,7 @@ def test_readouts_equal_the_methods_registry_on_the_same_calibration(planted_cac
     cache = read_cache(str(planted_cache))
     arrays, cal = eval_arrays(cache), calibration_arrays(cache)
     calibration = fit_calibration(cal.scores, cal.attn, cal.target_pos, n_cal=5, seed=0)
-    pred = methods.METHODS["lad"](arrays, calibration, {"top_k": 2, "tau": 5.0})
+    pred = methods.METHODS["lad"](arrays, calibration, methods.MethodSettings(methods.LadSettings(top_k=2, tau=5.0)))
     expected = metrics.summarize(pred, arrays.target_pos, arrays.order, N, n_boot=200, seed=0)
     row = by_label(document["readouts"])["lad"]
     assert row["metrics"]["acc_mean"] == pytest.approx(expected["acc_mean"])
@@ -180,4 +182,4 @@ def test_cli_writes_strict_json_and_arrays(planted_cache, tmp_path):
 
 def test_analyze_refuses_too_large_dcal(planted_cache):
     with pytest.raises(ValueError, match="calibration pool has 12"):
-        analyze(str(planted_cache), methods.LadSettings(), n_cal=50, seeds=[0])
+        analyze(str(planted_cache), methods.MethodSettings(), n_cal=50, seeds=[0])

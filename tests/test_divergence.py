@@ -1,6 +1,7 @@
 """Divergence statistics (METHOD.md §9) and score/attention profiles (Figures 2-3)."""
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -12,7 +13,7 @@ from ladbench.divergence import (
     profiles,
     spearman_summary,
 )
-from ladbench.methods import identity_indexed, purified_attention, raw_attention
+from ladbench.methods import LadSettings, identity_indexed, purified_attention, raw_attention
 
 
 def test_mean_pairwise_spearman_by_hand():
@@ -75,14 +76,14 @@ def test_divergence_summary_from_raw_attention_layers():
     scores = rng.normal(size=(20, 3, 4))
     attn = rng.random(size=(20, 3, 5, 4))
     order = np.argsort(rng.random((20, 3, 4)), axis=-1)
-    direct = divergence_summary(scores, order, attn_evidence=raw_attention(attn, 2, (1, 4)), n_boot=0)
-    via_attn = divergence_summary(scores, order, attn=attn, top_k=2, layer_range=(1, 4), n_boot=0)
+    direct = divergence_summary(scores, order, attn_evidence=raw_attention(attn, LadSettings(top_k=2, layer_range=(1, 4))), n_boot=0)
+    via_attn = divergence_summary(scores, order, attn=attn, n_boot=0, settings=LadSettings(top_k=2, layer_range=(1, 4)))
     assert direct["rho_attention"] == via_attn["rho_attention"]
     assert via_attn["attention"]["ci_low"] is None
     prior = rng.random(size=(5, 4)) + 0.1
-    purified = divergence_summary(scores, order, attn=attn, attn_prior=prior, top_k=2, layer_range=(1, 4), n_boot=0)
+    purified = divergence_summary(scores, order, attn=attn, attn_prior=prior, n_boot=0, settings=LadSettings(top_k=2, layer_range=(1, 4)))
     expected = divergence_summary(scores, order, n_boot=0, attn_evidence=purified_attention(
-        attn, prior, top_k=2, layer_range=(1, 4)))
+        attn, prior, LadSettings(top_k=2, layer_range=(1, 4))))
     assert purified["rho_attention"] == expected["rho_attention"]
     with pytest.raises(ValueError, match="needs attn_evidence"):
         divergence_summary(scores, order)
@@ -110,7 +111,7 @@ def test_attention_profiles_use_the_selected_layers():
     attn[:, 2] = [[0.9, 0.1], [0.2, 0.8]]  # the strongest layer
     attn[:, 0] = 0.05
     # Figure 3's data: the raw attention evidence of the top-K layers per ground-truth position
-    profile = profiles(raw_attention(attn, top_k=1), np.array([0, 1]))
+    profile = profiles(raw_attention(attn, LadSettings(top_k=1)), np.array([0, 1]))
     np.testing.assert_allclose(profile.mean, [[0.9, 0.1], [0.2, 0.8]])
 
 
@@ -120,7 +121,7 @@ def test_divergence_summary_applies_the_layer_selection_rules():
     rng = np.random.default_rng(0)
     scores, attn = rng.normal(size=(6, 3, 4)), rng.random((6, 3, 5, 4))
     order = np.tile(np.arange(4), (6, 3, 1))
-    common = dict(attn=attn, top_k=4, layer_range=(1, 2), n_boot=0)
-    divergence_summary(scores, order, **common)                       # the default lowers K to the range
+    settings = LadSettings(top_k=4, layer_range=(1, 2))
+    divergence_summary(scores, order, attn=attn, settings=settings, n_boot=0)   # the default lowers K to the range
     with pytest.raises(ValueError):
-        divergence_summary(scores, order, k_beyond_range="error", **common)
+        divergence_summary(scores, order, attn=attn, settings=replace(settings, k_beyond_range="error"), n_boot=0)

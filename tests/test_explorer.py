@@ -47,19 +47,19 @@ def test_every_number_is_the_methods_own_rounded(study):
     document = page_document(study["page"])
     arrays = eval_arrays(read_cache(study["cache"]))
     calibration = Calibration.from_npz(study["calibration"])
-    settings = methods.LadSettings.from_mapping(json.loads(Path(study["evaluation"]).read_text())["settings"])
+    settings = methods.LadSettings.from_record(json.loads(Path(study["evaluation"]).read_text())["settings"])
     got = {name: _unpacked(entry) for name, entry in document["arrays"].items()}
     softmax = lambda x: np.exp(log_softmax(x))  # noqa: E731
-    raw = methods.raw_attention(arrays.attn, settings.top_k, settings.layer_range)
+    raw = methods.raw_attention(arrays.attn, methods.LadSettings(top_k=settings.top_k, layer_range=settings.layer_range))
     expected = {
         "probability": softmax(arrays.scores),
         "attention_share": raw / raw.sum(-1, keepdims=True),
         "pride": softmax(arrays.scores - calibration.pride_prior),
-        "lad": softmax(methods.lad_scores(arrays.scores, arrays.attn, calibration, settings)),
+        "lad": softmax(methods.lad(arrays.scores, arrays.attn, calibration, settings)),
         "layer_share": arrays.attn / arrays.attn.sum(-1, keepdims=True),
     }
-    expected["purified_share"] = softmax(methods.purified_attention(arrays.attn, calibration.attn_prior, top_k=settings.top_k,
-                                                                   layer_range=settings.layer_range))
+    selection = methods.LadSettings(top_k=settings.top_k, layer_range=settings.layer_range)
+    expected["purified_share"] = softmax(methods.purified_attention(arrays.attn, calibration.attn_prior, selection))
     every = arrays.attn.mean(-2)
     expected["attention_all"] = every / every.sum(-1, keepdims=True)
     for name, values in expected.items():
@@ -70,7 +70,7 @@ def test_every_number_is_the_methods_own_rounded(study):
             np.testing.assert_array_equal(got[f"pred_{method}"], predictions[f"pred_{method}"])
     np.testing.assert_array_equal(got["target_pos"], arrays.target_pos)
     np.testing.assert_array_equal(got["order"], arrays.order)
-    selected = methods.layer_selection_mask(arrays.attn, settings.top_k, settings.layer_range)
+    selected = methods.layer_selection_mask(arrays.attn, methods.LadSettings(top_k=settings.top_k, layer_range=settings.layer_range))
     np.testing.assert_array_equal(got["selected"].astype(bool), selected)
     assert len(document["thumbnails"]) == len(set(document["image_ids"])) == 12 * 4   # each distinct image once
     assert document["kind_label"] and "mechanics" in document["title"]

@@ -10,6 +10,7 @@ from ladbench import methods
 from ladbench.methods import (
     METHODS,
     LadSettings,
+    MethodSettings,
     ablation_grid,
     expected_bias,
     identity_indexed,
@@ -77,10 +78,10 @@ def test_layer_selection_by_strength_with_ties_and_range():
     assert select_layers(attn, 3, ties="lowest").tolist() == [1, 3, 2]
     assert select_layers(attn, 2, layer_range=(0, 2)).tolist() == [1, 2]
     assert select_layers(attn, 1, layer_range=(2, 3)).tolist() == [3]
-    assert layer_selection_mask(attn, 2).tolist() == [False, True, False, True]
-    assert layer_selection_mask(attn, 1).tolist() == [False, False, False, True]
-    assert layer_selection_mask(attn, 1, ties="lowest").tolist() == [False, True, False, False]
-    assert layer_selection_mask(attn, 1, (1, 2), all_layers=True).tolist() == [False, True, True, False]
+    assert layer_selection_mask(attn, LadSettings(top_k=2)).tolist() == [False, True, False, True]
+    assert layer_selection_mask(attn, LadSettings(top_k=1)).tolist() == [False, False, False, True]
+    assert layer_selection_mask(attn, LadSettings(top_k=1, layer_ties="lowest")).tolist() == [False, True, False, False]
+    assert layer_selection_mask(attn, LadSettings(top_k=1, layer_range=(1, 2), all_layers=True)).tolist() == [False, True, True, False]
     # K beyond the range: the reference lowers K to the range's size; "error" stops
     assert select_layers(attn, 3, layer_range=(2, 3)).tolist() == [3, 2]
     with pytest.raises(ValueError, match="holds only 2"):
@@ -123,30 +124,30 @@ def test_selection_warnings_name_lowered_k_and_counted_ties():
 def test_purified_attention_reference_by_hand():
     # log(mean a) - mean log prior = log([0.3, 0.4]) - [log sqrt(0.125), log sqrt(0.375)]
     #                              = log([0.848528, 0.653197])
-    log_pi = purified_attention(ATTN, PRIOR, top_k=2, layer_mean="reference")
+    log_pi = purified_attention(ATTN, PRIOR, LadSettings(top_k=2, layer_mean="reference"))
     np.testing.assert_allclose(np.exp(log_pi), [0.848528, 0.653197], atol=1e-6)
 
 
 def test_purified_attention_paper_by_hand():
     # mean(log(a / prior)) = [0.5 log(0.4 * 1.6), 0.5 log(1.2 * 0.266667)] = log([0.8, 0.565685])
-    log_pi = purified_attention(ATTN, PRIOR, top_k=2, layer_mean="paper")
+    log_pi = purified_attention(ATTN, PRIOR, LadSettings(top_k=2, layer_mean="paper"))
     np.testing.assert_allclose(np.exp(log_pi), [0.8, 0.565685], atol=1e-6)
 
 
 def test_purified_attention_without_prior_and_with_one_layer():
-    np.testing.assert_allclose(np.exp(purified_attention(ATTN, PRIOR, top_k=2, use_prior=False)), [0.3, 0.4])
+    np.testing.assert_allclose(np.exp(purified_attention(ATTN, PRIOR, LadSettings(top_k=2, use_prior=False))), [0.3, 0.4])
     np.testing.assert_allclose(  # paper, no prior: geometric mean sqrt(0.08), sqrt(0.12)
-        np.exp(purified_attention(ATTN, PRIOR, top_k=2, use_prior=False, layer_mean="paper")), [0.282843, 0.346410], atol=1e-6
+        np.exp(purified_attention(ATTN, PRIOR, LadSettings(top_k=2, use_prior=False, layer_mean="paper"))), [0.282843, 0.346410], atol=1e-6
     )
     # K = 1 keeps layer 0 (strength 0.8 > 0.6): both variants give a / prior of that layer.
     for mean in ("reference", "paper"):
-        np.testing.assert_allclose(np.exp(purified_attention(ATTN, PRIOR, top_k=1, layer_mean=mean)), [0.4, 1.2])
+        np.testing.assert_allclose(np.exp(purified_attention(ATTN, PRIOR, LadSettings(top_k=1, layer_mean=mean))), [0.4, 1.2])
 
 
 def test_raw_attention_is_the_mean_over_selected_layers():
-    np.testing.assert_allclose(raw_attention(ATTN, top_k=2), [0.3, 0.4])
-    np.testing.assert_allclose(raw_attention(ATTN, top_k=1), [0.2, 0.6])
-    np.testing.assert_allclose(raw_attention(ATTN, top_k=1, all_layers=True), [0.3, 0.4])
+    np.testing.assert_allclose(raw_attention(ATTN, LadSettings(top_k=2)), [0.3, 0.4])
+    np.testing.assert_allclose(raw_attention(ATTN, LadSettings(top_k=1)), [0.2, 0.6])
+    np.testing.assert_allclose(raw_attention(ATTN, LadSettings(top_k=1, all_layers=True)), [0.3, 0.4])
 
 
 def test_sharpen_by_hand():
@@ -180,7 +181,7 @@ def test_lad_end_to_end_by_hand():
     # log pi~ = log([0.848528, 0.653197]); tau = 2: pi ∝ [0.72, 0.426667] = [27/43, 16/43]
     # expected bias (reference) = pi @ B = [8/43, 35/43]; s' = [1 - 8/43, 0.6 - 35/43]
     calibration = _calibration(B, PRIOR)
-    corrected = lad(np.array([1.0, 0.6]), ATTN, calibration, top_k=2, tau=2.0)
+    corrected = lad(np.array([1.0, 0.6]), ATTN, calibration, LadSettings(top_k=2, tau=2.0))
     np.testing.assert_allclose(corrected, [1 - 8 / 43, 0.6 - 35 / 43])
 
 
@@ -189,20 +190,20 @@ def test_lad_is_the_composition_of_its_steps_for_every_variant():
     for mean in ("reference", "paper"):
         for mix in ("reference", "paper"):
             for use_prior in (True, False):
-                log_pi = purified_attention(arrays.attn, calibration.attn_prior, top_k=3, layer_range=(1, 4),
-                                            layer_mean=mean, use_prior=use_prior)
+                settings = LadSettings(top_k=3, tau=4.0, layer_range=(1, 4), layer_mean=mean, mixture=mix,
+                                       use_prior=use_prior)
+                log_pi = purified_attention(arrays.attn, calibration.attn_prior, settings)
                 expected = arrays.scores - expected_bias(sharpen(log_pi, 4.0), calibration.B, mix)
-                got = lad(arrays.scores, arrays.attn, calibration, top_k=3, tau=4.0, layer_range=(1, 4),
-                          layer_mean=mean, mixture=mix, use_prior=use_prior)
+                got = lad(arrays.scores, arrays.attn, calibration, settings)
                 np.testing.assert_allclose(got, expected)
 
 
 def test_batched_equals_row_by_row():
     arrays, calibration = _random_case(seed=5)
-    batched = lad(arrays.scores, arrays.attn, calibration, top_k=2, tau=5.0)
+    batched = lad(arrays.scores, arrays.attn, calibration, LadSettings(top_k=2, tau=5.0))
     for i in range(arrays.scores.shape[0]):
         for t in range(arrays.scores.shape[1]):
-            row = lad(arrays.scores[i, t], arrays.attn[i, t], calibration, top_k=2, tau=5.0)
+            row = lad(arrays.scores[i, t], arrays.attn[i, t], calibration, LadSettings(top_k=2, tau=5.0))
             np.testing.assert_allclose(batched[i, t], row)
 
 
@@ -216,7 +217,7 @@ def test_invariances_of_predictions():
                              calibration.pride_original_prior)
     for name in ("vanilla", "pride", "pride_original", "lad", "raw_attention", "purified_attention"):
         for layer_mean, mixture in (("reference", "reference"), ("paper", "paper"), ("reference", "paper")):
-            settings = {"layer_mean": layer_mean, "mixture": mixture, "top_k": 2}
+            settings = MethodSettings(LadSettings(layer_mean=layer_mean, mixture=mixture, top_k=2))
             base = METHODS[name](arrays, calibration, settings)
             assert np.array_equal(METHODS[name](shifted, calibration, settings), base), (name, "row constant")
             assert np.array_equal(METHODS[name](scaled, calibration, settings), base), (name, "attention scale")
@@ -236,7 +237,7 @@ def test_permutation_average_by_hand():
 
 def test_permutation_average_method_is_fully_consistent():
     arrays, calibration = _random_case(seed=2, i=20)
-    pred = METHODS["permutation_average"](arrays, calibration, {})
+    pred = METHODS["permutation_average"](arrays, calibration, MethodSettings())
     identity = np.take_along_axis(arrays.order, pred[..., None], axis=-1)[..., 0]
     assert np.all(identity == identity[:, :1])
 
@@ -246,30 +247,28 @@ def test_registry_covers_every_method_with_integer_positions():
     arrays.parsed = np.full(arrays.target_pos.shape, -1)
     for name in ("vanilla", "pride", "pride_original", "lad", "raw_attention", "purified_attention",
                  "permutation_average", "generated"):
-        pred = METHODS[name](arrays, calibration, {"top_k": 2, "tau": 5.0, "layer_range": None,
-                                                   "layer_mean": "reference", "mixture": "reference"})
+        pred = METHODS[name](arrays, calibration, MethodSettings(LadSettings(top_k=2, tau=5.0, layer_range=None)))
         assert pred.shape == arrays.target_pos.shape and np.issubdtype(pred.dtype, np.integer)
         assert pred.min() >= -1 and pred.max() < 4
     del arrays.parsed
     with pytest.raises(ValueError, match="parsed"):
-        METHODS["generated"](arrays, calibration, {})
+        METHODS["generated"](arrays, calibration, MethodSettings())
 
 
 def test_registry_matches_the_functions():
     arrays, calibration = _random_case(seed=6)
-    settings = LadSettings(top_k=3, tau=2.0, layer_range=(1, 4), layer_mean="paper", mixture="paper")
+    lad_settings = LadSettings(top_k=3, tau=2.0, layer_range=(1, 4), layer_mean="paper", mixture="paper")
+    settings = MethodSettings(lad_settings)
     np.testing.assert_array_equal(
         METHODS["lad"](arrays, calibration, settings),
-        predict(lad(arrays.scores, arrays.attn, calibration, top_k=3, tau=2.0, layer_range=(1, 4),
-                    layer_mean="paper", mixture="paper")),
+        predict(lad(arrays.scores, arrays.attn, calibration, LadSettings(top_k=3, tau=2.0, layer_range=(1, 4), layer_mean="paper", mixture="paper"))),
     )
     np.testing.assert_array_equal(
-        METHODS["pride"](arrays, calibration, None), predict(arrays.scores - calibration.pride_prior)
+        METHODS["pride"](arrays, calibration, MethodSettings()), predict(arrays.scores - calibration.pride_prior)
     )
     np.testing.assert_array_equal(
         METHODS["purified_attention"](arrays, calibration, settings),
-        predict(sharpen(purified_attention(arrays.attn, calibration.attn_prior, top_k=3, layer_range=(1, 4),
-                                           layer_mean="paper"), 2.0)),
+        predict(sharpen(purified_attention(arrays.attn, calibration.attn_prior, LadSettings(top_k=3, layer_range=(1, 4), layer_mean="paper")), 2.0)),
     )
 
 
@@ -277,10 +276,10 @@ def test_compatibility_errors_name_the_mismatch():
     arrays, calibration = _random_case()
     wrong_n = _calibration(np.zeros((3, 3)), np.ones((5, 3)))
     with pytest.raises(ValueError, match="N = 3 candidates but the cache has N = 4"):
-        METHODS["lad"](arrays, wrong_n, {})
+        METHODS["lad"](arrays, wrong_n, MethodSettings())
     wrong_layers = _calibration(np.zeros((4, 4)), np.ones((7, 4)))
     with pytest.raises(ValueError, match="same model"):
-        METHODS["lad"](arrays, wrong_layers, {})
+        METHODS["lad"](arrays, wrong_layers, MethodSettings())
 
 
 def test_family_default_layer_range_scales_with_depth():
@@ -292,8 +291,8 @@ def test_family_default_layer_range_scales_with_depth():
 
 
 def test_settings_validation_and_mapping():
-    assert LadSettings.from_mapping({"top_k": 4, "bootstrap": 100}).top_k == 4  # unrelated keys ignored
-    assert LadSettings.from_mapping(None) == LadSettings()
+    assert LadSettings.from_record({"top_k": 4, "bootstrap": 100}).top_k == 4  # an evaluation's other settings ignored
+    assert LadSettings.from_record(None) == LadSettings()
     assert LadSettings(layer_range=[21, 35]).as_dict()["layer_range"] == [21, 35]
     assert LadSettings(layer_range=[21, 35, 36]).as_dict()["layer_range"] == [21, 35, 36]
     for bad in ({"top_k": 0}, {"tau": 0.0}, {"mixture": "probability"}, {"layer_range": (5, 2)},
@@ -320,4 +319,4 @@ def test_ablation_grid_and_sweeps_describe_tables_4_and_figure_6():
     arrays, calibration = _random_case(lyr=10)
     predictions = methods.evaluate_rows(arrays, calibration, ablation_grid() + tau_sweep())
     assert len(predictions) == 17
-    np.testing.assert_array_equal(predictions["dynamic_prior_K2"], METHODS["lad"](arrays, calibration, {}))
+    np.testing.assert_array_equal(predictions["dynamic_prior_K2"], METHODS["lad"](arrays, calibration, MethodSettings()))

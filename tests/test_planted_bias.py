@@ -12,7 +12,7 @@ import pytest
 
 from ladbench.calibration import fit_calibration
 from ladbench.divergence import divergence_summary
-from ladbench.methods import METHODS, ablation_grid, evaluate_rows, paper_vs_reference_grid
+from ladbench.methods import METHODS, LadSettings, MethodSettings, ablation_grid, evaluate_rows, paper_vs_reference_grid
 from ladbench.metrics import acc_mean_std, consistency
 
 from simulate import conditional_bias, simulate_cache, static_bias
@@ -27,7 +27,7 @@ def _fit(sim, n_cal=5, seed=0, average="reference"):
 
 
 def _run(sim, calibration, names=("vanilla", "pride", "pride_original", "lad", "raw_attention", "purified_attention")):
-    return {name: _accuracy(METHODS[name](sim, calibration, {}), sim) for name in names}
+    return {name: _accuracy(METHODS[name](sim, calibration, MethodSettings()), sim) for name in names}
 
 
 @pytest.mark.parametrize("n", [4, 8])
@@ -101,11 +101,10 @@ def test_ablations_behave_as_designed():
 def test_permutation_averaging_is_consistent_and_attention_is_order_robust():
     sim = simulate_cache(bias=conditional_bias(4, 4.0), seed=7)
     calibration = _fit(sim)
-    pred = METHODS["permutation_average"](sim, calibration, {})
+    pred = METHODS["permutation_average"](sim, calibration, MethodSettings())
     assert consistency(pred, sim.order) == 100.0
-    assert consistency(METHODS["vanilla"](sim, calibration, {}), sim.order) < 20
-    result = divergence_summary(sim.scores, sim.order, attn=sim.attn, attn_prior=calibration.attn_prior,
-                                top_k=2, n_boot=300)
+    assert consistency(METHODS["vanilla"](sim, calibration, MethodSettings()), sim.order) < 20
+    result = divergence_summary(sim.scores, sim.order, attn=sim.attn, attn_prior=calibration.attn_prior, n_boot=300, settings=LadSettings(top_k=2))
     # planted: purified attention follows the (fixed) favoured identity, the logits' top follows the
     # target's position; the rest of both rankings is noise, so neither rho is near 1
     assert result["attention"]["mean"] > result["logits"]["mean"] + 0.3

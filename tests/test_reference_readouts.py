@@ -4,6 +4,7 @@ calibration position without rows. Written from its documented behaviour (docs/m
 
 from __future__ import annotations
 
+from dataclasses import replace
 from types import SimpleNamespace
 
 import numpy as np
@@ -46,13 +47,13 @@ def test_vanilla_generate_reads_by_the_setting_and_the_differences_are_warned():
     texts = np.array([["03", "2"], ["３", "x"]], dtype=object)
     arrays = SimpleNamespace(scores=np.zeros((2, 2, 4)), greedy_text=texts)
     vanilla_generate = methods.METHODS["vanilla_generate"]
-    assert vanilla_generate(arrays, None, {"reply_parse": "exact"}).tolist() == [[-1, 1], [-1, -1]]
-    settings = methods.LadSettings(reply_parse="int")
+    assert vanilla_generate(arrays, None, methods.MethodSettings()).tolist() == [[-1, 1], [-1, -1]]   # exact
+    settings = methods.MethodSettings(readout=methods.ReadoutSettings(reply_parse="int"))
     assert vanilla_generate(arrays, None, settings).tolist() == [[2, 1], [2, -1]]
-    assert methods.reply_parse_warnings(arrays, settings) == [
+    assert methods.reply_parse_warnings(arrays, "int") == [
         "2 of 4 greedy replies name another position when each run of digits is read by int() (leading zeros, "
         "non-ASCII decimal digits; reply_parse = int, the reference's)"]
-    assert methods.reply_parse_warnings(arrays, methods.LadSettings()) == []
+    assert methods.reply_parse_warnings(arrays, "exact") == []
 
 
 # --- K beyond the model's depth ----------------------------------------------------------
@@ -73,12 +74,12 @@ def test_k_beyond_a_28_layer_model_averages_the_absent_layers_in():
     attn = rng.uniform(0.01, 0.2, size=(30, 28, 4))           # 30 rows of a 28-layer model, N = 4
     prior = rng.uniform(0.01, 0.2, size=(28, 4))
     settings = dict(top_k=8, layer_range=(21, 35), layer_ties="highest")
-    absent = methods.purified_attention(attn, prior, layers_beyond_depth="absent", ties="highest", top_k=8,
-                                        layer_range=(21, 35))
+    absent = methods.purified_attention(attn, prior, methods.LadSettings(layers_beyond_depth="absent", layer_ties="highest",
+                                                                         top_k=8, layer_range=(21, 35)))
     expected = np.array([reference_log_pi(row, prior, 21, 35, 8) for row in attn])
     np.testing.assert_allclose(absent, expected, rtol=0, atol=1e-9)
     # clipped, K is lowered to the 7 layers 21..27 and the prior weighs 1/7 instead of 1/8
-    clipped = methods.purified_attention(attn, prior, ties="highest", top_k=8, layer_range=(21, 35))
+    clipped = methods.purified_attention(attn, prior, methods.LadSettings(layer_ties="highest", top_k=8, layer_range=(21, 35)))
     expected_clipped = np.array([reference_log_pi(row, prior, 21, 27, 7) for row in attn])
     np.testing.assert_allclose(clipped, expected_clipped, rtol=0, atol=1e-9)
     assert not np.allclose(absent - absent.mean(-1, keepdims=True), clipped - clipped.mean(-1, keepdims=True))
@@ -92,11 +93,11 @@ def test_within_the_layers_that_exist_the_absent_ones_change_nothing():
     rng = np.random.default_rng(1)
     attn, prior = rng.uniform(0.01, 0.2, size=(20, 28, 4)), rng.uniform(0.01, 0.2, size=(28, 4))
     for k in (1, 2, 7):
-        kwargs = dict(top_k=k, layer_range=(21, 35))
-        np.testing.assert_array_equal(methods.purified_attention(attn, prior, **kwargs, layers_beyond_depth="absent"),
-                                      methods.purified_attention(attn, prior, **kwargs))
-        np.testing.assert_array_equal(methods.raw_attention(attn, **kwargs, layers_beyond_depth="absent"),
-                                      methods.raw_attention(attn, **kwargs))
+        clipped = methods.LadSettings(top_k=k, layer_range=(21, 35))
+        absent = replace(clipped, layers_beyond_depth="absent")
+        np.testing.assert_array_equal(methods.purified_attention(attn, prior, absent),
+                                      methods.purified_attention(attn, prior, clipped))
+        np.testing.assert_array_equal(methods.raw_attention(attn, absent), methods.raw_attention(attn, clipped))
 
 
 # --- the reference's tie rule -------------------------------------------------------------
@@ -169,5 +170,5 @@ def test_a_calibration_position_without_rows_is_zero_with_a_warning(tmp_path):
     assert back.warnings == (warning,) and back.settings["empty_positions"] == "zero"
     arrays = SimpleNamespace(attn=np.zeros((2, 1, 2, 3)), target_pos=np.zeros((2, 1), int),
                              order=np.zeros((2, 1, 3), int), scores=np.zeros((2, 1, 3)))
-    recorded = evaluation_warnings(["pride"], arrays, methods.LadSettings(), Bootstrap(), [back, back])
+    recorded = evaluation_warnings(["pride"], arrays, methods.MethodSettings(), Bootstrap(), [back, back])
     assert recorded == [warning]

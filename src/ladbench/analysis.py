@@ -19,24 +19,26 @@ instances); with several draws, ``calibration_draws`` says how much it moves bet
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
 import numpy as np
 from tqdm import tqdm
 
 from ladbench import divergence, methods, metrics
-from ladbench.calibration import Calibration, fit_calibration, log_softmax
+from ladbench.calibration import Calibration, FitSettings, fit_calibration, log_softmax
 from ladbench.arrays import CalibrationArrays, EvalArrays, calibration_arrays, eval_arrays
 from ladbench.evaluation import summarize_predictions
 from ladbench.inference.cache import read_cache
 from ladbench.inputs import cache_identity, what_it_is
 from ladbench.metrics import Bootstrap
+from ladbench.settings import Settings, setting
 
 __all__ = [
     "DEFAULT_DCAL_SIZES",
     "DEFAULT_TAUS",
     "Bootstrap",
+    "SweepSettings",
     "ablation_rows",
     "analyze",
     "attention_shares",
@@ -52,9 +54,24 @@ __all__ = [
 ]
 
 # Figure 6 of the paper: |D_cal| in 1..100 and tau in 1..9.
-DEFAULT_DCAL_SIZES = (1, 5, 10, 20, 50, 100)
-DEFAULT_TAUS = tuple(float(t) for t in range(1, 10))
-DEFAULT_DCAL_DRAWS = 5
+
+
+@dataclass(frozen=True)
+class SweepSettings(Settings):
+    """The sweeps of Figure 6 (config ``analysis``; defaults: the paper's |D_cal| in 1..100 and tau in 1..9)."""
+
+    section = "analysis"
+
+    dcal_sizes: tuple[int, ...] = setting((1, 5, 10, 20, 50, 100), "|D_cal| values of the calibration-size sweep "
+                                          "(clipped to the pool size)", minimum=1)
+    dcal_draws: int = setting(5, "calibration draws (seeds 0..n-1) per size in that sweep", minimum=1)
+    taus: tuple[float, ...] = setting(tuple(range(1, 10)), "sharpening temperatures of the tau sweep (each > 0)",
+                                      kind=float, above=0, below=float("inf"))
+
+
+DEFAULT_DCAL_SIZES = SweepSettings.dcal_sizes
+DEFAULT_TAUS = tuple(float(t) for t in SweepSettings.taus)
+DEFAULT_DCAL_DRAWS = SweepSettings.dcal_draws
 # Methods compared across |D_cal| (Vanilla needs no calibration: it is the flat baseline).
 DCAL_METHODS = ("lad", "pride", "purified_attention")
 
@@ -62,13 +79,13 @@ DCAL_METHODS = ("lad", "pride", "purified_attention")
 # --------------------------------------------------------------------------- small helpers
 
 
-def fit_draws(cal: CalibrationArrays, n_cal: int, seeds: Sequence[int], average: str = "reference") -> list[Calibration]:
+def fit_draws(cal: CalibrationArrays, n_cal: int, seeds: Sequence[int], fit: FitSettings = FitSettings()
+              ) -> list[Calibration]:
     """One calibration per seed, each from its own draw of ``n_cal`` pool instances (with the
     evaluation_head source every seed takes the same first instances, so one is fitted)."""
     seeds = seeds[:1] if cal.source == "evaluation_head" else seeds
-    return [fit_calibration(cal.scores, cal.attn, cal.target_pos, n_cal=n_cal, seed=s, average=average,
-                            source=cal.source, pride_original_logs=cal.pride_original_logs,
-                            empty_positions=cal.empty_positions) for s in seeds]
+    return [fit_calibration(cal.scores, cal.attn, cal.target_pos, n_cal=n_cal, seed=s, source=cal.source,
+                            **fit.kwargs()) for s in seeds]
 
 
 def dcal_sizes_for_pool(requested: Sequence[int], pool_size: int) -> list[int]:
@@ -146,7 +163,7 @@ def dcal_sweep(
     base: methods.LadSettings,
     sizes: Sequence[int],
     n_draws: int,
-    average: str = "reference",
+    fit: FitSettings = FitSettings(),
     progress: bool = False,
     boot: Bootstrap | None = None,
 ) -> list[dict]:
@@ -161,7 +178,7 @@ def dcal_sweep(
     rows = []
     for size in tqdm(dcal_sizes_for_pool(sizes, pool), desc="|D_cal| sweep", disable=not progress):
         seeds = [0] if size == pool or cal.source == "evaluation_head" else list(range(n_draws))
-        calibrations = fit_draws(cal, size, seeds, average)
+        calibrations = fit_draws(cal, size, seeds, fit)
         per_method = {}
         for name in DCAL_METHODS:
             method_row = methods.MethodRow(name, name, base)
@@ -172,14 +189,14 @@ def dcal_sweep(
 
 
 def paper_vs_reference_rows(
-    arrays: EvalArrays, cal: CalibrationArrays, base: methods.LadSettings, n_cal: int, seeds: Sequence[int], boot: Bootstrap
-) -> list[dict]:
+    arrays: EvalArrays, cal: CalibrationArrays, base: methods.LadSettings, n_cal: int, seeds: Sequence[int],
+    boot: Bootstrap, fit: FitSettings = FitSettings()) -> list[dict]:
     """LAD with each switchable step as in the reference implementation or the paper:
     the score average of the calibration (Eqs. 1-3) x layer mean (Eqs. 10-11) x mixture
     (Eq. 13); and PriDe as the reference implements it versus the original PriDe."""
     rows = []
     for average in ("reference", "paper"):
-        calibrations = fit_draws(cal, n_cal, seeds, average)
+        calibrations = fit_draws(cal, n_cal, seeds, replace(fit, score_average=average))
         for method_row in methods.paper_vs_reference_grid(base):
             s = method_row.settings
             rows.append({
@@ -201,6 +218,14 @@ def _without_instance_lists(summary: dict) -> dict:
     return {k: v for k, v in summary.items() if k not in ("rho_logits", "rho_attention")}
 
 
+def layer_selection(base: methods.LadSettings) -> methods.LadSettings:
+    """``base``'s layer selection (K, range, ties, K beyond the range) with the other settings at
+    their defaults: what the divergence statistics and the profiles read the attention with
+    (the layers past a model's last are clipped there whatever ``lad.layers_beyond_depth``)."""
+    return methods.LadSettings(top_k=base.top_k, layer_range=base.layer_range, layer_ties=base.layer_ties,
+                               k_beyond_range=base.k_beyond_range)
+
+
 def divergence_statistics(
     arrays: EvalArrays, calibration: Calibration, base: methods.LadSettings, boot: Bootstrap
 ) -> tuple[dict, dict[str, np.ndarray]]:
@@ -209,8 +234,7 @@ def divergence_statistics(
     Returns the JSON summaries (without per-instance lists) and the per-instance rho
     arrays for the ``.npz`` (``rho_logits``, ``rho_attention_raw``, ``rho_attention_purified``).
     """
-    common = dict(top_k=base.top_k, layer_range=base.layer_range, ties=base.layer_ties,
-                  k_beyond_range=base.k_beyond_range, n_boot=boot.n_boot, ci=boot.ci, seed=boot.seed)
+    common = dict(settings=layer_selection(base), n_boot=boot.n_boot, ci=boot.ci, seed=boot.seed)
     raw = divergence.divergence_summary(arrays.scores, arrays.order, attn=arrays.attn, **common)
     purified = divergence.divergence_summary(
         arrays.scores, arrays.order, attn=arrays.attn, attn_prior=calibration.attn_prior, **common
@@ -243,12 +267,9 @@ def position_profiles(
     Returns the profiles (mean, std, count as lists) and the per-row values [I, T, N].
     """
     probabilities = np.exp(log_softmax(arrays.scores))
-    selection = dict(ties=base.layer_ties, k_beyond_range=base.k_beyond_range)
-    raw_share = attention_shares(methods.raw_attention(arrays.attn, base.top_k, base.layer_range, **selection))
-    log_pi = methods.purified_attention(
-        arrays.attn, calibration.attn_prior, top_k=base.top_k, layer_range=base.layer_range, layer_mean=base.layer_mean,
-        **selection,
-    )
+    selection = replace(layer_selection(base), layer_mean=base.layer_mean)
+    raw_share = attention_shares(methods.raw_attention(arrays.attn, selection))
+    log_pi = methods.purified_attention(arrays.attn, calibration.attn_prior, selection)
     purified_share = methods.sharpen(log_pi, 1.0)
     rows = {"probability": probabilities, "attention_share": raw_share, "purified_share": purified_share}
     summary = {}
@@ -265,40 +286,36 @@ def position_profiles(
 
 def analyze(
     cache_path: str,
-    base: methods.LadSettings,
+    settings: methods.MethodSettings,
     *,
     n_cal: int,
     seeds: Sequence[int],
-    score_average: str = "reference",
-    pride_original_logs: str = "floor",
-    empty_positions: str = "error",
-    dcal_sizes: Sequence[int] = DEFAULT_DCAL_SIZES,
-    dcal_draws: int = DEFAULT_DCAL_DRAWS,
-    taus: Sequence[float] = DEFAULT_TAUS,
-    boot: Bootstrap | None = None,
+    fit: FitSettings = FitSettings(),
+    sweeps: SweepSettings = SweepSettings(),
+    boot: Bootstrap = Bootstrap(),
     progress: bool = False,
 ) -> tuple[dict, dict[str, np.ndarray]]:
     """Every analysis of one vanilla-prompt cache: (JSON document, arrays for the .npz)."""
-    boot = boot or Bootstrap()
+    base = settings.lad
     cache = read_cache(cache_path)
     if cache.has_shifts or "parsed" in cache:
         raise ValueError(f"{cache_path}: analyze needs a cache of scores and attention (vanilla prompt), "
                          f"not a {cache.attrs.get('variant')!r} cache")
     arrays = eval_arrays(cache)
-    cal = replace(calibration_arrays(cache), pride_original_logs=pride_original_logs, empty_positions=empty_positions)
+    cal = calibration_arrays(cache)
     pool = int(cal.scores.shape[0])
     if n_cal > pool:
         raise ValueError(f"{cache_path}: |D_cal| = {n_cal} but the calibration pool has {pool} instances")
     if not seeds:
         raise ValueError("analyze needs at least one calibration seed")
-    calibrations = fit_draws(cal, n_cal, seeds, score_average)
+    calibrations = fit_draws(cal, n_cal, seeds, fit)
 
     sections = [
         ("readouts", lambda: readout_rows(arrays, calibrations, base, boot)),
         ("ablation", lambda: ablation_rows(arrays, calibrations, base, boot)),
-        ("tau_sweep", lambda: tau_sweep_rows(arrays, calibrations, base, taus, boot)),
-        ("dcal_sweep", lambda: dcal_sweep(arrays, cal, base, dcal_sizes, dcal_draws, score_average, boot=boot)),
-        ("paper_vs_reference", lambda: paper_vs_reference_rows(arrays, cal, base, n_cal, seeds, boot)),
+        ("tau_sweep", lambda: tau_sweep_rows(arrays, calibrations, base, sweeps.taus, boot)),
+        ("dcal_sweep", lambda: dcal_sweep(arrays, cal, base, sweeps.dcal_sizes, sweeps.dcal_draws, fit, boot=boot)),
+        ("paper_vs_reference", lambda: paper_vs_reference_rows(arrays, cal, base, n_cal, seeds, boot, fit)),
     ]
     document: dict[str, Any] = {
         **what_it_is(cache.attrs),
@@ -312,10 +329,9 @@ def analyze(
         "n_calibration_pool": pool,
         "calibration_source": cal.source,
         "settings": {
-            **base.as_dict(), "n_cal": int(n_cal), "calibration_seeds": [int(s) for s in seeds],
-            "score_average": score_average, "pride_original_logs": pride_original_logs,
-            "empty_positions": empty_positions, "dcal_sizes": dcal_sizes_for_pool(dcal_sizes, pool),
-            "dcal_draws": int(dcal_draws), "taus": [float(t) for t in taus], **boot.kwargs(),
+            **settings.as_dict(), "n_cal": int(n_cal), "calibration_seeds": [int(s) for s in seeds],
+            **fit.as_dict(), "dcal_sizes": dcal_sizes_for_pool(sweeps.dcal_sizes, pool),
+            "dcal_draws": int(sweeps.dcal_draws), "taus": [float(t) for t in sweeps.taus], **boot.kwargs(),
         },
     }
     for name, compute in tqdm(sections, desc="analyze", disable=not progress):

@@ -24,6 +24,7 @@ from typing import Any, Literal
 import numpy as np
 
 from ladbench.atomic import atomic_path
+from ladbench.settings import Settings, setting
 
 __all__ = [
     "Calibration",
@@ -55,6 +56,29 @@ SCORE_AVERAGES = ("reference", "paper")
 # reference's (its row of L is 0, with a warning). Every instance is run under all N cyclic
 # shifts, so it happens only with rows missing.
 EMPTY_POSITIONS = ("error", "zero")
+
+
+@dataclass(frozen=True)
+class FitSettings(Settings):
+    """How a calibration is fitted (config ``calibration``; the flags of ``calibrate`` and ``analyze``)."""
+
+    section = "calibration"
+
+    score_average: str = setting(SCORE_AVERAGES[0], "reference: average raw scores; paper: average probabilities, "
+                                 "then log (Eqs. 1-3)", choices=SCORE_AVERAGES)
+    pride_original_logs: str = setting(
+        PRIDE_ORIGINAL_LOGS[0], "the pride_original method: floor = log(p + 1e-10) everywhere, as the original PriDe "
+        "code (chujiezheng/LLM-MCQ-Bias); exact = exact logs. They differ only where probabilities fall below about "
+        "1e-10", choices=PRIDE_ORIGINAL_LOGS)
+    empty_positions: str = setting(
+        EMPTY_POSITIONS[0], "a position where no calibration row has its ground truth (only with rows missing: every "
+        "instance is run under all N cyclic shifts): error = stop; zero = the reference's, a row of zeros in L, with "
+        "a warning in the evaluation output", choices=EMPTY_POSITIONS)
+
+    def kwargs(self) -> dict[str, str]:
+        """:func:`fit_calibration`'s options."""
+        return {"average": self.score_average, "pride_original_logs": self.pride_original_logs,
+                "empty_positions": self.empty_positions}
 
 
 def log_softmax(scores: np.ndarray, axis: int = -1) -> np.ndarray:

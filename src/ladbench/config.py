@@ -9,6 +9,7 @@ the file, e.g. ``config.yaml: lad.top_k: 'two' is not of type 'integer'``.
 from __future__ import annotations
 
 import copy
+import importlib
 import math
 import os
 import re
@@ -20,6 +21,7 @@ import jsonschema
 import yaml
 
 from ladbench.families import layer_range_arg, parse_layer_range  # noqa: F401 (the config's layer ranges)
+from ladbench.settings import check_section, schema_properties
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SCHEMA_PATH = REPO_ROOT / "workflow" / "schemas" / "config.schema.yaml"
@@ -88,8 +90,22 @@ _DefaultFillingValidator = _extend_with_defaults(jsonschema.Draft202012Validator
 
 
 def load_schema(path: Path | str = SCHEMA_PATH) -> dict:
+    """The schema file, each block marked ``x-settings`` filled with its carriers' properties."""
     with open(path) as handle:
-        return yaml.safe_load(handle)
+        schema = yaml.safe_load(handle)
+    for block in schema["properties"].values():
+        for carrier in settings_carriers(block):
+            block["properties"] = {**schema_properties(carrier), **block.get("properties", {})}
+    return schema
+
+
+def settings_carriers(block: Mapping) -> list[type]:
+    """The settings dataclasses a schema block names (``x-settings``: ``module:Class`` each)."""
+    carriers = []
+    for name in block.get("x-settings", []):
+        module, _, attribute = name.partition(":")
+        carriers.append(getattr(importlib.import_module(module), attribute))
+    return carriers
 
 
 #: The most values a config may hold once its YAML aliases (``*name``) are expanded: the
@@ -220,25 +236,26 @@ def validate_config(config: dict, schema: Mapping | None = None, source: str = "
         error = _most_specific(errors[0])
         raise ConfigError(f"{source}: {key_path(error)}: {_message(error)}")
     _check_finite(config, source)
-    _check_settings(config, source)
+    _check_settings(config, schema, source)
     _check_cross_references(config, source)
     return config
 
 
-def _check_settings(config: dict, source: str) -> None:
+def _check_settings(config: dict, schema: Mapping, source: str) -> None:
     """Values whose one validator is a settings class of the code (not restated in the schema):
-    LAD's settings (:class:`ladbench.methods.LadSettings`), the tau sweep, the layer ranges."""
+    each section's carriers (``x-settings``) check its keys, and LAD's settings the models'
+    layer ranges."""
     from ladbench.methods import LadSettings
 
-    checks = [(f"lad.{key}", {key: value}) for key, value in config["lad"].items()]
-    checks += [(f"analysis.taus[{i}]", {"tau": tau}) for i, tau in enumerate(config["analysis"]["taus"])]
-    checks += [(f"models.{name}.layer_range", {"layer_range": model["layer_range"]})
-               for name, model in config["models"].items() if "layer_range" in model]
-    for key, settings in checks:
-        try:
-            LadSettings(**settings)
-        except ValueError as error:
-            raise ConfigError(f"{source}: {key}: {error}") from None
+    try:
+        for section, block in schema["properties"].items():
+            for carrier in settings_carriers(block):
+                check_section(carrier, config[section], section)
+        for name, model in config["models"].items():
+            if "layer_range" in model:
+                check_section(LadSettings, {"layer_range": model["layer_range"]}, f"models.{name}")
+    except ValueError as error:
+        raise ConfigError(f"{source}: {error}") from None
 
 
 def _load_plugins(config: dict, source: str) -> None:
@@ -425,5 +442,5 @@ def load_config(path: Path | str, schema_path: Path | str = SCHEMA_PATH) -> dict
 
 def model_layer_range(model: dict) -> tuple[int, ...] | None:
     """A model entry's ``layer_range`` (parsed: ``None`` for all), or its family's default."""
-    from ladbench.families import default_layer_range
-    return parse_layer_range(model["layer_range"]) if "layer_range" in model else default_layer_range(model["family"])
+    from ladbench.families import layer_range_for
+    return layer_range_for(model["family"], model.get("layer_range"))

@@ -100,10 +100,7 @@ def divergence_summary(
     attn: np.ndarray | None = None,
     *,
     attn_prior: np.ndarray | None = None,
-    top_k: int = LadSettings.top_k,
-    layer_range: tuple[int, int] | None = None,
-    ties: str = LadSettings.layer_ties,
-    k_beyond_range: str = LadSettings.k_beyond_range,
+    settings: LadSettings = LadSettings(),
     n_boot: int = BOOTSTRAP_RESAMPLES,
     ci: float = 0.95,
     seed: int = 0,
@@ -111,10 +108,9 @@ def divergence_summary(
     """Order robustness of logits versus attention (METHOD §9), with bootstrap CIs.
 
     ``scores`` [I, T, N]; ``attn_evidence`` [I, T, N] per position, or ``attn``
-    [I, T, Lyr, N] from which the evidence over the per-row top-``top_k`` layers (in
-    ``layer_range``, with the layer-selection rules ``ties`` and ``k_beyond_range`` of
-:class:`~ladbench.methods.LadSettings`) is taken: the raw attention, or, with ``attn_prior`` [Lyr, N] (a
-    calibration's), the purified attention ``log pi~`` (reference layer mean). Returns ``logits`` and ``attention`` summaries (see
+    [I, T, Lyr, N] from which the evidence over the layers ``settings`` selects is taken:
+    the raw attention, or, with ``attn_prior`` [Lyr, N] (a calibration's), the purified
+    attention ``log pi~``. Returns ``logits`` and ``attention`` summaries (see
     :func:`spearman_summary`), the per-instance rho arrays (lists), and the paired
     difference attention - logits with its CI.
     """
@@ -123,10 +119,9 @@ def divergence_summary(
         if attn is None:
             raise ValueError("divergence_summary needs attn_evidence [I, T, N] or attn [I, T, Lyr, N]")
         if attn_prior is None:
-            attn_evidence = raw_attention(attn, top_k, layer_range, ties=ties, k_beyond_range=k_beyond_range)
+            attn_evidence = raw_attention(attn, settings)
         else:
-            attn_evidence = purified_attention(attn, attn_prior, top_k=top_k, layer_range=layer_range, ties=ties,
-                                               k_beyond_range=k_beyond_range)
+            attn_evidence = purified_attention(attn, attn_prior, settings)
     scores, attn_evidence = np.asarray(scores), np.asarray(attn_evidence)
     if scores.shape != attn_evidence.shape:
         raise ValueError(f"scores {scores.shape} and attention evidence {attn_evidence.shape} must match")

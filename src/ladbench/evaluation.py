@@ -15,7 +15,7 @@ import numpy as np
 
 from ladbench import methods, metrics
 from ladbench.arrays import EvalArrays, calibration_arrays, eval_arrays
-from ladbench.calibration import Calibration, fit_calibration
+from ladbench.calibration import Calibration, FitSettings, fit_calibration
 from ladbench.inference.cache import read_cache
 from ladbench.inputs import cache_identity, calibration_record, check_calibrations, what_it_is
 from ladbench.metrics import Bootstrap
@@ -41,13 +41,13 @@ def metrics_line(label: str, summary: dict) -> str:
     return f"{label:>20s}: Acc {m['acc_mean']} ± {m['acc_std']}  RStd {m['rstd']}  Cons {m['cons']}"
 
 
-def calibration_from_cache(cache_path: str, n_cal: int, seed: int, **fit: Any) -> Calibration:
+def calibration_from_cache(cache_path: str, n_cal: int, seed: int, fit: FitSettings = FitSettings()) -> Calibration:
     """The calibration of one draw of ``n_cal`` instances (``seed``) from a cache's calibration
-    rows, recording the cache it was fitted on; ``fit``: :func:`fit_calibration`'s options."""
+    rows, recording the cache it was fitted on."""
     cache = read_cache(cache_path)
     cal = calibration_arrays(cache)
     calibration = fit_calibration(cal.scores, cal.attn, cal.target_pos, n_cal=n_cal, seed=seed,
-                                  source=cal.source, **fit)   # the source: from the benchmark, through the cache
+                                  source=cal.source, **fit.kwargs())   # the source: from the benchmark, via the cache
     return replace(calibration, source=cache_identity(cache_path, cache.attrs))
 
 
@@ -61,7 +61,7 @@ def default_methods(prompt: str) -> list[str]:
     return list(variant(prompt).methods)
 
 
-def predict_all(names, arrays: EvalArrays, calibration: Calibration | None, settings: methods.LadSettings) -> dict[str, np.ndarray]:
+def predict_all(names, arrays: EvalArrays, calibration: Calibration | None, settings: methods.MethodSettings) -> dict[str, np.ndarray]:
     needing = sorted(name for name in names if methods.method(name).needs_calibration)
     if calibration is None and needing:
         raise ValueError(f"methods {needing} need --calibration")
@@ -85,7 +85,7 @@ def unshifted(arrays: EvalArrays) -> EvalArrays:
                          for f in fields(arrays)})
 
 
-def evaluation_warnings(names, arrays: EvalArrays, settings: methods.LadSettings, boot: Bootstrap,
+def evaluation_warnings(names, arrays: EvalArrays, settings: methods.MethodSettings, boot: Bootstrap,
                         calibrations: list[Calibration]) -> list[str]:
     """Where a rule of docs/method.md's table of choices decided something: the layer selection's
     (lad.layer_ties, lad.k_beyond_range, lad.layers_beyond_depth), the reply parse
@@ -93,9 +93,9 @@ def evaluation_warnings(names, arrays: EvalArrays, settings: methods.LadSettings
     calibrations' fits (calibration.empty_positions)."""
     warnings = []
     if any(methods.method(name).selects_layers for name in names):
-        warnings += methods.selection_warnings(arrays.attn, settings)
+        warnings += methods.selection_warnings(arrays.attn, settings.lad)
     if "vanilla_generate" in names:
-        warnings += methods.reply_parse_warnings(arrays, settings)
+        warnings += methods.reply_parse_warnings(arrays, settings.readout.reply_parse)
     warnings += metrics.edge_statistics_warnings(arrays.target_pos, arrays.order.shape[-1], boot.edge_statistics)
     for calibration in calibrations:
         warnings += [warning for warning in calibration.warnings if warning not in warnings]
@@ -103,7 +103,7 @@ def evaluation_warnings(names, arrays: EvalArrays, settings: methods.LadSettings
 
 
 def evaluate(cache_path: str, calibration_paths: Sequence[str], names: Sequence[str] | None,
-             settings: methods.LadSettings, boot: Bootstrap, transfer: bool = False
+             settings: methods.MethodSettings, boot: Bootstrap, transfer: bool = False
              ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """The evaluation record of ``names`` (default: the cache's prompt variant's methods) on a
     cache, with the calibrations of ``calibration_paths`` (one per draw), and the arrays of

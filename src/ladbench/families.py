@@ -96,6 +96,15 @@ def default_layer_range(family: str) -> tuple[int, int, int]:
     return family_entry(family).layer_range
 
 
+def layer_range_for(family: str | None, given=None) -> tuple[int, ...] | None:
+    """LAD's layer search range of a model, decided here alone: ``given`` (any form
+    :func:`parse_layer_range` reads; ``"all"``: every layer), else the family's default, else
+    (a cache that records no family) the reference's range scaled to the model's depth."""
+    if given is not None:
+        return parse_layer_range(given)
+    return default_layer_range(family) if family else REFERENCE_LAYER_RANGE
+
+
 def scale_layer_range(first: int, last: int, of: int, n_layers: int) -> tuple[int, int]:
     """Layers ``first..last`` of an ``of``-layer decoder, for a decoder of ``n_layers``: the
     half-open share ``[first, last + 1) / of`` of the depth, rounded to whole layers."""

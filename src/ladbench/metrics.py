@@ -38,6 +38,8 @@ from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
+from ladbench.settings import Settings, setting
+
 __all__ = [
     "ACC_STD_DDOF",
     "EDGE_STATISTICS",
@@ -75,26 +77,29 @@ EDGE_STATISTICS = ("undefined", "reference")  # first: the default (None where a
 
 
 @dataclass(frozen=True)
-class Bootstrap:
-    """Options of :func:`summarize`: bootstrap resamples, level, seed, the ddof of Acc's std
-    and what undefined statistics read (every table row and sweep uses the same ones)."""
+class Bootstrap(Settings):
+    """Options of :func:`summarize` (config ``evaluation``): bootstrap resamples, level, seed, the
+    ddof of Acc's std and what undefined statistics read (every table row and sweep uses the
+    same ones)."""
 
-    n_boot: int = BOOTSTRAP_RESAMPLES
-    ci: float = 0.95
-    seed: int = 0
-    acc_ddof: int = ACC_STD_DDOF
-    edge_statistics: str = EDGE_STATISTICS[0]
+    section = "evaluation"
 
-    def __post_init__(self) -> None:
-        if not 0 <= self.n_boot <= MAX_BOOTSTRAP_RESAMPLES:
-            raise ValueError(f"--bootstrap {self.n_boot}: give 0 to {MAX_BOOTSTRAP_RESAMPLES:,} resamples (each holds "
-                             "a count per instance in memory)")
-        if self.seed < 0:
-            raise ValueError(f"--seed {self.seed}: a seed is a non-negative integer")
-        if not 0 < self.ci < 1:
-            raise ValueError(f"--ci {self.ci}: a confidence level is between 0 and 1")
+    n_boot: int = setting(BOOTSTRAP_RESAMPLES, "bootstrap resamples over instances (0 = no intervals; at most "
+                          "100,000: each holds a row of counts per instance in memory)", minimum=0,
+                          maximum=MAX_BOOTSTRAP_RESAMPLES, key="bootstrap")
+    ci: float = setting(0.95, "confidence level of the intervals", above=0, below=1)
+    seed: int = setting(0, "bootstrap seed", minimum=0)
+    acc_ddof: int = setting(ACC_STD_DDOF, "delta degrees of freedom of Acc's std over the T orderings, in every table "
+                            "and figure: 1 (the reference implementation's sample std) or 0 (population std; at T = 5 "
+                            "it is 1/1.118 of the former)", choices=(0, 1))
+    edge_statistics: str = setting(
+        EDGE_STATISTICS[0], "statistics that are undefined on a set: Acc's sample std at T = 1 and RStd when a position "
+        "never holds the ground truth. undefined = null; reference = the reference's src/metric.py: 0.0 for a std of "
+        "fewer than two values, RStd over the positions that hold the ground truth (a warning in the evaluation "
+        "output)", choices=EDGE_STATISTICS)
 
     def kwargs(self) -> dict[str, Any]:
+        """:func:`summarize`'s options."""
         return asdict(self)
 
 

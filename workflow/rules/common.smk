@@ -1,7 +1,6 @@
 # Shared by all included files: the validated config, output paths, and helpers that map
 # config entries to the inputs and command-line flags of each stage.
 import os
-import shlex
 import sys
 
 from ladbench.config import (ConfigError, benchmark_parts, check_environment, layer_range_arg, load_schema,
@@ -10,7 +9,13 @@ from ladbench.atomic import LockedError, lock_output_dir
 from ladbench.cli import keep_caches_under, put_ladbench_on_path
 from ladbench.plan import benchmark_path, cache_path
 from ladbench.data.reference_tables import CAPTIONS_FILE as REFERENCE_CAPTIONS, CATEGORIES_FILE as REFERENCE_CATEGORIES
-from ladbench.methods import METHODS
+from ladbench.analysis import SweepSettings
+from ladbench.calibration import FitSettings
+from ladbench.methods import METHODS, LadSettings, ReadoutSettings
+from ladbench.metrics import Bootstrap
+from ladbench.report.explorer import Thumbnails
+from ladbench.settings import command_options
+from ladbench.workflow import flags
 from ladbench.variants import PLUGINS_ENV, variant as prompt_variant
 
 # Everything knowable at start-up is checked here, before any job runs: each config file
@@ -75,23 +80,6 @@ N_CAL = config["calibration"]["n_cal"]
 def log_file(*parts):
     """``{OUT}/logs/<stage>/<name>/.../<last>.log``: the log of one job."""
     return f"{LOGS}/{'/'.join(parts)}.log"
-
-
-def flags(**options):
-    """Command-line flags from keyword options: tau=5 -> --tau 5; True -> bare flag;
-    False/None -> omitted; lists -> repeated values."""
-    parts = []
-    for key, value in options.items():
-        flag = f"--{key.replace('_', '-')}"
-        if value is None or value is False:
-            continue
-        if value is True:
-            parts.append(flag)
-        elif isinstance(value, (list, tuple)):
-            parts.append(f"{flag} {' '.join(shlex.quote(str(v)) for v in value)}")
-        else:
-            parts.append(f"{flag} {shlex.quote(str(value))}")
-    return " ".join(parts)
 
 
 # ---- datasets -------------------------------------------------------------------------
@@ -362,19 +350,20 @@ def evaluation_inputs(wildcards):
     return inputs
 
 
+def settings_options(*carriers):
+    """The config's values of the carriers' keys, as the flags of a stage (ladbench.settings)."""
+    return {key: value for carrier in carriers for key, value in command_options(carrier, config[carrier.section]).items()}
+
+
 def lad_options(model):
-    """LAD's test-time settings for ``model`` (shared by evaluate and analyze)."""
-    lad = config["lad"]
-    return dict(layer_range=layer_range_arg(model_layer_range(config["models"][model])), top_k=lad["top_k"],
-                tau=lad["tau"], layer_mean=lad["layer_mean"], mixture=lad["mixture"], layer_ties=lad["layer_ties"],
-                k_beyond_range=lad["k_beyond_range"], layers_beyond_depth=lad["layers_beyond_depth"],
-                reply_parse=config["evaluation"]["reply_parse"])   # a readout's, carried with the methods' settings
+    """The methods' settings for ``model`` (shared by evaluate and analyze): its layer range and
+    the lad and readout settings."""
+    return dict(layer_range=layer_range_arg(model_layer_range(config["models"][model])),
+                **settings_options(LadSettings, ReadoutSettings))
 
 
 def bootstrap_options():
-    evaluation = config["evaluation"]
-    return dict(bootstrap=evaluation["bootstrap"], ci=evaluation["ci"], seed=evaluation["seed"],
-                acc_ddof=evaluation["acc_ddof"], edge_statistics=evaluation["edge_statistics"])
+    return settings_options(Bootstrap)
 
 
 def evaluation_flags(wildcards):
@@ -409,14 +398,9 @@ def analysis_file(model, benchmark, variant, ext="json"):
 
 
 def analysis_flags(wildcards):
-    sweeps = config["analysis"]  # Figure 6's and Table 4's sweeps (defaults in the schema)
     return flags(
         **lad_options(wildcards.model),
-        n_cal=N_CAL, seeds=CAL_SEEDS, score_average=config["calibration"]["score_average"],
-        pride_original_logs=config["calibration"]["pride_original_logs"],
-        empty_positions=config["calibration"]["empty_positions"],
-        dcal_sizes=sweeps["dcal_sizes"], dcal_draws=sweeps["dcal_draws"], taus=sweeps["taus"],
-        **bootstrap_options(),
+        n_cal=N_CAL, seeds=CAL_SEEDS, **settings_options(FitSettings, SweepSettings, Bootstrap),
     )
 
 
@@ -511,8 +495,7 @@ def explorer_inputs(wildcards):
 
 
 def explorer_flags():
-    report_config = config["report"]
-    return flags(thumbnail_size=report_config["thumbnail_size"], thumbnail_quality=report_config["thumbnail_quality"])
+    return flags(**settings_options(Thumbnails))
 
 
 def output_folder(wildcards, output):

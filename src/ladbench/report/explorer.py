@@ -47,6 +47,7 @@ from ladbench.calibration import Calibration, log_softmax
 from ladbench.data.coco import image_paths, load_image_table
 from ladbench.inference.cache import read_cache
 from ladbench.provenance import LABELS, title_with_kind
+from ladbench.settings import Settings, setting
 from ladbench.arrays import EvalArrays, eval_arrays
 from ladbench.inputs import MismatchError, check_benchmark_table, check_calibrations
 
@@ -81,17 +82,15 @@ HEAT_LEVELS = 255
 
 
 @dataclass(frozen=True)
-class Thumbnails:
-    """How the images are embedded: longest side (px) and JPEG quality."""
+class Thumbnails(Settings):
+    """How the images are embedded (config ``report``): longest side (px) and JPEG quality."""
 
-    size: int = THUMBNAIL_SIZE
-    quality: int = THUMBNAIL_QUALITY
+    section = "report"
 
-    def __post_init__(self) -> None:
-        if not 8 <= self.size <= 512:
-            raise ValueError(f"thumbnail size must be in 8..512 px, got {self.size}")
-        if not 1 <= self.quality <= 95:
-            raise ValueError(f"thumbnail quality must be in 1..95, got {self.quality}")
+    size: int = setting(THUMBNAIL_SIZE, "the instance explorer's thumbnails, longest side in pixels (each distinct "
+                        "image embedded once)", minimum=8, maximum=512, key="thumbnail_size")
+    quality: int = setting(THUMBNAIL_QUALITY, "JPEG quality of the explorer's thumbnails", minimum=1, maximum=95,
+                           key="thumbnail_quality")
 
     def encode(self, path: str | Path) -> str:
         """A ``data:`` URI of the image at ``path`` as a small JPEG."""
@@ -128,15 +127,14 @@ def logits_attention_gap(attention_share: np.ndarray, probability: np.ndarray, t
 def per_position_values(arrays: EvalArrays, calibration: Calibration, settings: methods.LadSettings) -> dict[str, np.ndarray]:
     """The card's rows [I, T, N] (:data:`PER_POSITION`), from the project's method functions."""
     _, profiles = position_profiles(arrays, calibration, settings)
-    selection = dict(ties=settings.layer_ties, k_beyond_range=settings.k_beyond_range)
-    every_layer = methods.raw_attention(arrays.attn, settings.top_k, None, all_layers=True, **selection)
+    every_layer = methods.raw_attention(arrays.attn, methods.LadSettings(layer_range=None, all_layers=True))
     values = {
         "probability": profiles["probability"],
         "attention_all": attention_shares(every_layer),
         "attention_share": profiles["attention_share"],
         "purified_share": profiles["purified_share"],
         "pride": softmax(methods.pride(arrays.scores, calibration.pride_prior)),
-        "lad": softmax(methods.lad_scores(arrays.scores, arrays.attn, calibration, settings)),
+        "lad": softmax(methods.lad(arrays.scores, arrays.attn, calibration, settings)),
     }
     return {name: values[name] for name in PER_POSITION}
 
@@ -267,14 +265,13 @@ def explorer_document(
     predictions = _load_predictions(evaluation_path)
     if not np.array_equal(predictions.pop("target_pos"), arrays.target_pos):
         raise MismatchError(f"{evaluation_path}: its predictions are not of {cache_path}'s rows (target positions differ)")
-    settings = methods.LadSettings.from_mapping(evaluation.get("settings"))
+    settings = methods.LadSettings.from_record(evaluation.get("settings"))
     bench_path, bench = _benchmark(benchmark_path, attrs, cache_path)
     candidates, uris, image_ids = _thumbnails(bench, bench_path, images_path, thumbnails, progress)
 
     values = per_position_values(arrays, calibration, settings)
     layer_share = attention_shares(arrays.attn)
-    selected = methods.layer_selection_mask(arrays.attn, settings.top_k, settings.layer_range, settings.all_layers,
-                                            ties=settings.layer_ties, k_beyond_range=settings.k_beyond_range)
+    selected = methods.layer_selection_mask(arrays.attn, settings)
     gap = logits_attention_gap(values["attention_share"], values["probability"], arrays.target_pos)
     names = [name for name in evaluation["methods"] if f"pred_{name}" in predictions]
     kind = attrs.get("model_kind") or evaluation.get("model_kind")

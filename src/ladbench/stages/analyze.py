@@ -9,13 +9,15 @@ from pathlib import Path
 import numpy as np
 
 from ladbench import analysis, metrics
-from ladbench.analysis import DEFAULT_DCAL_DRAWS, DEFAULT_DCAL_SIZES, DEFAULT_TAUS, analyze
+from ladbench.analysis import SweepSettings, analyze
 from ladbench.atomic import atomic_path, atomic_write_json, signed
+from ladbench.calibration import FitSettings
 from ladbench.cli import output_file
 from ladbench.inference.cache import read_cache_attributes
+from ladbench.stages.options import add_arguments, from_args
 from ladbench.stages.calibrate import add_fit_arguments
 from ladbench.evaluation import metrics_line
-from ladbench.stages.options import add_bootstrap_arguments, add_lad_arguments, bootstrap_settings, lad_settings
+from ladbench.stages.options import add_bootstrap_arguments, add_method_arguments, bootstrap_settings, method_settings
 
 
 def register(subparsers) -> None:
@@ -27,30 +29,21 @@ def register(subparsers) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--cache", required=True, help="inference cache (HDF5) of a vanilla-prompt variant")
-    add_lad_arguments(parser.add_argument_group("LAD base settings (as in `ladbench evaluate`)"))
+    add_method_arguments(parser.add_argument_group("LAD base settings (as in `ladbench evaluate`)"))
     cal = parser.add_argument_group("calibration (fitted in-process from the cache's pool)")
     add_fit_arguments(cal)
     cal.add_argument("--seeds", type=int, nargs="+", default=[0], help="calibration draws of the tables")
-    sweeps = parser.add_argument_group("Figure 6 sweeps")
-    sweeps.add_argument("--dcal-sizes", type=int, nargs="+", default=list(DEFAULT_DCAL_SIZES),
-                        help="|D_cal| sizes (clipped to the pool size)")
-    sweeps.add_argument("--dcal-draws", type=int, default=DEFAULT_DCAL_DRAWS,
-                        help="calibration draws (seeds 0..n-1) per |D_cal| size")
-    sweeps.add_argument("--taus", type=float, nargs="+", default=list(DEFAULT_TAUS), help="tau values of the sweep")
+    add_arguments(parser.add_argument_group("Figure 6 sweeps"), SweepSettings)
     add_bootstrap_arguments(parser.add_argument_group("confidence intervals"))
     parser.add_argument("--out", required=True, type=output_file(".json"), help="output .json (per-row arrays go to the same name .npz)")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> None:
-    if args.dcal_draws < 1:
-        raise ValueError(f"--dcal-draws must be >= 1, got {args.dcal_draws}")
-    base = lad_settings(args, read_cache_attributes(args.cache))
     document, arrays = analyze(
-        args.cache, base, n_cal=args.n_cal, seeds=args.seeds, score_average=args.score_average,
-        pride_original_logs=args.pride_original_logs, empty_positions=args.empty_positions,
-        dcal_sizes=args.dcal_sizes, dcal_draws=args.dcal_draws, taus=args.taus,
-        boot=bootstrap_settings(args), progress=True,
+        args.cache, method_settings(args, read_cache_attributes(args.cache)), n_cal=args.n_cal, seeds=args.seeds,
+        fit=from_args(FitSettings, args), sweeps=from_args(SweepSettings, args), boot=bootstrap_settings(args),
+        progress=True,
     )
     atomic_write_json(args.out, signed(metrics.json_safe(document)), indent=1)
     npz = Path(args.out).with_suffix(".npz")

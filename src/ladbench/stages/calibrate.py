@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import argparse
 
-from ladbench.calibration import EMPTY_POSITIONS, PRIDE_ORIGINAL_LOGS, SCORE_AVERAGES
+from ladbench.calibration import FitSettings
 from ladbench.cli import output_file
 from ladbench.evaluation import calibration_from_cache
+from ladbench.stages.options import add_arguments, from_args
 
 
 # |D_cal| (calibration.n_cal's default; tests/test_config.py checks the schema states the same)
@@ -17,13 +18,7 @@ N_CAL = 5
 def add_fit_arguments(parser) -> None:
     """How a calibration is fitted (``calibration.*`` in the config); shared with ``analyze``."""
     parser.add_argument("--n-cal", type=int, default=N_CAL, help="|D_cal|: calibration instances drawn from the pool")
-    parser.add_argument("--score-average", choices=SCORE_AVERAGES, default=SCORE_AVERAGES[0],
-                        help="reference: average raw scores; paper: average probabilities, then log (Eqs. 1-3)")
-    parser.add_argument("--pride-original-logs", choices=PRIDE_ORIGINAL_LOGS, default=PRIDE_ORIGINAL_LOGS[0],
-                        help="pride_original: log(p + 1e-10) as the original code (floor, default) or exact logs")
-    parser.add_argument("--empty-positions", choices=EMPTY_POSITIONS, default=EMPTY_POSITIONS[0],
-                        help="a position where no calibration row has its ground truth: stop (error, default), or a "
-                             "row of zeros in L with a warning (zero, the reference's)")
+    add_arguments(parser, FitSettings)
 
 
 def register(subparsers) -> None:
@@ -36,9 +31,7 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    calibration = calibration_from_cache(args.cache, args.n_cal, args.seed, average=args.score_average,
-                                         pride_original_logs=args.pride_original_logs,
-                                         empty_positions=args.empty_positions)
+    calibration = calibration_from_cache(args.cache, args.n_cal, args.seed, from_args(FitSettings, args))
     calibration.to_npz(args.out)
     source = calibration.settings.get("source", "pool")
     how = "the first" if source == "evaluation_head" else f"seed {args.seed},"

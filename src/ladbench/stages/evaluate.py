@@ -14,7 +14,7 @@ import numpy as np
 from ladbench.atomic import atomic_path, atomic_write_json, signed
 from ladbench.cli import output_file
 from ladbench.evaluation import evaluate, metrics_line
-from ladbench.stages.options import add_bootstrap_arguments, add_lad_arguments, bootstrap_settings, lad_settings
+from ladbench.stages.options import add_bootstrap_arguments, add_method_arguments, bootstrap_settings, method_settings
 from ladbench.inference.cache import read_cache_attributes
 from ladbench.variants import VARIANTS
 
@@ -31,7 +31,7 @@ def register(subparsers) -> None:
         help="methods to evaluate (default: by the cache's prompt variant: "
         + "; ".join(f"{name} -> {' '.join(v.methods)}" for name, v in VARIANTS.items()) + ")",
     )
-    add_lad_arguments(parser)
+    add_method_arguments(parser)
     add_bootstrap_arguments(parser)
     parser.add_argument("--transfer", action="store_true",
                         help="the calibrations were fitted on another benchmark (calibration transfer); "
@@ -41,7 +41,7 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    settings = lad_settings(args, read_cache_attributes(args.cache))
+    settings = method_settings(args, read_cache_attributes(args.cache))
     result, predictions = evaluate(args.cache, args.calibration, args.methods, settings, bootstrap_settings(args),
                                    transfer=args.transfer)
     atomic_write_json(args.out, signed(result), indent=1)

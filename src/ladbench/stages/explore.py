@@ -11,6 +11,7 @@ import argparse
 
 from ladbench.cli import output_file
 from ladbench.report.explorer import Thumbnails
+from ladbench.stages.options import add_arguments, from_args
 
 __all__ = ["register"]
 
@@ -28,8 +29,7 @@ def register(subparsers) -> None:
                         help="benchmark JSON (captions; default: the path the cache records, checked by its digest)")
     parser.add_argument("--images", default=None,
                         help="image table (images.json) for the thumbnails; without it the page shows image ids")
-    parser.add_argument("--thumbnail-size", type=int, default=Thumbnails.size, help="thumbnail longest side, px")
-    parser.add_argument("--thumbnail-quality", type=int, default=Thumbnails.quality, help="thumbnail JPEG quality")
+    add_arguments(parser, Thumbnails)
     parser.add_argument("--out", required=True, type=output_file(".html"), help="output page (.html)")
     parser.set_defaults(func=run)
 
@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> None:
 
     document = explorer_document(args.cache, args.calibration, args.evaluation, benchmark_path=args.benchmark,
                                  images_path=args.images,
-                                 thumbnails=Thumbnails(args.thumbnail_size, args.thumbnail_quality), progress=True)
+                                 thumbnails=from_args(Thumbnails, args), progress=True)
     write_explorer(document, args.out)
     print(f"wrote {args.out}: {document['n_instances']} instances x {document['n_orderings']} orderings, "
           f"{len(document['thumbnails'])} thumbnails")

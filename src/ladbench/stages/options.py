@@ -1,72 +1,67 @@
-"""Command-line options shared by the stages that run methods on a cache (evaluate, analyze).
-Every default is the settings dataclass's (:class:`LadSettings`, :class:`ladbench.metrics.Bootstrap`),
-which tests/test_config.py checks against the config schema's."""
+"""The flags of the settings carriers (:mod:`ladbench.settings`), generated from their fields
+(:func:`add_arguments`) and read back into them (:func:`from_args`), and those shared by the
+stages that run methods on a cache (evaluate, analyze): :class:`ladbench.methods.LadSettings`,
+:class:`ladbench.methods.ReadoutSettings` and :class:`ladbench.metrics.Bootstrap`."""
 
 from __future__ import annotations
 
 import argparse
 from typing import Any, Mapping
 
-from ladbench.config import parse_layer_range
-from ladbench.families import REFERENCE_LAYER_RANGE, default_layer_range
-from ladbench.methods import K_BEYOND_RANGE, LAYER_TIES, LAYERS_BEYOND_DEPTH, REPLY_PARSES, LadSettings
-from ladbench.metrics import EDGE_STATISTICS, Bootstrap
-
-_LAD = LadSettings()
+from ladbench.families import layer_range_for
+from ladbench.methods import LadSettings, MethodSettings, ReadoutSettings
+from ladbench.metrics import Bootstrap
+from ladbench.settings import config_key, is_sequence, kind, plain, setting_fields
 
 
-def add_lad_arguments(group) -> None:
-    """LAD's test-time settings (``lad.*`` and ``models.*.layer_range`` in the config)."""
-    group.add_argument("--layer-range", default=None,
-                       help="layer search range: all (the paper) or first:last, 0-based inclusive, clipped to "
-                       "the model's last layer, or first:last/of: layers first..last of an of-layer decoder, "
-                       "scaled to the model's depth (default: the cache's model family's, as in the config, "
-                       "e.g. 21:35/36, the reference's)")
-    group.add_argument("--top-k", type=int, default=_LAD.top_k, help="K: layers kept by attention strength")
-    group.add_argument("--tau", type=float, default=_LAD.tau, help="sharpening temperature")
-    group.add_argument("--layer-mean", choices=["reference", "paper"], default=_LAD.layer_mean,
-                       help="purified attention: log of the layer mean (reference) or mean of logs (paper, Eqs. 10-11)")
-    group.add_argument("--mixture", choices=["reference", "paper"], default=_LAD.mixture,
-                       help="expected bias: mix B's rows in log space (reference) or probability space (paper, Eq. 13)")
-    group.add_argument("--layer-ties", choices=LAYER_TIES, default=_LAD.layer_ties,
-                       help="layers of equal strength: keep the highest index, the lowest, or the one numpy's "
-                       "default argsort puts last (the reference's call; depends on numpy's build)")
-    group.add_argument("--k-beyond-range", choices=K_BEYOND_RANGE, default=_LAD.k_beyond_range,
-                       help="K larger than the layer range: lower K to the range's size (the reference) or stop")
-    group.add_argument("--layers-beyond-depth", choices=LAYERS_BEYOND_DEPTH, default=_LAD.layers_beyond_depth,
-                       help="a layer range past the model's last layer: clip it, or absent: the missing layers take "
-                       "part with attention 0 and prior 0 (the reference's arithmetic)")
-    group.add_argument("--reply-parse", choices=REPLY_PARSES, default=_LAD.reply_parse,
-                       help="vanilla_generate: a digit run must spell an identifier (exact), or is read by int() "
-                       "(the reference: leading zeros and any Unicode decimal digit count)")
+def add_arguments(parser, cls: type, **flag_defaults: Any) -> None:
+    """One flag per field of ``cls`` (``--<key>``), with the field's default, type, choices and
+    help; ``flag_defaults`` replace a flag's default (e.g. None: "decided later")."""
+    for f in setting_fields(cls):
+        if not f.metadata["flag"]:
+            continue
+        name = f"--{config_key(f).replace('_', '-')}"
+        default = flag_defaults.get(f.name, f.default)
+        shown = f" (default {_shown(f.default)})" if f.name not in flag_defaults else ""
+        options: dict[str, Any] = {"dest": f.name, "help": f"{f.metadata['help']}{shown}"}
+        if kind(f) is bool and not is_sequence(f):
+            parser.add_argument(name, action=argparse.BooleanOptionalAction, default=default, **options)
+            continue
+        if f.metadata.get("choices") is not None:
+            options["choices"] = f.metadata["choices"]
+        if is_sequence(f):
+            options["nargs"] = "+"
+            default = plain(default)
+        parser.add_argument(name, type=kind(f), default=default, **options)
+
+
+def _shown(value: Any) -> str:
+    return " ".join(map(str, value)) if isinstance(value, tuple) else str(value)
+
+
+def from_args(cls: type, args: argparse.Namespace, **values: Any) -> Any:
+    """``cls`` from the flags of :func:`add_arguments`; ``values`` are given by the caller
+    (settings without a flag, or flags whose meaning depends on the inputs)."""
+    given = {f.name: getattr(args, f.name) for f in setting_fields(cls) if f.metadata["flag"] and f.name not in values}
+    given = {name: tuple(value) if isinstance(value, list) else value for name, value in given.items()}
+    return cls(**given, **values)
+
+
+def add_method_arguments(group) -> None:
+    """LAD's test-time settings (``lad.*`` and ``models.*.layer_range`` in the config) and the readouts'."""
+    add_arguments(group, LadSettings, layer_range=None)      # no --layer-range: the cache's model family's
+    add_arguments(group, ReadoutSettings)
 
 
 def add_bootstrap_arguments(group) -> None:
-    defaults = Bootstrap()
-    group.add_argument("--bootstrap", type=int, default=defaults.n_boot,
-                       help=f"bootstrap resamples over instances (0: no intervals; default {defaults.n_boot})")
-    group.add_argument("--ci", type=float, default=defaults.ci, help="confidence level")
-    group.add_argument("--seed", type=int, default=defaults.seed, help="bootstrap seed")
-    group.add_argument("--acc-ddof", type=int, choices=(0, 1), default=defaults.acc_ddof,
-                       help=f"delta degrees of freedom of Acc's std over the T orderings (default {defaults.acc_ddof}, "
-                       "the reference's sample std)")
-    group.add_argument("--edge-statistics", choices=EDGE_STATISTICS, default=defaults.edge_statistics,
-                       help="undefined statistics (Acc's std at T = 1, RStd with a position never holding the ground "
-                       "truth): null (undefined), or the reference's 0.0 and RStd over the positions seen")
+    add_arguments(group, Bootstrap)
 
 
 def bootstrap_settings(args: argparse.Namespace) -> Bootstrap:
-    return Bootstrap(args.bootstrap, args.ci, args.seed, args.acc_ddof, args.edge_statistics)
+    return from_args(Bootstrap, args)
 
 
-def lad_settings(args: argparse.Namespace, cache_attrs: Mapping[str, Any]) -> LadSettings:
-    """The flags' settings; without --layer-range, the default of the cache's model family
-    (the reference's range, scaled to the model's depth, where the cache records no family)."""
-    family = cache_attrs.get("family")
-    layer_range = (parse_layer_range(args.layer_range) if args.layer_range is not None
-                   else default_layer_range(family) if family else REFERENCE_LAYER_RANGE)
-    return LadSettings(
-        top_k=args.top_k, tau=args.tau, layer_range=layer_range,
-        layer_mean=args.layer_mean, mixture=args.mixture, layer_ties=args.layer_ties,
-        k_beyond_range=args.k_beyond_range, layers_beyond_depth=args.layers_beyond_depth, reply_parse=args.reply_parse,
-    )
+def method_settings(args: argparse.Namespace, cache_attrs: Mapping[str, Any]) -> MethodSettings:
+    """The flags' settings; without --layer-range, the default of the cache's model family."""
+    layer_range = layer_range_for(cache_attrs.get("family"), args.layer_range)
+    return MethodSettings(from_args(LadSettings, args, layer_range=layer_range), from_args(ReadoutSettings, args))

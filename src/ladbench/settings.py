@@ -1,0 +1,150 @@
+"""Settings carriers: one frozen dataclass per section of settings, whose fields state each
+setting once: its default, type, allowed values, bounds and help text.
+
+Everything else derives from the fields, so that a new setting is one field:
+
+- the command's flags (:func:`ladbench.stages.options.add_arguments`, read back by
+  :func:`~ladbench.stages.options.from_args`);
+- the config schema's block for the section (:func:`schema_properties`, filled into the
+  schema's blocks marked ``x-settings`` by :func:`ladbench.config.load_schema`);
+- the workflow's hand-over of the config's values to the command (:func:`command_options`);
+- the validation, in the dataclass (:meth:`Settings.__post_init__`), which the config's
+  check calls per key (:func:`check_section`).
+
+A field's config key and flag are its name (``top_k``: ``lad.top_k``, ``--top-k``) unless
+``key`` says otherwise; ``config=False`` keeps it out of the config's section (a setting given
+elsewhere, such as a model's layer range), ``flag=False`` off the command line (a setting
+that only the code varies, such as an ablation's switch).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import MISSING, field, fields
+from typing import Any, ClassVar, Iterator, Mapping
+
+__all__ = ["Settings", "check_section", "command_options", "config_key", "is_sequence", "kind", "plain",
+           "schema_properties", "setting", "setting_fields"]
+
+_JSON_TYPES = {bool: "boolean", int: "integer", float: "number", str: "string"}
+
+
+def setting(default: Any, help: str, *, choices: tuple | None = None, minimum: float | None = None,
+            maximum: float | None = None, above: float | None = None, below: float | None = None,
+            kind: type | None = None, key: str | None = None, config: bool = True, flag: bool = True,
+            **extra: Any) -> Any:
+    """A field of a settings dataclass: its ``default`` and ``help``; the ``choices`` it allows;
+    its bounds (``minimum``/``maximum`` inclusive, ``above``/``below`` exclusive); ``kind``, the
+    type of its value or, for a tuple, of its items (default: the default's); ``key``, its config
+    key and flag name when not the field's name; whether it is a key of the config's section
+    (``config``) and a flag (``flag``). ``extra`` is kept in the metadata (e.g. ``hashed``)."""
+    metadata = {"help": help, "choices": choices, "minimum": minimum, "maximum": maximum, "above": above,
+                "below": below, "kind": kind, "key": key, "config": config, "flag": flag, **extra}
+    return field(default=default, metadata=metadata)
+
+
+class Settings:
+    """Base of a settings dataclass: ``section`` is its block of the config (``lad``,
+    ``evaluation``...); construction checks every field's choices and bounds."""
+
+    section: ClassVar[str] = ""
+
+    def __post_init__(self) -> None:
+        for f in setting_fields(type(self)):
+            _check_value(f, getattr(self, f.name))
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready: tuples as lists."""
+        return {f.name: plain(getattr(self, f.name)) for f in fields(self)}
+
+
+def plain(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value
+
+
+def setting_fields(cls: type) -> Iterator[dataclasses.Field]:
+    """The fields of ``cls`` made by :func:`setting`."""
+    return (f for f in fields(cls) if "help" in f.metadata)
+
+
+def config_key(f: dataclasses.Field) -> str:
+    return f.metadata.get("key") or f.name
+
+
+def kind(f: dataclasses.Field) -> type:
+    """The type of the field's value (of its items for a tuple)."""
+    if f.metadata.get("kind"):
+        return f.metadata["kind"]
+    default = f.default
+    if isinstance(default, tuple):
+        return type(default[0]) if default else str
+    return type(default)
+
+
+def is_sequence(f: dataclasses.Field) -> bool:
+    return isinstance(f.default, tuple)
+
+
+def _check_value(f: dataclasses.Field, value: Any) -> None:
+    """The field's choices and bounds, for one value or each item of a tuple."""
+    meta = f.metadata
+    for item in (value if isinstance(value, (tuple, list)) else (value,)):
+        if item is None:
+            continue
+        if meta.get("choices") is not None and item not in meta["choices"]:
+            raise ValueError(f"{config_key(f)} must be one of {tuple(meta['choices'])}, got {item!r}")
+        bounds = [(meta.get("minimum"), ">=", lambda v, b: v >= b), (meta.get("maximum"), "<=", lambda v, b: v <= b),
+                  (meta.get("above"), ">", lambda v, b: v > b), (meta.get("below"), "<", lambda v, b: v < b)]
+        for bound, sign, holds in bounds:
+            if bound is not None and not holds(item, bound):
+                must = "finite" if bound == float("inf") else f"{sign} {bound:,}"
+                raise ValueError(f"{config_key(f)} must be {must}, got {item}")
+
+
+# --------------------------------------------------------------------------- the config
+
+
+def schema_properties(cls: type) -> dict[str, dict]:
+    """The config schema's properties of ``cls``'s section (type, allowed values, default and
+    description per key); the bounds are checked by the dataclass (:func:`check_section`)."""
+    properties = {}
+    for f in setting_fields(cls):
+        if not f.metadata["config"]:
+            continue
+        item: dict[str, Any] = {"type": _JSON_TYPES[kind(f)]}
+        if f.metadata.get("choices") is not None:
+            item["enum"] = list(f.metadata["choices"])
+        entry = {"type": "array", "items": item, "minItems": 1} if is_sequence(f) else dict(item)
+        if f.default is not MISSING:
+            entry["default"] = plain(f.default)
+        entry["description"] = f.metadata["help"]
+        properties[config_key(f)] = entry
+    return properties
+
+
+def check_section(cls: type, values: Mapping[str, Any], where: str) -> None:
+    """Each of ``values`` (a config section) that ``cls`` carries, checked by ``cls`` alone;
+    a ValueError names ``<where>.<key>``."""
+    for f in setting_fields(cls):
+        key = config_key(f)
+        if key in values:
+            value = values[key]
+            try:
+                cls(**{f.name: tuple(value) if isinstance(value, list) else value})
+            except ValueError as error:
+                raise ValueError(f"{where}.{key}: {error}") from None
+
+
+def command_options(cls: type, values: Mapping[str, Any]) -> dict[str, Any]:
+    """The config section's values of ``cls``'s keys as a command's options, keyed by flag name
+    (the workflow writes them as ``--<key> <value>``)."""
+    options = {}
+    for f in setting_fields(cls):
+        key = config_key(f)
+        if not (f.metadata["config"] and f.metadata["flag"] and key in values):
+            continue
+        if values[key] is False and f.default is True:
+            options[f"no_{key}"] = True          # the flag's negative form (--no-<key>)
+        else:
+            options[key] = values[key]
+    return options
