@@ -38,24 +38,6 @@ SUBCOMMANDS = {
 }
 
 
-def put_ladbench_on_path() -> None:
-    """Put the folder of the running interpreter first on PATH when it holds the ``ladbench``
-    command, so that the workflow's jobs run the ``ladbench`` of the Python that runs
-    Snakemake: ``.venv/bin/snakemake`` works without activating the venv. (With
-    ``--use-conda`` a job's conda environment is activated in front of it.)"""
-    folder = os.path.dirname(sys.executable)
-    if os.path.exists(os.path.join(folder, "ladbench")):
-        os.environ["PATH"] = os.pathsep.join([folder, os.environ.get("PATH", "")])
-
-
-def keep_caches_under(folder: str) -> None:
-    """Make the workflow's jobs keep library caches under ``folder`` (the study's output folder)
-    rather than under $HOME: matplotlib's font cache and config (else ~/.cache/matplotlib and
-    ~/.config/matplotlib). Hugging Face's cache is left where the user keeps it: their models
-    are there."""
-    os.environ["MPLCONFIGDIR"] = os.path.abspath(os.path.join(folder, "matplotlib"))
-
-
 def output_file(*suffixes: str):
     """An argparse ``type`` for an output file: its name must end in one of ``suffixes``,
     the format the command writes. Anything else is refused before any work: the file would

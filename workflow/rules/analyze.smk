@@ -5,14 +5,14 @@
 
 rule analyze:
     input:
-        cache_file("{model}", "{benchmark}", "{variant}"),
+        study.cache_file("{model}", "{benchmark}", "{variant}"),
     output:
-        json=analysis_file("{model}", "{benchmark}", "{variant}"),
-        npz=analysis_file("{model}", "{benchmark}", "{variant}", "npz"),
+        json=study.analysis_file("{model}", "{benchmark}", "{variant}"),
+        npz=study.analysis_file("{model}", "{benchmark}", "{variant}", "npz"),
     params:
-        options=analysis_flags,
+        options=study.analysis_flags,
     log:
-        log_file("analyze", "{model}", "{benchmark}", "{variant}"),
+        study.log_file("analyze", "{model}", "{benchmark}", "{variant}"),
     conda:
         "../../envs/cpu.yaml"
     shell:

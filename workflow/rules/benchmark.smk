@@ -4,13 +4,13 @@
 
 rule benchmark:
     input:
-        unpack(benchmark_inputs),
+        unpack(study.benchmark_inputs),
     output:
-        benchmark_file("{dataset}_{setting}_N{n}"),
+        study.benchmark_file("{dataset}_{setting}_N{n}"),
     params:
-        options=benchmark_flags,
+        options=study.benchmark_flags,
     log:
-        log_file("benchmark", "{dataset}_{setting}_N{n}"),
+        study.log_file("benchmark", "{dataset}_{setting}_N{n}"),
     conda:
         "../../envs/cpu.yaml"
     shell:

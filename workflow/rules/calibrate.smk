@@ -5,13 +5,13 @@
 
 rule calibrate:
     input:
-        cache_file("{model}", "{benchmark}", "{variant}"),
+        study.cache_file("{model}", "{benchmark}", "{variant}"),
     output:
-        calibration_file("{model}", "{benchmark}", "{variant}", "{seed}", "{n_cal}"),
+        study.calibration_file("{model}", "{benchmark}", "{variant}", "{seed}", "{n_cal}"),
     params:
-        options=flags(**settings_options(FitSettings)),
+        options=study.calibration_flags(),
     log:
-        log_file("calibrate", "{model}", "{benchmark}", "{variant}", "dcal{n_cal}_seed{seed}"),
+        study.log_file("calibrate", "{model}", "{benchmark}", "{variant}", "dcal{n_cal}_seed{seed}"),
     conda:
         "../../envs/cpu.yaml"
     shell:

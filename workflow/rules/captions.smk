@@ -4,13 +4,13 @@
 
 rule captions:
     input:
-        captions_inputs,
+        study.captions_inputs,
     output:
-        image_table("{dataset}"),
+        study.image_table("{dataset}"),
     params:
-        options=captions_flags,
+        options=study.captions_flags,
     log:
-        log_file("captions", "{dataset}"),
+        study.log_file("captions", "{dataset}"),
     conda:
         "../../envs/cpu.yaml"
     shell:

@@ -4,15 +4,11 @@
 
 rule demo_scenes:
     output:
-        directory(scenes_dir("{dataset}")),
+        directory(study.scenes_dir("{dataset}")),
     params:
-        options=lambda w: flags(
-            n_images=dataset_config(w.dataset)["n_images"],
-            image_size=dataset_config(w.dataset)["image_size"],
-            seed=dataset_config(w.dataset)["seed"],
-        ),
+        options=study.scenes_flags,
     log:
-        log_file("demo_scenes", "{dataset}"),
+        study.log_file("demo_scenes", "{dataset}"),
     conda:
         "../../envs/cpu.yaml"
     shell:
@@ -21,9 +17,9 @@ rule demo_scenes:
 
 rule demo_clip:
     output:
-        directory(TINY_CLIP_DIR),
+        directory(study.tiny_clip_dir),
     log:
-        log_file("demo_clip"),
+        study.log_file("demo_clip"),
     conda:
         "../../envs/cpu.yaml"
     shell:
@@ -32,13 +28,13 @@ rule demo_clip:
 
 rule demo_model:
     output:
-        directory(tiny_model_dir("{model}")),
+        directory(study.tiny_model_dir("{model}")),
     params:
-        family=lambda w: config["models"][w.model]["family"],
+        family=lambda w: study.config["models"][w.model]["family"],
     wildcard_constraints:
-        model=RANDOM_TINY_PATTERN,
+        model=name_pattern(study.random_tiny),
     log:
-        log_file("demo_model", "{model}"),
+        study.log_file("demo_model", "{model}"),
     conda:
         "../../envs/gpu.yaml"
     shell:

@@ -5,12 +5,12 @@
 
 rule download:
     output:
-        touch(download_marker("{dataset}")),
+        touch(study.download_marker("{dataset}")),
     params:
-        source=lambda w: dataset_config(w.dataset)["source"],
-        root=lambda w: dataset_config(w.dataset)["root"],
+        source=lambda w: study.dataset(w.dataset)["source"],
+        root=lambda w: study.dataset(w.dataset)["root"],
     log:
-        log_file("download", "{dataset}"),
+        study.log_file("download", "{dataset}"),
     resources:
         runtime=240,
     conda:

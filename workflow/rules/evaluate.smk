@@ -5,15 +5,15 @@
 
 rule evaluate:
     input:
-        unpack(evaluation_inputs),
+        unpack(study.evaluation_inputs),
     output:
-        metrics=evaluation_file("{model}", "{benchmark}", "{variant}", "{cal_benchmark}"),
-        predictions=evaluation_file("{model}", "{benchmark}", "{variant}", "{cal_benchmark}", "npz"),
+        metrics=study.evaluation_file("{model}", "{benchmark}", "{variant}", "{cal_benchmark}"),
+        predictions=study.evaluation_file("{model}", "{benchmark}", "{variant}", "{cal_benchmark}", "npz"),
     params:
-        options=evaluation_flags,
+        options=study.evaluation_flags,
         calibrations=lambda w, input: input.get("calibrations", ""),
     log:
-        log_file("evaluate", "{model}", "{benchmark}", "{variant}", "cal-{cal_benchmark}"),
+        study.log_file("evaluate", "{model}", "{benchmark}", "{variant}", "cal-{cal_benchmark}"),
     conda:
         "../../envs/cpu.yaml"
     shell:

@@ -3,19 +3,19 @@
 
 rule features:
     input:
-        images=image_table("{dataset}"),
-        clip=clip_inputs,
+        images=study.image_table("{dataset}"),
+        clip=study.clip_inputs,
     output:
-        features_file("{dataset}"),
+        study.features_file("{dataset}"),
     params:
-        options=clip_flags(),
+        options=study.clip_flags(),
     threads: 2
     resources:
-        gpu=lambda w: 0 if config["clip"]["tiny"] else 1,
+        gpu=lambda w: 0 if study.config["clip"]["tiny"] else 1,
         mem_mb=16000,
         runtime=120,
     log:
-        log_file("features", "{dataset}"),
+        study.log_file("features", "{dataset}"),
     conda:
         "../../envs/gpu.yaml"
     shell:

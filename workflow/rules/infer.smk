@@ -8,26 +8,26 @@
 
 rule infer:
     input:
-        benchmark=benchmark_file("{benchmark}"),
-        images=lambda w: image_table(benchmark_dataset(w.benchmark)),
-        model=model_inputs,
+        benchmark=study.benchmark_file("{benchmark}"),
+        images=study.benchmark_images,
+        model=study.model_inputs,
     output:
-        cache_file("{model}", "{benchmark}", "{variant}") if SHARDS == 1 else shard_file(
+        study.cache_file("{model}", "{benchmark}", "{variant}") if study.shards == 1 else study.shard_file(
             "{model}", "{benchmark}", "{variant}", "{shard}"
         ),
     params:
-        options=infer_flags,
+        options=study.infer_flags,
         # what the job claims: the model's gpus_per_job (not the `gpu` resource, which a
         # SLURM profile may override; a job given fewer devices stops with an error)
-        gpus=infer_gpus,
-    threads: infer_threads
+        gpus=study.infer_gpus,
+    threads: study.infer_threads
     resources:
-        gpu=infer_gpus,
+        gpu=study.infer_gpus,
         mem_mb=32000,
         runtime=720,
     log:
-        log_file("infer", "{model}", "{benchmark}", "{variant}") if SHARDS == 1 else (
-            log_file("infer", "{model}", "{benchmark}", "{variant}", f"{{shard}}-of-{SHARDS}")
+        study.log_file("infer", "{model}", "{benchmark}", "{variant}") if study.shards == 1 else (
+            study.log_file("infer", "{model}", "{benchmark}", "{variant}", f"{{shard}}-of-{study.shards}")
         ),
     conda:
         "../../envs/gpu.yaml"
@@ -36,14 +36,14 @@ rule infer:
         "{params.options} --gpus {params.gpus} --out {output:q} > {log:q} 2>&1"
 
 
-if SHARDS > 1:
+if study.shards > 1:
 
     rule merge_shards:
         input:
-            shard_files,
+            study.shard_files,
         output:
-            cache_file("{model}", "{benchmark}", "{variant}"),
+            study.cache_file("{model}", "{benchmark}", "{variant}"),
         log:
-            log_file("merge_shards", "{model}", "{benchmark}", "{variant}"),
+            study.log_file("merge_shards", "{model}", "{benchmark}", "{variant}"),
         shell:
             "ladbench merge-shards {input:q} --out {output:q} > {log:q} 2>&1"

@@ -6,16 +6,16 @@
 
 rule train_organism:
     output:
-        directory(tiny_model_dir("{model}")),
+        directory(study.tiny_model_dir("{model}")),
     input:
         code=workflow.source_path("../../src/ladbench/organism.py"),
     params:
-        options=organism_flags,
+        options=study.organism_flags,
     wildcard_constraints:
-        model=ORGANISM_PATTERN,
+        model=name_pattern(study.organisms),
     threads: 1
     log:
-        log_file("train_organism", "{model}"),
+        study.log_file("train_organism", "{model}"),
     conda:
         "../../envs/gpu.yaml"
     shell:

@@ -6,18 +6,18 @@
 
 rule report_table:
     input:
-        evaluations=EVALUATIONS,
-        transfers=TRANSFERS,
-        analyses=ANALYSES,
-        caches=CACHES,
+        evaluations=study.evaluations,
+        transfers=study.transfers,
+        analyses=study.analyses,
+        caches=study.caches,
     output:
-        table_files(),
+        study.table_files(),
     params:
-        study=study_flags(),
-        options=table_flags(),
+        study=study.study_flags(),
+        options=study.table_flags(),
         out_dir=output_folder,
     log:
-        log_file("report", "tables"),
+        study.log_file("report", "tables"),
     conda:
         "../../envs/cpu.yaml"
     shell:
@@ -28,13 +28,13 @@ rule report_table:
 
 rule report_confusion:
     input:
-        evaluation_file("{model}", "{benchmark}", "{variant}", ext="npz"),
+        study.evaluation_file("{model}", "{benchmark}", "{variant}", ext="npz"),
     output:
-        figure_files("confusion_{model}_{benchmark}_{variant}", "confusion", "Fig. 1/8: position confusion"),
+        study.figure_files("confusion_{model}_{benchmark}_{variant}", "confusion", "Fig. 1/8: position confusion"),
     params:
         title=lambda w: flags(title=f"{w.model}: {w.benchmark} ({w.variant} cache)"),
     log:
-        log_file("report", "confusion_{model}_{benchmark}_{variant}"),
+        study.log_file("report", "confusion_{model}_{benchmark}_{variant}"),
     conda:
         "../../envs/cpu.yaml"
     shell:
@@ -43,20 +43,20 @@ rule report_confusion:
 
 rule report_figures:
     input:
-        json=analysis_file("{model}", "{benchmark}", "{variant}"),
-        npz=analysis_file("{model}", "{benchmark}", "{variant}", "npz"),
+        json=study.analysis_file("{model}", "{benchmark}", "{variant}"),
+        npz=study.analysis_file("{model}", "{benchmark}", "{variant}", "npz"),
     output:
-        profile=figure_files("score_profile_{model}_{benchmark}_{variant}", "score_profile", "Fig. 2: score profiles"),
-        attention=figure_files(
+        profile=study.figure_files("score_profile_{model}_{benchmark}_{variant}", "score_profile", "Fig. 2: score profiles"),
+        attention=study.figure_files(
             "attention_vs_scores_{model}_{benchmark}_{variant}", "attention_vs_scores", "Fig. 3: attention vs scores"
         ),
-        sweeps=figure_files(
+        sweeps=study.figure_files(
             "calibration_sweeps_{model}_{benchmark}_{variant}", "calibration_sweeps", "Fig. 6: |D_cal| and tau"
         ),
     params:
         title=lambda w: flags(title=f"{w.model}, {w.benchmark}"),
     log:
-        log_file("report", "figures_{model}_{benchmark}_{variant}"),
+        study.log_file("report", "figures_{model}_{benchmark}_{variant}"),
     conda:
         "../../envs/cpu.yaml"
     shell:
@@ -66,16 +66,16 @@ rule report_figures:
 
 rule report_model_figures:
     input:
-        evaluations=model_evaluations,
-        analyses=model_analyses,
-        arrays=model_analysis_arrays,
+        evaluations=study.model_evaluations,
+        analyses=study.model_analyses,
+        arrays=study.model_analysis_arrays,
     output:
-        accuracy=figure_files("accuracy_vs_n_{model}", "accuracy_vs_n", "Fig. 5: accuracy vs N"),
-        divergence=figure_files("divergence_{model}", "divergence_figure", "Divergence: logits vs attention"),
+        accuracy=study.figure_files("accuracy_vs_n_{model}", "accuracy_vs_n", "Fig. 5: accuracy vs N"),
+        divergence=study.figure_files("divergence_{model}", "divergence_figure", "Divergence: logits vs attention"),
     params:
-        study=study_flags(),
+        study=study.study_flags(),
     log:
-        log_file("report", "model_figures_{model}"),
+        study.log_file("report", "model_figures_{model}"),
     conda:
         "../../envs/cpu.yaml"
     shell:
@@ -85,14 +85,14 @@ rule report_model_figures:
 
 rule report_explorer:
     input:
-        unpack(explorer_inputs),
+        unpack(study.explorer_inputs),
     output:
-        report(explorer_file("{model}", "{benchmark}", "{variant}"), caption="../report/explorer.rst",
+        report(study.explorer_file("{model}", "{benchmark}", "{variant}"), caption="../report/explorer.rst",
                category="Instance explorer", subcategory="{model}", labels={"benchmark": "{benchmark}", "variant": "{variant}"}),
     params:
-        options=explorer_flags(),
+        options=study.explorer_flags(),
     log:
-        log_file("report", "explorer_{model}_{benchmark}_{variant}"),
+        study.log_file("report", "explorer_{model}_{benchmark}_{variant}"),
     conda:
         "../../envs/cpu.yaml"
     shell:
@@ -102,14 +102,14 @@ rule report_explorer:
 
 rule report_explorer_index:
     input:
-        pages=EXPLORERS,
-        evaluations=[evaluation_file(*key) for key in EXPLORER_KEYS],
-        predictions=[evaluation_file(*key, ext="npz") for key in EXPLORER_KEYS],
+        pages=study.explorers,
+        evaluations=[study.evaluation_file(*key) for key in study.explorer_keys],
+        predictions=[study.evaluation_file(*key, ext="npz") for key in study.explorer_keys],
     output:
-        report(EXPLORER_INDEX, caption="../report/explorer_index.rst", category="Instance explorer",
+        report(study.explorer_index, caption="../report/explorer_index.rst", category="Instance explorer",
                subcategory="index", labels={"page": "index of every explorer page"}),
     log:
-        log_file("report", "explorer_index"),
+        study.log_file("report", "explorer_index"),
     conda:
         "../../envs/cpu.yaml"
     shell:
@@ -119,13 +119,7 @@ rule report_explorer_index:
 rule report_all:
     input:
         rules.report_table.output,
-        [
-            expand_figures(f"{figure}_{{model}}_{{benchmark}}_{{variant}}", model=MODELS, benchmark=BENCHMARKS,
-                           variant=VANILLA_VARIANTS)
-            for figure in ("confusion", "score_profile", "attention_vs_scores", "calibration_sweeps")
-        ],
-        expand_figures("accuracy_vs_n_{model}", model=MODELS),
-        expand_figures("divergence_{model}", model=MODELS),
-        TRANSFERS,
-        EXPLORERS,
-        EXPLORER_INDEX if EXPLORERS else [],
+        study.report_figures(),
+        study.transfers,
+        study.explorers,
+        study.explorer_index if study.explorers else [],
