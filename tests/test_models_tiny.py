@@ -11,6 +11,7 @@ import pytest
 from conftest_models import FAMILIES, make_images
 from ladbench.models import ADAPTERS, adapter_class, load_adapter
 from ladbench.cli import build_parser
+from ladbench.families import LaneError
 from ladbench.models import compat, tiny
 
 pytestmark = [pytest.mark.slow, pytest.mark.lanes]
@@ -89,13 +90,13 @@ def test_llava_onevision_multi_image_prompts_are_not_tiled(tiny_adapter):
 
 @pytest.mark.skipif(not compat.on_current_lane(), reason="current-lane start-up check")
 def test_ov15_refuses_the_current_lane_in_one_line(tmp_path):
-    with pytest.raises(RuntimeError, match=r"^model family 'llava_ov15' runs only on the paper lane[^\n]*\.venv \(make install\)$"):
+    with pytest.raises(LaneError, match=r"^model family 'llava_ov15' runs only on the paper lane[^\n]*\.venv \(make install\)$"):
         load_adapter("llava_ov15", str(tmp_path / "never-read"), device="cpu", trust_remote_code=True)
 
 
 @paper_lane_only
 def test_auto_refuses_the_paper_lane_in_one_line(tmp_path):
-    with pytest.raises(RuntimeError, match=r"^model family 'auto' runs only on the current lane[^\n]*\.venv-current"):
+    with pytest.raises(LaneError, match=r"^model family 'auto' runs only on the current lane[^\n]*\.venv-current"):
         load_adapter("auto", str(tmp_path / "never-read"), device="cpu")
 
 
