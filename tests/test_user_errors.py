@@ -67,7 +67,23 @@ def test_a_plugin_that_raises_at_import_is_one_line(tmp_path, capsys, monkeypatc
     with pytest.raises(SystemExit):
         main(["where", "--configfile", path])
     err = capsys.readouterr().err
-    assert "Traceback" not in err and "LADBENCH_PLUGINS: plugin module 'raising_plugin' failed" in err
+    assert "Traceback" not in err and "plugin module 'raising_plugin' (named by $LADBENCH_PLUGINS) failed" in err
+
+
+def test_an_installed_plugin_that_raises_at_import_is_one_line(tmp_path, capsys, monkeypatch):
+    (tmp_path / "raising_entry.py").write_text("raise RuntimeError('broken on purpose')\n")
+    dist = tmp_path / "raising-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: raising\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[ladbench.plugins]\nbroken = raising_entry\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr("ladbench.plugins._LOADED", [])
+    with pytest.raises(SystemExit):
+        main(["where", "--configfile", demo_config(tmp_path, lambda c: None)])
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert "plugin 'raising_entry' (entry point 'broken' of ladbench.plugins) failed while being imported " \
+           "(RuntimeError: broken on purpose, at " in err and "raising_entry.py:1" in err
 
 
 def test_damaged_files_are_one_line(tmp_path, capsys):

@@ -18,6 +18,7 @@ import yaml
 from ladbench.config import ConfigError, load_schema, validate_config
 from ladbench.inference.prompts import IDENTIFIER_FORMATS
 from ladbench.methods import METHODS
+from ladbench.plugins import load_plugins
 from ladbench.variants import VARIANTS, PromptVariant, SofaSettings, prompt_sha256, prompt_text, variant
 
 DEMO = Path(__file__).resolve().parents[1] / "workflow" / "demo" / "config.yaml"
@@ -177,7 +178,7 @@ def toy_plugin(tmp_path, monkeypatch):
     folder.mkdir()
     (folder / "ladbench_toy_variant.py").write_text(TOY_PLUGIN)
     monkeypatch.syspath_prepend(str(folder))
-    monkeypatch.setattr("ladbench.variants._LOADED", [])
+    monkeypatch.setattr("ladbench.plugins._LOADED", [])
     yield folder
     VARIANTS.pop("toy", None)
     sys.modules.pop("ladbench_toy_variant", None)
@@ -195,6 +196,28 @@ def test_a_plugin_variant_is_known_to_the_config_and_the_prompts(toy_plugin):
     config["plugins"] = ["no_such_plugin_module"]
     with pytest.raises(ConfigError, match="plugins: plugin module 'no_such_plugin_module' cannot be imported"):
         validate_config(config)
+
+
+def install_entry_point(folder, module: str, name: str = "toy") -> None:
+    """An installed distribution in ``folder`` (on sys.path) whose ``ladbench.plugins`` entry point names ``module``."""
+    dist = folder / "ladbench_toy-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: ladbench-toy\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text(f"[ladbench.plugins]\n{name} = {module}\n")
+
+
+def test_an_installed_plugin_registers_through_its_entry_point(toy_plugin, monkeypatch):
+    """Installed (an entry point of the ladbench.plugins group), the toy plugin needs no
+    ``plugins`` entry in the config nor anything in the environment."""
+    monkeypatch.delenv("LADBENCH_PLUGINS", raising=False)
+    config = yaml.safe_load(DEMO.read_text())
+    config["inference"]["variants"]["toy"] = {"prompt": "toy"}
+    with pytest.raises(ConfigError, match=r"inference.variants.toy.prompt: 'toy' is not one of"):
+        validate_config(yaml.safe_load(yaml.safe_dump(config)))
+    install_entry_point(toy_plugin, "ladbench_toy_variant")
+    validate_config(config)
+    assert variant("toy").label == "Toy (look closely)"
+    assert load_plugins() == ["ladbench_toy_variant"]           # imported once, however often asked
 
 
 def test_a_registered_variant_needs_a_parser_when_generative():

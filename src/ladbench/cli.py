@@ -113,13 +113,13 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from ladbench.variants import PLUGINS_ENV, load_plugins
+    from ladbench.plugins import load_plugins
 
     argv = sys.argv[1:] if argv is None else argv
     try:
-        load_plugins()          # $LADBENCH_PLUGINS (set by the workflow from the config's plugins)
+        load_plugins()          # installed ones and $LADBENCH_PLUGINS (set by the workflow from the config's plugins)
     except ValueError as error:
-        print(f"ladbench: error: {PLUGINS_ENV}: {error}", file=sys.stderr)
+        print(f"ladbench: error: {error}", file=sys.stderr)
         raise SystemExit(2) from None
     parser = build_parser(only=next((arg for arg in argv if not arg.startswith("-")), None))
     args = parser.parse_args(argv)

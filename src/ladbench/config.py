@@ -259,8 +259,9 @@ def _check_settings(config: dict, schema: Mapping, source: str) -> None:
 
 
 def _load_plugins(config: dict, source: str) -> None:
-    """Import the modules of the config's ``plugins`` list: they register variants and methods."""
-    from ladbench.variants import load_plugins
+    """Import the installed plugins and the modules of the config's ``plugins`` list
+    (ladbench.plugins): they register variants and methods."""
+    from ladbench.plugins import load_plugins
 
     plugins = config.get("plugins") or []
     if isinstance(plugins, list) and all(isinstance(name, str) for name in plugins):   # else the schema says why

@@ -56,8 +56,12 @@ def check_methods(names) -> None:
         methods.method(name)                         # an unknown name: a one-line error listing the known ones
 
 
-def default_methods(prompt: str) -> list[str]:
-    """The methods a cache of prompt variant ``prompt`` is evaluated with unless told otherwise."""
+def default_methods(prompt: str, configured: Sequence[str] | None = None) -> list[str]:
+    """The methods a cache of prompt variant ``prompt`` is evaluated with: its variant's own
+    (ladbench.variants), where a vanilla-prompt cache takes ``configured`` when given (the
+    config's evaluation.methods: a choice among the readouts of the one scoring pass)."""
+    if configured and prompt == "vanilla":
+        return list(configured)
     return list(variant(prompt).methods)
 
 

@@ -18,29 +18,23 @@ The infer stage, ``evaluate``, ``plan``, the report and the config schema's enum
 :data:`VARIANTS`. Torch-free: hooks that need torch import it when called.
 
 Adding a variant is one :func:`register_variant` call. Outside this file it goes in a plugin
-module, named in the config's ``plugins`` list (imported before the config is validated;
-the workflow hands the list to its jobs in the ``LADBENCH_PLUGINS`` environment variable,
-which ``ladbench`` reads at start-up).
+(:mod:`ladbench.plugins`: an installed entry point, or a module named in the config's
+``plugins`` list).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
-import importlib
-import os
-import traceback
 from dataclasses import dataclass, field, fields
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Mapping
 
 from ladbench.inference import prompts
 
-__all__ = ["PLUGINS_ENV", "PromptVariant", "VARIANTS", "load_plugins", "prompt_sha256", "prompt_text", "register_variant",
+__all__ = ["PromptVariant", "VARIANTS", "prompt_sha256", "prompt_text", "register_variant",
            "setting", "variant", "variant_names"]
 
 SCORING, GENERATIVE = "scoring", "generative"
-#: environment variable naming plugin modules (comma-separated) that ``ladbench`` imports at start-up
-PLUGINS_ENV = "LADBENCH_PLUGINS"
 
 
 def setting(default: Any, help: str, *, hashed: bool = True) -> Any:
@@ -213,31 +207,3 @@ for _entry in (
                   table="table1", place=5),
 ):
     register_variant(_entry)
-
-
-# --------------------------------------------------------------------------- plugins
-
-_LOADED: list[str] = []
-
-
-def load_plugins(modules: Iterable[str] | None = None) -> list[str]:
-    """Import plugin modules (default: those named in ``$LADBENCH_PLUGINS``); each registers
-    its variants (and methods) when imported. Returns every plugin imported so far."""
-    if modules is None:
-        modules = [m.strip() for m in os.environ.get(PLUGINS_ENV, "").split(",") if m.strip()]
-    for name in modules:
-        if name in _LOADED:
-            continue
-        try:
-            importlib.import_module(name)
-        except ImportError as exc:
-            raise ValueError(f"plugin module {name!r} cannot be imported ({exc}); put its folder on PYTHONPATH") \
-                from None
-        except Exception as exc:          # noqa: BLE001 (whatever a plugin raises is the plugin's fault: one line)
-            where = next((f"{frame.filename}:{frame.lineno}" for frame in reversed(traceback.extract_tb(exc.__traceback__))
-                          if name.replace(".", "/") in frame.filename), name)
-            raise ValueError(f"plugin module {name!r} failed while being imported ({type(exc).__name__}: "
-                             f"{' '.join(str(exc).split())[:300]}, at {where}); fix the plugin or remove it from "
-                             "plugins") from None
-        _LOADED.append(name)
-    return list(_LOADED)

@@ -21,6 +21,7 @@ from ladbench.calibration import FitSettings
 from ladbench.config import (benchmark_parts, check_environment, layer_range_arg, load_schema, model_layer_range,
                              read_yaml, startup_warnings, study_benchmarks, validate_config)
 from ladbench.data.reference_tables import CAPTIONS_FILE, CATEGORIES_FILE
+from ladbench.evaluation import default_methods
 from ladbench.methods import METHODS, LadSettings, ReadoutSettings
 from ladbench.metrics import Bootstrap
 from ladbench.plan import benchmark_path, cache_path
@@ -28,7 +29,7 @@ from ladbench.report.explorer import Thumbnails
 from ladbench.report.render import TABLE_FORMATS
 from ladbench.report.tables import TABLE_BUILDERS
 from ladbench.settings import command_options
-from ladbench.variants import PLUGINS_ENV, variant as prompt_variant
+from ladbench.plugins import PLUGINS_ENV
 
 __all__ = ["Study", "flags", "keep_caches_under", "name_pattern", "put_ladbench_on_path", "start"]
 
@@ -337,13 +338,8 @@ class Study:
         return f"{self.out}/eval/{model}/{benchmark}/{variant}/cal-{cal_benchmark or benchmark}.{ext}"
 
     def variant_methods(self, variant: str) -> list[str]:
-        """The methods a cache is evaluated with: its prompt variant's (ladbench.variants: Vanilla,
-        Instruction and SoFA: the argmax readouts; CoT/SC: parsed answers), where the vanilla
-        prompt's are the config's evaluation.methods."""
-        prompt = self.prompt(variant)
-        if prompt == "vanilla":
-            return self.config["evaluation"]["methods"]
-        return list(prompt_variant(prompt).methods)
+        """The methods a cache is evaluated with (ladbench.evaluation.default_methods)."""
+        return default_methods(self.prompt(variant), self.config["evaluation"]["methods"])
 
     def needs_calibration(self, variant: str) -> bool:
         """Whether a method evaluated on the cache variant ``variant`` reads a calibration."""
