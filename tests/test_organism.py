@@ -64,7 +64,7 @@ def test_config_keys_are_the_training_settings():
     schema = yaml.safe_load((ROOT / "workflow" / "schemas" / "config.schema.yaml").read_text())
     model = schema["properties"]["models"]["additionalProperties"]
     keys = set(model["properties"]["organism"]["properties"])
-    derived = {"n_candidates", "image_size", "scene_size"}       # organism_flags in workflow/rules/common.smk
+    derived = {"n_candidates", "image_size", "scene_size"}       # Study.organism_flags in ladbench.workflow
     assert keys == {f.name for f in dataclasses.fields(OrganismSettings)} - derived
 
 
