@@ -44,9 +44,11 @@ test: install
 test-current: install-current
 	PATH="$(CURRENT_BIN):$$PATH" $(CURRENT_BIN)/pytest -m "lanes and not slurm"
 
-# The workflow's own checks, then ruff over the Python (rules: [tool.ruff] in pyproject.toml).
+# The workflow's own checks and its layout (snakefmt: [tool.snakefmt]), then ruff over the
+# Python (rules: [tool.ruff] in pyproject.toml).
 lint: install
 	$(SMK) --lint --configfile $(DEMO_CONFIG)
+	$(BIN)/snakefmt --check Snakefile workflow/
 	$(BIN)/ruff check .
 
 figures: install

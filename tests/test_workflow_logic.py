@@ -148,6 +148,8 @@ def test_shards_split_a_cache_into_numbered_jobs(tmp_path):
     study = study_of(DEMO, lambda c: c["inference"].update(shards=3), tmp_path)
     w = SimpleNamespace(model=study.models[0], benchmark=study.benchmarks[0], variant="vanilla")
     assert [Path(p).name for p in study.shard_files(w)] == ["0-of-3.h5", "1-of-3.h5", "2-of-3.h5"]
+    assert study.infer_output().endswith("/{variant}/{shard}-of-3.h5") and study.infer_log().endswith("{shard}-of-3.log")
+    assert study_of(DEMO).infer_output() == study.cache_file("{model}", "{benchmark}", "{variant}")
     args = parsed("infer", study.infer_flags(SimpleNamespace(**vars(w), shard="1")), "--benchmark b --images i --out c.h5")
     assert (args.shard_index, args.shard_count) == (1, 3)
     unsharded = parsed("infer", study_of(DEMO).infer_flags(w), "--benchmark b --images i --out c.h5")

@@ -282,6 +282,17 @@ class Study:
     def shard_files(self, wildcards) -> list[str]:
         return [self.shard_file(wildcards.model, wildcards.benchmark, wildcards.variant, i) for i in range(self.shards)]
 
+    def infer_output(self) -> str:
+        """What an infer job writes: the cache, or one shard of it (inference.shards > 1)."""
+        if self.shards == 1:
+            return self.cache_file("{model}", "{benchmark}", "{variant}")
+        return self.shard_file("{model}", "{benchmark}", "{variant}", "{shard}")
+
+    def infer_log(self) -> str:
+        if self.shards == 1:
+            return self.log_file("infer", "{model}", "{benchmark}", "{variant}")
+        return self.log_file("infer", "{model}", "{benchmark}", "{variant}", f"{{shard}}-of-{self.shards}")
+
     def infer_on_gpu(self, wildcards) -> bool:
         return not self.config["models"][wildcards.model]["tiny"] and self.config["inference"]["device"] != "cpu"
 

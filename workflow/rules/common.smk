@@ -8,8 +8,9 @@ from ladbench.config import ConfigError
 from ladbench.workflow import flags, name_pattern, output_folder, start
 
 try:
-    study, _warnings = start(config, workflow.overwrite_configfiles,
-                             workflow.source_path("../schemas/config.schema.yaml"), report)
+    study, _warnings = start(
+        config, workflow.overwrite_configfiles, workflow.source_path("../schemas/config.schema.yaml"), report
+    )
 except ConfigError as error:
     raise WorkflowError(f"invalid configuration: {error}")
 for _warning in _warnings:

@@ -12,9 +12,7 @@ rule infer:
         images=study.benchmark_images,
         model=study.model_inputs,
     output:
-        study.cache_file("{model}", "{benchmark}", "{variant}") if study.shards == 1 else study.shard_file(
-            "{model}", "{benchmark}", "{variant}", "{shard}"
-        ),
+        study.infer_output(),
     params:
         options=study.infer_flags,
         # what the job claims: the model's gpus_per_job (not the `gpu` resource, which a
@@ -26,9 +24,7 @@ rule infer:
         mem_mb=32000,
         runtime=720,
     log:
-        study.log_file("infer", "{model}", "{benchmark}", "{variant}") if study.shards == 1 else (
-            study.log_file("infer", "{model}", "{benchmark}", "{variant}", f"{{shard}}-of-{study.shards}")
-        ),
+        study.infer_log(),
     conda:
         "../../envs/gpu.yaml"
     shell:

@@ -46,7 +46,9 @@ rule report_figures:
         json=study.analysis_file("{model}", "{benchmark}", "{variant}"),
         npz=study.analysis_file("{model}", "{benchmark}", "{variant}", "npz"),
     output:
-        profile=study.figure_files("score_profile_{model}_{benchmark}_{variant}", "score_profile", "Fig. 2: score profiles"),
+        profile=study.figure_files(
+            "score_profile_{model}_{benchmark}_{variant}", "score_profile", "Fig. 2: score profiles"
+        ),
         attention=study.figure_files(
             "attention_vs_scores_{model}_{benchmark}_{variant}", "attention_vs_scores", "Fig. 3: attention vs scores"
         ),
@@ -87,8 +89,13 @@ rule report_explorer:
     input:
         unpack(study.explorer_inputs),
     output:
-        report(study.explorer_file("{model}", "{benchmark}", "{variant}"), caption="../report/explorer.rst",
-               category="Instance explorer", subcategory="{model}", labels={"benchmark": "{benchmark}", "variant": "{variant}"}),
+        report(
+            study.explorer_file("{model}", "{benchmark}", "{variant}"),
+            caption="../report/explorer.rst",
+            category="Instance explorer",
+            subcategory="{model}",
+            labels={"benchmark": "{benchmark}", "variant": "{variant}"},
+        ),
     params:
         options=study.explorer_flags(),
     log:
@@ -106,8 +113,13 @@ rule report_explorer_index:
         evaluations=[study.evaluation_file(*key) for key in study.explorer_keys],
         predictions=[study.evaluation_file(*key, ext="npz") for key in study.explorer_keys],
     output:
-        report(study.explorer_index, caption="../report/explorer_index.rst", category="Instance explorer",
-               subcategory="index", labels={"page": "index of every explorer page"}),
+        report(
+            study.explorer_index,
+            caption="../report/explorer_index.rst",
+            category="Instance explorer",
+            subcategory="index",
+            labels={"page": "index of every explorer page"},
+        ),
     log:
         study.log_file("report", "explorer_index"),
     conda:
