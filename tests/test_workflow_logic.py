@@ -93,6 +93,61 @@ def test_every_rule_hands_its_stage_flags_the_stage_knows(paper, demo):
         parsed("train-organism", demo.organism_flags(SimpleNamespace(model=model)), "--out o")
 
 
+# The sections without a settings carrier, checked key by key: config key -> the stage's
+# argument (dest), for every key of the schema's section (a new key fails here until mapped).
+HAND_OVER = {
+    "inference": ("infer", {"image_size": "image_size", "batch_size": "batch_size", "workers": "workers",
+                            "group_by_length": "group_by_length", "vision_tower": "vision_tower",
+                            "chunk_size": "chunk_size", "dtype": "dtype", "device": "device",
+                            "score_mode": "score_mode", "store_head_attention": "store_head_attention",
+                            "shards": "shard_count", "greedy_reply": "greedy_reply"},
+                  {"variants", "prompt_settings"}),
+    "benchmarks": ("benchmark", {"n_eval": "n_eval", "n_calibration_pool": "n_calibration", "n_orderings": "n_orderings",
+                                 "orderings": "orderings", "pool_size": "pool_size", "caption_sim_max": "caption_sim_max",
+                                 "category_rule": "category_rule", "seed": "seed", "draw": "draw",
+                                 "similarity_dtype": "similarity_dtype"},
+                   {"datasets", "settings", "n_candidates"}),      # the workflow's targets; the wildcards' flags
+    "clip": ("features", {"batch_size": "batch_size", "workers": "workers", "device": "device"},
+             {"model", "pretrained", "tiny"}),                    # model and checkpoint: clip_flags, tiny or not
+}
+
+
+@pytest.mark.parametrize("section", HAND_OVER)
+def test_every_key_of_a_section_without_a_carrier_reaches_its_stage(section, tmp_path):
+    """Each key, set to a value other than its default, arrives in the stage's parsed arguments."""
+    from ladbench.config import load_schema
+
+    command, dests, elsewhere = HAND_OVER[section]
+    keys = set(load_schema()["properties"][section]["properties"])
+    assert keys == set(dests) | elsewhere, f"map the new keys of {section}: {sorted(keys - set(dests) - elsewhere)}"
+    changed = {"inference": {"image_size": 224, "batch_size": 3, "workers": 2, "group_by_length": True,
+                             "vision_tower": "native", "chunk_size": 7, "dtype": "float32", "device": "cpu",
+                             "score_mode": "joint", "store_head_attention": True, "shards": 2, "greedy_reply": False},
+               "benchmarks": {"n_eval": 11, "n_calibration_pool": 5, "n_orderings": 2, "orderings": "per_instance",
+                              "pool_size": 99, "caption_sim_max": 0.5, "category_rule": "paper", "seed": 9,
+                              "draw": "reference", "similarity_dtype": "float16"},
+               "clip": {"batch_size": 5, "workers": 1, "device": "cpu"}}[section]
+    def edit(config):
+        config.setdefault(section, {}).update(changed)
+        for model in config["models"].values():
+            model.pop("batch_size", None)          # a model's own batch size wins over the section's (tested below)
+    study = study_of(DEMO, edit, tmp_path)
+    w = SimpleNamespace(model=study.models[0], benchmark=study.benchmarks[0], variant="vanilla", dataset="scenes",
+                        shard="0")
+    options = {"infer": lambda: study.infer_flags(w), "benchmark": lambda: study.benchmark_flags(w),
+               "features": study.clip_flags}[command]()
+    args = parsed(command, options, REQUIRED[command])
+    for key, dest in dests.items():
+        assert getattr(args, dest) == changed[key], (section, key)
+    if section == "inference":
+        study.config["models"][w.model]["batch_size"] = 4
+        assert parsed(command, study.infer_flags(w), REQUIRED[command]).batch_size == 4
+
+
+REQUIRED = {"infer": "--benchmark b --images i --out c.h5", "benchmark": "--images t --features f --setting random "
+            "--n-candidates 4 --out b.json", "features": "--images t.json --out f.h5"}
+
+
 def test_a_transfer_evaluation_says_so_and_reads_the_other_benchmarks_calibrations(demo):
     (target,) = [t for t in demo.config["evaluation"]["transfer"]][:1]
     w = SimpleNamespace(model=demo.models[0], benchmark=target["evaluate_on"], variant="vanilla",
