@@ -9,6 +9,8 @@ outcomes, and show that the same pipeline on the untrained organism does not pas
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -99,6 +101,89 @@ def test_value_readout_is_the_top_layers_output_for_a_token_attended_alone():
         expected.append(model.lm_head(text.norm(output))[0, 0])
     with torch.no_grad():
         torch.testing.assert_close(_value_readout(model, states), torch.stack(expected).detach())
+
+
+# ------------------------------------------------------------- the same bits on every CPU
+# The stages that build the demo's models from a seed, at a test's size (the organism trains
+# two steps at N = 4 and two at N = 8), all in one process (torch loads once, which under an
+# emulator takes a minute): each stage's weights file.
+PORTABLE_BUILDS = {
+    "organism": (["train-organism", "--steps", "4", "--batch-size", "2", "--n-scenes", "16"], "model.safetensors"),
+    "tiny": (["demo-model", "--family", "qwen2_5_vl"], "model.safetensors"),
+    "clip": (["demo-clip"], "ladbench-tiny-clip.pt"),
+}
+_BUILD_SCRIPT = "import json, sys; from ladbench.cli import main; [main(a) for a in json.loads(sys.argv[1])]"
+#: what glibc may use of this CPU's optional instruction sets (its maths functions pick FMA/AVX2
+#: variants by them; ATen's baseline kernels call those functions)
+GLIBC_MASK = "glibc.cpu.hwcaps=-AVX,-AVX2,-FMA,-FMA4,-AVX512F,-AVX512DQ,-AVX512BW,-AVX512VL"
+
+
+def build_portable_models(out: Path, env: dict, emulator: tuple[str, ...] = ()) -> dict[str, str]:
+    """Run the PORTABLE_BUILDS stages as ``ladbench`` runs them (the CLI sets the CPU switches),
+    in ``env``, optionally under an ``emulator``; the sha256 of each weights file."""
+    import hashlib
+    import subprocess
+    import sys
+
+    argv = [[*command, "--out", str(out / name)] for name, (command, _) in PORTABLE_BUILDS.items()]
+    python = [*emulator, "-0", sys.executable, os.path.realpath(sys.executable)] if emulator else [sys.executable]
+    result = subprocess.run([*python, "-c", _BUILD_SCRIPT, json.dumps(argv)], env=env, capture_output=True,
+                            text=True, timeout=1800)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return {name: hashlib.sha256((out / name / weights).read_bytes()).hexdigest()
+            for name, (_, weights) in PORTABLE_BUILDS.items()}
+
+
+def unpinned_environment() -> dict:
+    from ladbench.cpu_paths import PORTABLE_CPU_ENV
+    return {k: v for k, v in os.environ.items() if k not in PORTABLE_CPU_ENV and k != "GLIBC_TUNABLES"}
+
+
+def test_weights_do_not_depend_on_the_instruction_sets_this_machine_can_mask(tmp_path):
+    """Built once as a user runs the stages (nothing set: each library would use the best this
+    CPU has) and once as a CPU without AVX, AVX2, FMA or AVX-512 would run them, as far as one
+    machine can pretend: the libraries' own switches at their lowest level, and glibc's maths
+    (which ATen's baseline kernels call) masked. The stages pin the switches themselves, so the
+    bits are the same. What this cannot show, another CPU's own choices (vendor, caches), the
+    emulated CPU below shows."""
+    from ladbench.cpu_paths import PORTABLE_CPU_ENV
+
+    normal = build_portable_models(tmp_path / "normal", unpinned_environment())
+    masked = build_portable_models(tmp_path / "masked",
+                                   {**unpinned_environment(), **PORTABLE_CPU_ENV, "GLIBC_TUNABLES": GLIBC_MASK})
+    assert normal == masked
+    meta = json.loads((tmp_path / "normal" / "organism" / "ladbench_tiny.json").read_text())
+    assert meta["training"]["cpu_paths"] == {"aten": "DEFAULT", "ONEDNN_MAX_CPU_ISA": "SSE41", "MKL_CBWR": "COMPATIBLE"}
+
+
+def qemu_or_skip() -> str:
+    """qemu-x86_64 (Debian's qemu-user), installed with apt where tests may change the machine."""
+    import shutil
+
+    from slurm.cluster import ClusterUnavailable, ensure_packages
+    from test_slurm import SYSTEM_TESTS
+
+    if shutil.which("qemu-x86_64") is None:
+        if os.environ.get(SYSTEM_TESTS) != "1":
+            pytest.skip(f"needs qemu-x86_64 (Debian: apt-get install qemu-user); set {SYSTEM_TESTS}=1 to let the "
+                        "test install it (.ci/run does)")
+        try:
+            ensure_packages(("qemu-user",))
+        except ClusterUnavailable as reason:
+            pytest.skip(f"cannot install qemu-user: {reason}")
+    return shutil.which("qemu-x86_64")
+
+
+@pytest.mark.slow
+def test_weights_are_the_same_bits_on_an_emulated_older_cpu(tmp_path):
+    """The demo's models built on this CPU and on another one: qemu-x86_64 emulating an Intel
+    Nehalem (SSE4.2 only: no AVX, AVX2, FMA or AVX-512; another vendor than an AMD host, other
+    caches), the oldest CPU this software stack runs on (numpy 2.4 needs x86-64-v2). Every
+    library sees that CPU, so each picks what it would pick there."""
+    emulator = qemu_or_skip()
+    native = build_portable_models(tmp_path / "native", unpinned_environment())
+    emulated = build_portable_models(tmp_path / "emulated", unpinned_environment(), (emulator, "-cpu", "Nehalem"))
+    assert native == emulated
 
 
 # ------------------------------------------------------------------ through the pipeline

@@ -34,6 +34,11 @@ SUBCOMMANDS = {
     "report": "ladbench.stages.report",
 }
 
+#: Stages whose outputs must be the same bits on every x86-64 CPU: the demo's models built from
+#: a seed (random weights, and the trained organism). Their torch runs on pinned CPU kernels
+#: (ladbench.cpu_paths), set here, before anything imports torch.
+PORTABLE_STAGES = ("demo-clip", "demo-model", "train-organism")
+
 
 def put_ladbench_on_path() -> None:
     """Put the folder of the running interpreter first on PATH when it holds the ``ladbench``
@@ -118,15 +123,19 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
+    from ladbench.cpu_paths import pin_cpu_paths
     from ladbench.variants import PLUGINS_ENV, load_plugins
 
     argv = sys.argv[1:] if argv is None else argv
+    command = next((arg for arg in argv if not arg.startswith("-")), None)
+    if command in PORTABLE_STAGES:
+        pin_cpu_paths()
     try:
         load_plugins()          # $LADBENCH_PLUGINS (set by the workflow from the config's plugins)
     except ValueError as error:
         print(f"ladbench: error: {PLUGINS_ENV}: {error}", file=sys.stderr)
         raise SystemExit(2) from None
-    parser = build_parser(only=next((arg for arg in argv if not arg.startswith("-")), None))
+    parser = build_parser(only=command)
     args = parser.parse_args(argv)
     try:
         args.func(args)
