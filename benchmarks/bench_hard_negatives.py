@@ -6,6 +6,7 @@ Synthetic inputs at the paper's scale: 25,000 images with random unit ViT-L/14-s
 whole `build_benchmark` call (pool draw, mining, shuffles, orderings) per N.
 
     python benchmarks/bench_hard_negatives.py [--n 4 8 12] [--images 25000] [--dim 768]
+        [--draw distinct|reference] [--similarity-dtype float32|float16]
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import time
 
 import numpy as np
 
-from ladbench.benchmark import build_benchmark
+from ladbench.benchmark import DRAWS, SIMILARITY_DTYPES, build_benchmark
 
 
 def synthetic_inputs(n_images: int, dim: int, seed: int = 0) -> tuple[dict, dict]:
@@ -42,6 +43,8 @@ def main() -> None:
     parser.add_argument("--dim", type=int, default=768, help="Embedding size (768 = ViT-L/14).")
     parser.add_argument("--n-eval", type=int, default=1000)
     parser.add_argument("--n-calibration", type=int, default=100)
+    parser.add_argument("--draw", choices=DRAWS, default=DRAWS[0])
+    parser.add_argument("--similarity-dtype", choices=SIMILARITY_DTYPES, default=SIMILARITY_DTYPES[0])
     args = parser.parse_args()
 
     start = time.perf_counter()
@@ -51,10 +54,12 @@ def main() -> None:
         for setting in ("adversarial", "random"):
             start = time.perf_counter()
             doc = build_benchmark(table, features, setting, n, n_eval=args.n_eval, n_calibration=args.n_calibration,
-                                  pool_size=args.pool_size, seed=42)
+                                  pool_size=args.pool_size, seed=42, draw=args.draw,
+                                  similarity_dtype=args.similarity_dtype)
             seconds = time.perf_counter() - start
             print(f"{setting:11s} N={n:2d}: {len(doc['eval'])} eval + {len(doc['calibration'])} calibration "
-                  f"instances from a pool of {doc['pool_size']} in {seconds:.2f} s")
+                  f"instances from a pool of {doc['pool_size']} in {seconds:.2f} s ({args.draw} draw, "
+                  f"{args.similarity_dtype} similarities)")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Speed of the ``infer`` stage: per-row time vs the reference, host syncs, and GPU throughput (rerunnable; not a test).
 
-Three parts; each prints a Markdown table (``--json`` also writes the raw numbers).
+Four parts; each prints a Markdown table (``--json`` also writes the raw numbers).
 
 1. CPU time per row (default): a random "medium" Qwen2.5-VL (hidden 512, 8 layers, 8 heads / 2
    KV heads; ``ladbench demo-model --preset medium``) at batch size 1:
@@ -29,7 +29,8 @@ Three parts; each prints a Markdown table (``--json`` also writes the raw number
    tensor, plus every ``Tensor.tolist`` and ``Tensor.cpu`` call, each a device-to-host copy on a
    GPU; counted even where the tensor is on the host, so an upper bound) and aten operations
    (each one kernel launch or more on a GPU). For the tiny and medium models, batch 8, our
-   batched tower and transformers' native one, and ``today`` with ``--baseline-src``.
+   batched tower and transformers' native one, on the current lane the same model through
+   ``family: auto``, and ``today`` with ``--baseline-src``.
 
 3. On a GPU (``--device cuda --arch qwen2_5_vl_3b internvl3_8b``): the real architectures at
    full size with random weights and the real vocabulary (configs below), bfloat16:
@@ -38,8 +39,16 @@ Three parts; each prints a Markdown table (``--json`` also writes the raw number
    with capture, scoring); one forward pass ours / bare SDPA / the reference's eager path, at
    N = 4, 8, 12. ``--arch-scale small`` shrinks the architectures to check the mechanics on a CPU.
 
+4. Per architecture (current lane, ``--architectures all`` or names; no timing): the proxies
+   of part 2 for ``family: auto`` on the tiny build of each architecture (models/tiny_archs.py),
+   plus the host syncs of its vision tower alone (the model's ``get_image_features`` on the
+   batch's images). ``ladbench models --markdown --proxies <the --json file>`` is the README's
+   model table; a tower with more than 20 syncs per row reads back inside its layers.
+
     python benchmarks/bench_inference.py --n 4 8 9 12 --reps 5 --proxies --baseline-src /tmp/old/src
     python benchmarks/bench_inference.py --device cuda --arch qwen2_5_vl_3b internvl3_8b --n 4 8 12
+    .venv-current/bin/python benchmarks/bench_inference.py --n 8 --architectures all --threads 1 \
+        --json benchmarks/results/auto-architectures.json
 """
 from __future__ import annotations
 
@@ -97,14 +106,14 @@ def _family(model_dir: str) -> str:
 
 
 def _runner(model_dir: str, n: int, *, attention: str, image_size: int, device: str, n_eval: int = 1,
-            vision: str = "batched", greedy_reply: bool = True):
+            vision: str = "batched", greedy_reply: bool = True, family: str | None = None):
     from ladbench.benchmark import load_benchmark
     from ladbench.data.coco import load_image_table
     from ladbench.inference.cache import plan_rows
     from ladbench.inference.runner import InferenceSettings, RowRunner, image_paths
     from ladbench.models import load_adapter
 
-    family = _family(model_dir)
+    family = family or _family(model_dir)
     kwargs = {"vision": vision} if vision != "batched" else {}          # (an older checkout has no such option)
     adapter = load_adapter(family, model_dir, device=device, attention=attention, **kwargs)
     tmp = tempfile.mkdtemp(prefix="bench_inputs_")
@@ -203,13 +212,35 @@ def count_tensor_calls(names: tuple[str, ...]):
             setattr(torch.Tensor, name, fn)
 
 
-def proxy_worker(n: int, model_dir: str, batch: int, image_size: int, vision: str) -> dict:
-    """Syncs and aten operations per row of the device step of one prepared batch."""
+def _syncs(ops: collections.Counter, calls: collections.Counter) -> int:
+    return sum(ops[k] for k in SYNC_OPS) + sum(calls.values())
+
+
+def vision_tower_syncs(adapter, inputs: dict) -> int:
+    """Host syncs of the vision tower alone on a prepared batch's images (family auto: the
+    model's own ``get_image_features``, given the inputs its signature names)."""
+    import inspect
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    tower = adapter.model.model.get_image_features
+    names = inspect.signature(tower).parameters
+    kwargs = {k: v for k, v in inputs.items() if k in names}
+    with torch.no_grad(), count_tensor_calls(HOST_COPY_METHODS) as calls, \
+            profile(activities=[ProfilerActivity.CPU]) as prof:
+        tower(**kwargs)
+    return _syncs(collections.Counter(e.name for e in prof.events()), calls)
+
+
+def proxy_worker(n: int, model_dir: str, batch: int, image_size: int, vision: str, family: str | None = None) -> dict:
+    """Syncs and aten operations per row of the device step of one prepared batch (family auto:
+    also those of its vision tower alone)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
     runner = _runner(model_dir, n, attention="capture", image_size=image_size, device="cpu", n_eval=batch,
-                     vision=vision)
+                     vision=vision, family=family)
     rows = list(range(batch))
     if hasattr(runner, "prepare"):
         step_input = runner.prepare(rows)
@@ -224,10 +255,13 @@ def proxy_worker(n: int, model_dir: str, batch: int, image_size: int, vision: st
         seconds = time.perf_counter() - t0
     ops = collections.Counter(e.name for e in prof.events())
     syncs = sum(ops[k] for k in SYNC_OPS)
-    return {"n": n, "batch": batch, "vision": vision, "syncs_per_row": (syncs + sum(calls.values())) / batch,
-            "item_per_row": syncs / batch, "tolist_cpu_per_row": sum(calls.values()) / batch,
-            "aten_ops_per_row": sum(v for k, v in ops.items() if k.startswith("aten::")) / batch,
-            "step_s_per_row": seconds / batch, "threads": torch.get_num_threads()}
+    result = {"n": n, "batch": batch, "vision": vision, "syncs_per_row": _syncs(ops, calls) / batch,
+              "item_per_row": syncs / batch, "tolist_cpu_per_row": sum(calls.values()) / batch,
+              "aten_ops_per_row": sum(v for k, v in ops.items() if k.startswith("aten::")) / batch,
+              "step_s_per_row": seconds / batch, "threads": torch.get_num_threads()}
+    if family == "auto":
+        result["vision_syncs_per_row"] = vision_tower_syncs(runner.adapter, step_input.inputs) / batch
+    return result
 
 
 def proxy_table(rows: list[dict]) -> str:
@@ -453,19 +487,57 @@ def cpu_timing(args: argparse.Namespace, model_dir: str) -> list[dict]:
 
 
 def proxies(args: argparse.Namespace, model_dirs: dict[str, str]) -> list[dict]:
+    from ladbench.models import compat
     rows = []
     for preset, model_dir in model_dirs.items():
         for n in args.n:
-            codes = [("ours", None, "batched"), ("ours, native tower", None, "native")]
+            codes = [("ours", None, "batched", None), ("ours, native tower", None, "native", None)]
+            if compat.on_current_lane():                    # the same model through family auto
+                codes.append(("auto", None, "native", "auto"))
             if args.baseline_src:
-                codes.append(("today", args.baseline_src, "batched"))
-            for code, src, vision in codes:
-                r = _run_worker("proxy", n, args, model_dir=model_dir, src=src,
-                                extra=("--batch", str(args.proxy_batch), "--vision", vision))[0]
+                codes.append(("today", args.baseline_src, "batched", None))
+            for code, src, vision, family in codes:
+                r = _proxy(n, args, model_dir, src=src, vision=vision, family=family)
                 rows.append(dict(r, preset=preset, code=code))
                 print(f"proxy {preset} N={n} {code}: {r['syncs_per_row']:.1f} syncs/row, "
                       f"{r['aten_ops_per_row']:.0f} aten ops/row", file=sys.stderr)
     return rows
+
+
+def _proxy(n: int, args: argparse.Namespace, model_dir: str, *, src: str | None = None, vision: str = "native",
+           family: str | None = None) -> dict:
+    extra = ("--batch", str(args.proxy_batch), "--vision", vision) + (("--family", family) if family else ())
+    return _run_worker("proxy", n, args, model_dir=model_dir, src=src, extra=extra)[0]
+
+
+def architecture_proxies(args: argparse.Namespace) -> list[dict]:
+    """Family auto on the tiny build of each architecture (models/tiny_archs.py, and the
+    hand-written families' builds auto runs in the tests; current lane)."""
+    from ladbench.models.tiny import build_tiny_model
+    from ladbench.models.tiny_archs import BUILDS, FAMILY_BUILDS_AUTO_RUNS, build_tiny_architecture
+    built = sorted([*BUILDS, *FAMILY_BUILDS_AUTO_RUNS])
+    names = built if args.architectures == ["all"] else args.architectures
+    unknown = sorted(set(names) - set(built))
+    if unknown:
+        raise SystemExit(f"--architectures: no tiny build of {', '.join(unknown)}; built: {', '.join(built)}")
+    root, rows = tempfile.mkdtemp(), []
+    for name in names:
+        build = build_tiny_architecture if name in BUILDS else build_tiny_model
+        model_dir = build(name, os.path.join(root, name))
+        for n in args.n:
+            r = dict(_proxy(n, args, model_dir, family="auto"), architecture=name, preset="tiny", code="auto")
+            rows.append(r)
+            print(f"proxy {name} N={n}: {r['syncs_per_row']:.1f} syncs/row ({r['vision_syncs_per_row']:.1f} in the "
+                  f"vision tower), {r['aten_ops_per_row']:.0f} aten ops/row", file=sys.stderr)
+    return rows
+
+
+def architecture_table(rows: list[dict]) -> str:
+    lines = ["| architecture | N | batch | host syncs / row | of which in the vision tower | aten ops / row |",
+             "|---|---|---|---|---|---|"]
+    lines += [f"| {r['architecture']} | {r['n']} | {r['batch']} | {r['syncs_per_row']:.1f} | "
+              f"{r['vision_syncs_per_row']:.1f} | {r['aten_ops_per_row']:.0f} |" for r in rows]
+    return "\n".join(lines)
 
 
 def gpu(args: argparse.Namespace) -> dict:
@@ -520,6 +592,11 @@ def main() -> None:
     p.add_argument("--proxy-batch", "--batch", dest="proxy_batch", type=int, default=8,
                    help="batch size of the proxies and of the GPU split (8)")
     p.add_argument("--vision", default="batched", help=argparse.SUPPRESS)
+    p.add_argument("--family", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--architectures", nargs="+", default=[], metavar="ARCH",
+                   help="current lane: only count the proxies of family auto on these tiny architecture builds "
+                        "(models/tiny_archs.py; 'all' for every one), e.g. --n 8 --architectures all; the README's "
+                        "model table reads them (ladbench models --markdown --proxies JSON)")
     p.add_argument("--arch", nargs="+", default=[], choices=["qwen2_5_vl_3b", "internvl3_8b"],
                    help="GPU part: full-size random architectures to run")
     p.add_argument("--arch-scale", default="full", choices=["full", "small"], help="small: mechanics check only")
@@ -538,13 +615,17 @@ def main() -> None:
         if args.worker == "time":
             result = time_worker(args.n[0], args.methods, args.model_dir, args.reps, args.image_size, args.device)
         elif args.worker == "proxy":
-            result = proxy_worker(args.n[0], args.model_dir, args.proxy_batch, args.image_size, args.vision)
+            result = proxy_worker(args.n[0], args.model_dir, args.proxy_batch, args.image_size, args.vision,
+                                  args.family)
         else:
             result = split_worker(args.n[0], args.model_dir, args.proxy_batch, args.image_size, args.device, args.reps)
         print(json.dumps(result))
         return
     raw: dict = {"threads": args.threads, "device": args.device, "date": time.strftime("%Y-%m-%d")}
-    if args.arch:
+    if args.architectures:
+        raw["proxies"] = architecture_proxies(args)
+        print(architecture_table(raw["proxies"]))
+    elif args.arch:
         raw["gpu"] = gpu(args)
         print(gpu_tables(raw["gpu"]))
     else:

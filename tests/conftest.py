@@ -1,4 +1,5 @@
-"""Shared test set-up: offline Hugging Face hub, a private HF_HOME, quiet progress bars."""
+"""Shared test set-up: offline Hugging Face hub, a private HF_HOME and cache folders (nothing
+written under $HOME), quiet progress bars."""
 
 import os
 import tempfile
@@ -10,10 +11,14 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_HOME", tempfile.mkdtemp(prefix="ladbench-hf-home-"))
+# Nothing under $HOME: matplotlib's, Snakemake's and any other library's caches and configs
+# go to folders of this session in the temporary folder.
+for _variable in ("MPLCONFIGDIR", "XDG_CACHE_HOME", "XDG_CONFIG_HOME"):
+    os.environ[_variable] = tempfile.mkdtemp(prefix=f"ladbench-{_variable.lower()}-")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 # Tiny-model fixtures (built once per session), shared by the model and inference tests.
-from conftest_models import hf_offline, tiny_adapter, tiny_model  # noqa: E402,F401
+from conftest_models import auto_adapter, hf_offline, tiny_adapter, tiny_arch_model, tiny_model  # noqa: E402,F401
 
 
 @pytest.fixture(scope="session")

@@ -16,10 +16,13 @@ from typing import Callable
 
 import pytest
 
+from ladbench.families import TINY_FAMILIES
+from ladbench.atomic import signed
 from ladbench.models import lane_families  # noqa: E402
 
 #: the families the model tests run: those of the installed transformers lane (models/compat.py)
-FAMILIES = lane_families()
+#: with a tiny build (family auto runs on the tiny builds of architectures: tests/test_auto.py)
+FAMILIES = tuple(f for f in lane_families() if f in TINY_FAMILIES)
 #: tiny processors cap images at 112 x 112 px; 56 px gives 4 visual tokens per image (Qwen, OV)
 TINY_IMAGE_SIZE = 56
 
@@ -71,6 +74,38 @@ def tiny_adapter(tiny_model) -> Callable[..., object]:
     return get
 
 
+@pytest.fixture(scope="session")
+def tiny_arch_model(hf_offline, tmp_path_factory) -> Callable[[str], str]:
+    """``tiny_arch_model(model_type)`` -> folder of that architecture's tiny build
+    (``models/tiny_archs.py``; built once, seed 0)."""
+    from ladbench.models.tiny_archs import build_tiny_architecture
+
+    root = tmp_path_factory.mktemp("tiny_archs")
+    built: dict[str, str] = {}
+
+    def get(model_type: str) -> str:
+        if model_type not in built:
+            built[model_type] = build_tiny_architecture(model_type, str(root / model_type))
+        return built[model_type]
+    return get
+
+
+@pytest.fixture(scope="session")
+def auto_adapter(tiny_model, tiny_arch_model) -> Callable[..., object]:
+    """``auto_adapter(name, attention="capture")``: ``family: auto`` on the tiny build of an
+    architecture (``models/tiny_archs.py``) or of a family (``models/tiny.py``), cached per session."""
+    from ladbench.models import load_adapter
+
+    loaded: dict[tuple[str, str], object] = {}
+
+    def get(name: str, attention: str = "capture"):
+        if (name, attention) not in loaded:
+            folder = tiny_model(name) if name in TINY_FAMILIES else tiny_arch_model(name)
+            loaded[name, attention] = load_adapter("auto", folder, device="cpu", dtype="float32", attention=attention)
+        return loaded[name, attention]
+    return get
+
+
 def make_images(n: int, size: int = 40, offset: int = 0):
     """``n`` plain-colour PIL images (distinct colours)."""
     from PIL import Image
@@ -114,8 +149,8 @@ def make_demo_benchmark(folder: Path, n: int, *, n_eval: int = 3, n_orderings: i
     bench = {"dataset": "demo", "setting": "random", "n_candidates": n, "seed": seed, "n_orderings": n_orderings,
              "eval": evaluation, "calibration": calibration}
     bench_path, images_path = folder / f"demo_random_N{n}.json", folder / "images.json"
-    bench_path.write_text(json.dumps(bench))
-    images_path.write_text(json.dumps({"dataset": "demo", "image_root": str(img_dir), "images": table}))
+    bench_path.write_text(json.dumps(signed(bench)))
+    images_path.write_text(json.dumps(signed({"dataset": "demo", "image_root": str(img_dir), "images": table})))
     return bench_path, images_path
 
 

@@ -96,16 +96,39 @@ def test_bench_inference_runs_on_the_tiny_model(tmp_path):
     assert table_rows(out, "tiny")[0][:4] == ["tiny", "4", "8", "ours"]
 
 
+@pytest.mark.lanes
+def test_bench_inference_counts_family_auto_per_architecture(tmp_path):
+    from ladbench.families import installed_lane
+    if installed_lane() != "current":
+        pytest.skip("family auto runs on the current lane")
+    out = run_script("bench_inference.py", "--n", "4", "--architectures", "llava", "--image-size", "56",
+                     "--json", str(tmp_path / "raw.json"))
+    (row,) = json.loads((tmp_path / "raw.json").read_text())["proxies"]
+    assert (row["architecture"], row["code"], row["n"], row["batch"]) == ("llava", "auto", 4, 8)
+    assert 0 <= row["vision_syncs_per_row"] <= row["syncs_per_row"]        # the tower is part of the step
+    assert (row["vision_syncs_per_row"] * row["batch"]).is_integer() and row["aten_ops_per_row"] > 0
+    assert table_rows(out, "llava")[0][:3] == ["llava", "4", "8"]
+
+
 def test_bench_checksums_reads_the_paper_size_cache():
     out = run_script("bench_checksums.py", "--n", "4", "--reps", "1")
-    found = re.fullmatch(rf"cache of (\d+) rows, {NUMBER} MB: read {NUMBER} ms without checksums, {NUMBER} ms with "
-                         rf"Fletcher-32 \({NUMBER}x, \+{NUMBER} ms\)\n", out)
+    head, *ways = out.splitlines()
+    found = re.fullmatch(rf"cache of (\d+) rows, {NUMBER} MB, read whole \(min of 1\):", head)
     assert found, out
-    rows, megabytes, plain, checked, ratio, extra = (float(v) for v in found.groups())
+    rows, megabytes = (float(v) for v in found.groups())
     assert rows == 1000 * 5 + 100 * 4                                       # 1,000 x 5 orderings + 100 x N
-    assert megabytes == pytest.approx(rows * (4 * 4 + 36 * 4 * 4 + 36 * 4) / 2 ** 20, abs=0.05)   # float32 [R, N], [R, L, N], [R, L]
-    assert ratio == pytest.approx(checked / plain, rel=0.05, abs=0.01)
-    assert extra == pytest.approx(checked - plain, abs=0.11)
+    # float32 [R, N], [R, L, N], [R, L]; int16 order [R, N]; int32 greedy tokens [R, 2]
+    assert megabytes == pytest.approx(rows * (4 * 4 + 36 * 4 * 4 + 36 * 4 + 2 * 4 + 4 * 2) / 2 ** 20, abs=0.05)
+    times = {}
+    for line in ways:
+        found = re.fullmatch(rf"  (.+?) +{NUMBER} ms  \({NUMBER}x no checksums, {NUMBER}x Fletcher-32\)", line)
+        assert found, out
+        times[found.group(1)] = [float(v) for v in found.groups()[1:]]
+    assert list(times) == ["no checksums", "Fletcher-32", "Fletcher-32 + content digest"]
+    plain, fletcher = times["no checksums"][0], times["Fletcher-32"][0]
+    for seconds, to_plain, to_fletcher in times.values():
+        assert to_plain == pytest.approx(seconds / plain, rel=0.05, abs=0.01)
+        assert to_fletcher == pytest.approx(seconds / fletcher, rel=0.05, abs=0.01)
 
 
 @pytest.mark.slow

@@ -143,7 +143,7 @@ def test_fit_calibration_uses_only_the_drawn_instances_and_round_trips(tmp_path)
         np.testing.assert_array_equal(getattr(back, name), getattr(cal, name))
     assert back.k == cal.k and back.settings == cal.settings
     assert back.settings == {"n_cal": 5, "seed": 7, "average": "reference", "n_pool": 12, "source": "pool",
-                            "pride_original_logs": "floor"}
+                            "pride_original_logs": "floor", "empty_positions": "error"}
 
 
 def test_from_npz_names_the_missing_array(tmp_path):

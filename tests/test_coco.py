@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from ladbench.atomic import signed
 from ladbench.cli import build_parser
 from ladbench.data import coco
 
@@ -60,7 +61,7 @@ def test_table_round_trips_through_its_file(coco_files, tmp_path):
     table = coco.build_image_table(captions, instances, root, "coco")
     coco.write_image_table(table, tmp_path / "images.json")
     assert coco.load_image_table(tmp_path / "images.json") == table
-    assert json.loads((tmp_path / "images.json").read_text()) == table  # plain JSON
+    assert json.loads((tmp_path / "images.json").read_text()) == signed(table)  # plain JSON, with its digest
 
 
 def test_without_instances_every_category_list_is_empty(coco_files):

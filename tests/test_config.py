@@ -32,7 +32,7 @@ def test_paper_config_describes_the_paper_study():
     assert bench["n_eval"] == 1000 and bench["n_orderings"] == 5 and bench["seed"] == 42
     assert config["calibration"]["n_cal"] == 5
     assert config["lad"] == {"top_k": 2, "tau": 5.0, "layer_mean": "reference", "mixture": "reference",
-                             "layer_ties": "highest", "k_beyond_range": "lower"}
+                             "layer_ties": "highest", "k_beyond_range": "lower", "layers_beyond_depth": "clip"}
     assert config["clip"]["model"] == "ViT-L-14-quickgelu" and config["clip"]["pretrained"] == "openai"
 
 
@@ -257,11 +257,11 @@ CURRENT = ROOT / "config.current.yaml"
 
 
 def test_current_config_studies_todays_models_on_the_current_lane():
-    from ladbench.models import ADAPTERS
+    from ladbench.families import family_lanes
     config = load_config(CURRENT)
     families = {m["family"] for m in config["models"].values()}
     assert {"qwen3_vl", "llava_onevision"} <= families
-    assert all("current" in ADAPTERS[f].lanes for f in families)       # nothing that needs the paper lane
+    assert all("current" in family_lanes(f) for f in families)          # nothing that needs the paper lane
     qwen3 = sorted(m["path"] for m in config["models"].values() if m["family"] == "qwen3_vl")
     assert qwen3 == ["Qwen/Qwen3-VL-2B-Instruct", "Qwen/Qwen3-VL-8B-Instruct"]
     bench = config["benchmarks"]
@@ -293,16 +293,19 @@ SCHEMA = load_schema(ROOT / "workflow/schemas/config.schema.yaml")
 # argument) that the workflow passes it to. A `ladbench <stage>` run by hand must behave as the
 # config's default does.
 CLI_OF_KEY = {
+    "models.*.family": [("infer", "family")],
     "clip.model": [("features", "model")], "clip.pretrained": [("features", "pretrained")],
     "clip.batch_size": [("features", "batch_size")], "clip.workers": [("features", "workers")],
     "clip.device": [("features", "device")],
     "datasets.*.n_images": [("demo-scenes", "n_images")], "datasets.*.image_size": [("demo-scenes", "image_size")],
     "datasets.*.seed": [("demo-scenes", "seed")],
+    "datasets.*.files_outside_root": [("captions", "files_outside_root")],
     "benchmarks.n_eval": [("benchmark", "n_eval")], "benchmarks.n_calibration_pool": [("benchmark", "n_calibration")],
     "benchmarks.n_orderings": [("benchmark", "n_orderings")], "benchmarks.orderings": [("benchmark", "orderings")],
     "benchmarks.pool_size": [("benchmark", "pool_size")],
     "benchmarks.caption_sim_max": [("benchmark", "caption_sim_max")],
     "benchmarks.category_rule": [("benchmark", "category_rule")], "benchmarks.seed": [("benchmark", "seed")],
+    "benchmarks.draw": [("benchmark", "draw")], "benchmarks.similarity_dtype": [("benchmark", "similarity_dtype")],
     "calibration.source": [("benchmark", "calibration_source")],
     **{f"inference.{key}": [("infer", key)] for key in (
         "image_size", "batch_size", "chunk_size", "group_by_length", "vision_tower", "dtype", "device", "score_mode",
@@ -312,10 +315,13 @@ CLI_OF_KEY = {
     "calibration.seeds": [("analyze", "seeds")],
     "calibration.score_average": [("calibrate", "score_average"), ("analyze", "score_average")],
     "calibration.pride_original_logs": [("calibrate", "pride_original_logs"), ("analyze", "pride_original_logs")],
+    "calibration.empty_positions": [("calibrate", "empty_positions"), ("analyze", "empty_positions")],
     **{f"lad.{key}": [("evaluate", key), ("analyze", key)] for key in (
-        "top_k", "tau", "layer_mean", "mixture", "layer_ties", "k_beyond_range")},
-    **{f"evaluation.{key}": [("evaluate", key), ("analyze", key)] for key in ("bootstrap", "ci", "seed", "acc_ddof")},
+        "top_k", "tau", "layer_mean", "mixture", "layer_ties", "k_beyond_range", "layers_beyond_depth")},
+    **{f"evaluation.{key}": [("evaluate", key), ("analyze", key)] for key in (
+        "bootstrap", "ci", "seed", "acc_ddof", "edge_statistics", "reply_parse")},
     **{f"analysis.{key}": [("analyze", key)] for key in ("dcal_sizes", "dcal_draws", "taus")},
+    **{f"report.{key}": [("explore", key)] for key in ("thumbnail_size", "thumbnail_quality")},
 }
 # Defaulted keys only the workflow reads (no stage command has a default for them), and the
 # prompt variants' own settings (inference.prompt_settings: checked against the variant registry).
@@ -325,15 +331,16 @@ WORKFLOW_ONLY = {"reproduce", "output_dir", "plugins", "datasets.*.download", "c
                  "models.*.gpus_per_job", "inference.variants", "inference.variants.*.identifiers",
                  "evaluation.methods", "evaluation.transfer", "report.figure_formats"}
 REQUIRED_ARGS = {
+    "captions": ["--captions-json", "c.json", "--image-root", "i", "--dataset", "d", "--out", "t.json"],
     "features": ["--images", "t.json", "--out", "f.h5"],
     "demo-scenes": ["--out", "scenes"],
     "benchmark": ["--images", "t.json", "--features", "f.h5", "--setting", "random", "--n-candidates", "4",
                   "--out", "b.json"],
-    "infer": ["--benchmark", "b.json", "--images", "t.json", "--out", "c.h5", "--model-name", "m", "--family",
-              "qwen2_5_vl", "--model-path", "m"],
+    "infer": ["--benchmark", "b.json", "--images", "t.json", "--out", "c.h5", "--model-name", "m", "--model-path", "m"],
     "calibrate": ["--cache", "c.h5", "--out", "c.npz"],
     "evaluate": ["--cache", "c.h5", "--out", "e.json"],
     "analyze": ["--cache", "c.h5", "--out", "a.json"],
+    "explore": ["--cache", "c.h5", "--calibration", "c.npz", "--evaluation", "e.json", "--out", "p.html"],
 }
 
 
@@ -377,14 +384,16 @@ def test_every_settings_dataclass_has_the_schema_defaults():
         assert inference[key] == defaults[f"inference.{key}"], key
     assert inference["shard_count"] == defaults["inference.shards"]
     lad = LadSettings()
-    for key in ("top_k", "tau", "layer_mean", "mixture", "layer_ties", "k_beyond_range"):
+    for key in ("top_k", "tau", "layer_mean", "mixture", "layer_ties", "k_beyond_range", "layers_beyond_depth"):
         assert getattr(lad, key) == defaults[f"lad.{key}"], key
+    assert lad.reply_parse == defaults["evaluation.reply_parse"]
     assert Bootstrap() == Bootstrap(defaults["evaluation.bootstrap"], defaults["evaluation.ci"],
-                                    defaults["evaluation.seed"], defaults["evaluation.acc_ddof"])
+                                    defaults["evaluation.seed"], defaults["evaluation.acc_ddof"],
+                                    defaults["evaluation.edge_statistics"])
 
 
 def test_the_schema_enums_are_the_registries():
-    from ladbench import benchmark, calibration, methods
+    from ladbench import benchmark, calibration, methods, metrics
     from ladbench.families import FAMILIES
     from ladbench.inference.prompts import IDENTIFIER_FORMATS, MAX_CANDIDATES
     from ladbench.inference.scoring import SCORE_MODES
@@ -401,10 +410,16 @@ def test_the_schema_enums_are_the_registries():
         "orderings": (p["benchmarks"]["properties"]["orderings"]["enum"], benchmark.ORDERING_SCHEMES),
         "category rules": (p["benchmarks"]["properties"]["category_rule"]["enum"], benchmark.CATEGORY_RULES),
         "calibration sources": (p["calibration"]["properties"]["source"]["enum"], benchmark.CALIBRATION_SOURCES),
+        "draws": (p["benchmarks"]["properties"]["draw"]["enum"], benchmark.DRAWS),
+        "similarity dtypes": (p["benchmarks"]["properties"]["similarity_dtype"]["enum"], benchmark.SIMILARITY_DTYPES),
         "score averages": (p["calibration"]["properties"]["score_average"]["enum"], calibration.SCORE_AVERAGES),
         "PriDe logs": (p["calibration"]["properties"]["pride_original_logs"]["enum"], calibration.PRIDE_ORIGINAL_LOGS),
         "layer ties": (p["lad"]["properties"]["layer_ties"]["enum"], methods.LAYER_TIES),
         "K beyond range": (p["lad"]["properties"]["k_beyond_range"]["enum"], methods.K_BEYOND_RANGE),
+        "layers beyond depth": (p["lad"]["properties"]["layers_beyond_depth"]["enum"], methods.LAYERS_BEYOND_DEPTH),
+        "reply parses": (p["evaluation"]["properties"]["reply_parse"]["enum"], methods.REPLY_PARSES),
+        "edge statistics": (p["evaluation"]["properties"]["edge_statistics"]["enum"], metrics.EDGE_STATISTICS),
+        "empty positions": (p["calibration"]["properties"]["empty_positions"]["enum"], calibration.EMPTY_POSITIONS),
     }
     for name, (schema_enum, registry) in enums.items():
         assert list(schema_enum) == list(registry), name
@@ -436,3 +451,12 @@ def test_one_layer_range_parser_reads_every_form():
     for bad in ("35:21", [35, 21], [1, 2, 3, 4], "1:40/36"):
         with pytest.raises(ValueError, match="layer range"):
             parse_layer_range(bad)
+
+
+def test_a_model_without_family_runs_through_auto_which_has_no_tiny_build():
+    config = raw(PAPER)
+    config["models"] = {"m": {"path": "google/gemma-3-4b-it"}}
+    assert validate_config(copy.deepcopy(config))["models"]["m"]["family"] == "auto"
+    config["models"] = {"m": {"family": "auto", "tiny": True}}
+    with pytest.raises(ConfigError, match=r"models.m.tiny: family auto has no tiny build"):
+        validate_config(config)

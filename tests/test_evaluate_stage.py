@@ -25,14 +25,20 @@ def write_cache(path, bench: dict) -> None:
     writer.finish({"rows_per_s": 1.0})
 
 
-def test_undefined_metrics_are_written_as_null_and_printed_as_a_dash(tmp_path, capsys):
-    # The target always sits at position 0 under the single ordering: the recall of positions
-    # 1-3 is undefined, so RStd is too. The stage must still finish and say so.
+def target_at_position_zero_cache(tmp_path):
+    """A cache of 3 instances under one ordering, the target always at position 0."""
     bench = {"n_candidates": N, "n_orderings": 1, "calibration": [],
              "eval": [{"id": i, "caption": "c", "target": 10 * i, "candidates": [10 * i + k for k in range(N)],
                        "orderings": [list(range(N))]} for i in range(3)]}
     cache = tmp_path / "vanilla.h5"
     write_cache(cache, bench)
+    return cache
+
+
+def test_undefined_metrics_are_written_as_null_and_printed_as_a_dash(tmp_path, capsys):
+    # The target always sits at position 0 under the single ordering: the recall of positions
+    # 1-3 is undefined, so RStd is too. The stage must still finish and say so.
+    cache = target_at_position_zero_cache(tmp_path)
     out = tmp_path / "eval.json"
     main(["evaluate", "--cache", str(cache), "--methods", "vanilla", "--bootstrap", "20", "--out", str(out)])
     result = json.loads(out.read_text())["methods"]["vanilla"]
@@ -40,6 +46,18 @@ def test_undefined_metrics_are_written_as_null_and_printed_as_a_dash(tmp_path, c
     assert "RStd –" in capsys.readouterr().out
     with np.load(out.with_suffix(".npz")) as predictions:
         assert predictions["pred_vanilla"].tolist() == [[0], [0], [0]]
+
+
+def test_the_reference_edge_statistics_are_numbers_recorded_with_warnings(tmp_path):
+    # The same set read as the reference reads it: std 0.0 at T = 1, RStd over the one position seen.
+    cache = target_at_position_zero_cache(tmp_path)
+    out = tmp_path / "eval.json"
+    main(["evaluate", "--cache", str(cache), "--methods", "vanilla", "--bootstrap", "20", "--edge-statistics",
+          "reference", "--out", str(out)])
+    result = json.loads(out.read_text())
+    assert result["methods"]["vanilla"]["acc_std"] == 0.0 and result["methods"]["vanilla"]["rstd"] == 0.0
+    assert result["settings"]["edge_statistics"] == "reference"
+    assert [w.split(":")[0] for w in result["warnings"]] == ["T = 1 ordering", "position(s) [1, 2, 3] never hold the ground truth"]
 
 
 def test_the_printed_summary_line_shows_undefined_metrics_as_a_dash():

@@ -4,6 +4,8 @@ at its own end token; the keyed sampler draws from softmax(top-k(logits) / T); g
 tokens per second are recorded."""
 from __future__ import annotations
 
+import json
+
 import h5py
 import numpy as np
 import pytest
@@ -61,10 +63,12 @@ def test_self_consistency_samples_do_not_depend_on_batch_size_or_shards(setup):
     merge_shards([str(p) for p in shards], str(folder / "sc-merged.h5"))
     merged = read_cache(str(folder / "sc-merged.h5"))
     assert (merged["text"] == one["text"]).all() and merged.attrs["config_sha256"] == one.attrs["config_sha256"]
-    # the merged file is checked as a cache the stage wrote: every replies' digest, per-chunk checksums
-    assert merged.attrs["text_sha256"] == one.attrs["text_sha256"]
+    # the merged file is checked as a cache the stage wrote: the digest of every dataset (the replies
+    # included, as fixed-length texts), per-chunk checksums
+    digests = [json.loads(cache.attrs["content_sha256"])["datasets"] for cache in (merged, one)]
+    assert digests[0]["text"] == digests[1]["text"] and digests[0]["sample_parsed"] == digests[1]["sample_parsed"]
     with h5py.File(folder / "sc-merged.h5", "r", locking=False) as f:
-        assert all(f[key].fletcher32 for key in ("sample_parsed", "n_generated", "done"))
+        assert all(f[key].fletcher32 for key in ("sample_parsed", "n_generated", "done", "text"))
     other_seed = infer(model, bench, images, folder / "sc-seed8.h5", *sc[:-1], 8)
     assert (other_seed["text"] != one["text"]).any()
 

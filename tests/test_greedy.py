@@ -64,6 +64,7 @@ def test_reference_protocol_end_to_end_on_the_tiny_model(tiny_model, tmp_path):
     calibration and the evaluation output; vanilla_generate is evaluated from the cache."""
     import json
 
+    from ladbench.atomic import signed
     from ladbench.calibration import Calibration
     from ladbench.cli import main
     from ladbench.inference.cache import read_cache
@@ -72,7 +73,7 @@ def test_reference_protocol_end_to_end_on_the_tiny_model(tiny_model, tmp_path):
     bench = json.loads(bench_path.read_text())
     bench["calibration"] = [{k: v for k, v in inst.items() if k != "orderings"} for inst in bench["eval"][:2]]
     bench["calibration_source"] = "evaluation_head"
-    bench_path.write_text(json.dumps(bench))
+    bench_path.write_text(json.dumps(signed(bench)))            # edited: signed again
     cache, cal, out = tmp_path / "c.h5", tmp_path / "cal.npz", tmp_path / "eval.json"
     main(["infer", "--benchmark", str(bench_path), "--images", str(images), "--out", str(cache), "--model-name",
           "tiny", "--family", "qwen2_5_vl", "--model-path", tiny_model("qwen2_5_vl"), "--device", "cpu",

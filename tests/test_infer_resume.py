@@ -1,16 +1,19 @@
-"""``ladbench infer`` end to end: a run killed with SIGKILL resumes losing at most one
-chunk and ends equal to an uninterrupted run; a finished cache is never rewritten unless
+"""``ladbench infer`` end to end: a run killed with SIGKILL at any moment (inside a chunk
+write, inside the assembly of the finished file, at random) resumes losing at most the chunk
+in flight and ends equal to an uninterrupted run; a finished cache is never rewritten unless
 its inputs changed; generative and permavg variants write their extra datasets."""
 from __future__ import annotations
 
+import contextlib
 import os
+import random
 import signal
 import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
-import h5py
 import numpy as np
 import pytest
 
@@ -19,18 +22,41 @@ from ladbench.inference.cache import partial_path, read_cache
 
 pytestmark = [pytest.mark.slow, pytest.mark.lanes]
 
-CHUNK = 3
-# Runs the real CLI, with each batch slowed down (as on a big model) so the kill lands mid-run.
-SLOW_DRIVER = textwrap.dedent("""
-    import sys, time
-    from ladbench.inference import runner
-    real = runner.RowRunner.score_batch
-    def slow(self, rows):
-        time.sleep(0.4)
-        return real(self, rows)
-    runner.RowRunner.score_batch = slow
+CHUNK = 2
+# Imports the CLI once, then for each line on stdin forks a job that runs it (printing the
+# job's pid, then "ended" when it is gone): a kill costs no interpreter start. Each batch is
+# slowed down (as on a big model), and each signature of a file too: a chunk file (or the
+# finished file) is half written then, so a kill can land inside a write. The job notes in
+# $KILL_MARK which file it is signing.
+FORKING_DRIVER = textwrap.dedent("""
+    import os, sys, time
+    from ladbench import hdf5
     from ladbench.cli import main
-    main(sys.argv[1:])
+    from ladbench.inference import runner
+    real_batch, real_sign = runner.RowRunner.score_batch, hdf5.sign
+    def slow_batch(self, rows):
+        time.sleep(0.1)
+        return real_batch(self, rows)
+    def slow_sign(h5):
+        with open(os.environ["KILL_MARK"], "a") as mark:
+            mark.write(h5.filename + "\\n")
+        time.sleep(0.15)
+        real_sign(h5)
+    runner.RowRunner.score_batch, hdf5.sign = slow_batch, slow_sign
+    from ladbench.models import load_adapter      # every module a job imports, imported once
+    load_adapter("qwen2_5_vl", sys.argv[sys.argv.index("--model-path") + 1], device="cpu")
+    for line in sys.stdin:
+        pid = os.fork()
+        if pid == 0:
+            quiet = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(quiet, 1), os.dup2(quiet, 2)
+            try:
+                main(sys.argv[1:])
+            finally:
+                os._exit(0)
+        print(pid, flush=True)
+        os.waitpid(pid, 0)
+        print("ended", flush=True)
 """)
 
 
@@ -45,45 +71,68 @@ def _run_cli(args):
     main(args)
 
 
-def _done_rows(path) -> int:
+def _done_rows(path) -> set[int]:
+    """The rows the work folder of ``path`` holds (read while a writer may be adding chunks)."""
     try:
-        with h5py.File(partial_path(str(path)), "r", locking=False) as f:
-            return int(f["done"][()].sum())
-    except (OSError, KeyError):
-        return 0
+        return set(np.flatnonzero(read_cache(str(path), require_complete=False)["done"]).tolist())
+    except (OSError, ValueError):          # not created yet, or finished and removed meanwhile
+        return set()
 
 
-def test_killed_run_resumes_and_equals_uninterrupted_run(tiny_model, tmp_path):
+def _signing(mark: Path, what: str) -> bool:
+    """Whether the driver is signing a file of this kind now (the last file it noted)."""
+    lines = mark.read_text().split() if mark.exists() else []
+    last = lines[-1] if lines else ""
+    return {"chunk": "/chunk-" in last, "finished": last.endswith(".tmp") and "/chunk-" not in last}[what]
+
+
+#: When each killed run is killed: inside a chunk write, at random moments, inside the
+#: assembly of the finished file (the seed is fixed, so a failure can be replayed).
+KILLS = ("chunk", 0.5, "chunk", 0.5, "chunk", "finished")
+
+
+def test_killed_at_any_moment_keeps_every_finished_chunk_and_ends_equal(tiny_model, tmp_path):
     model = tiny_model("qwen2_5_vl")
-    bench, images = make_demo_benchmark(tmp_path, 4, n_eval=3, n_orderings=2, n_cal=2)   # 6 + 8 rows
+    bench, images = make_demo_benchmark(tmp_path, 4, n_eval=4, n_orderings=2, n_cal=2)   # 8 + 8 rows
     reference = tmp_path / "reference.h5"
     _run_cli(_infer_args(model, bench, images, reference))
 
-    killed = tmp_path / "killed.h5"
-    driver = tmp_path / "driver.py"
-    driver.write_text(SLOW_DRIVER)
-    proc = subprocess.Popen([sys.executable, str(driver), *_infer_args(model, bench, images, killed)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=os.environ.copy())
+    killed, driver, mark = tmp_path / "killed.h5", tmp_path / "driver.py", tmp_path / "signing.txt"
+    driver.write_text(FORKING_DRIVER)
+    jobs = subprocess.Popen([sys.executable, str(driver), *_infer_args(model, bench, images, killed)], text=True,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env={**os.environ, "KILL_MARK": str(mark)})
+    rng = random.Random(22)
+    inside = 0
     try:
-        deadline = time.time() + 120
-        while _done_rows(killed) < CHUNK:                # first chunk flushed
-            assert proc.poll() is None, "the job ended before it could be killed"
-            assert time.time() < deadline, "no chunk written within 120 s"
-            time.sleep(0.05)
-        seen = _done_rows(killed)
-        time.sleep(0.5)                                  # let it get into the next chunk
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=30)
+        for when in KILLS:
+            mark.unlink(missing_ok=True)
+            jobs.stdin.write("run\n")
+            jobs.stdin.flush()
+            pid = int(jobs.stdout.readline())
+            deadline = time.time() + 120
+            while not mark.exists():                                  # started writing (model loaded)
+                assert time.time() < deadline, "the job wrote nothing within 120 s"
+                time.sleep(0.01)
+            if isinstance(when, float):
+                time.sleep(rng.uniform(0, when))
+            else:
+                while not _signing(mark, when) and not killed.exists():
+                    assert time.time() < deadline, f"the job never wrote a {when} file"
+                    time.sleep(0.005)
+                inside += not killed.exists()
+            before = _done_rows(killed)                  # what had finished before the kill
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            assert jobs.stdout.readline().strip() == "ended"
+            after = _done_rows(killed)
+            assert before <= after, f"killed ({when}): finished rows {sorted(before - after)} were lost"
+            if killed.exists():
+                break
     finally:
-        if proc.poll() is None:
-            proc.kill()
-    after_kill = _done_rows(killed)
-    assert after_kill >= seen and after_kill % CHUNK == 0          # whole chunks, nothing flushed lost
-    assert not killed.exists()                                      # only the work file: nothing for Snakemake to delete
-    partial = read_cache(str(killed), require_complete=False)
-    assert not partial.attrs["complete"] and partial["done"].sum() == after_kill
-    total = len(partial["done"])
-    assert after_kill < total, "kill came too late to test resuming"
+        jobs.kill()
+        jobs.wait()
+    assert inside >= 3, "too few kills landed inside a write"
+    assert not killed.exists() and after, "the kills came too late to test resuming"
 
     _run_cli(_infer_args(model, bench, images, killed))             # resume
     resumed, ref = read_cache(str(killed)), read_cache(str(reference))
@@ -94,10 +143,12 @@ def test_killed_run_resumes_and_equals_uninterrupted_run(tiny_model, tmp_path):
     np.testing.assert_array_equal(resumed["greedy_text"], ref["greedy_text"])
     assert (resumed["greedy_tokens"] >= 0).all()
     assert resumed.attrs["config_sha256"] == ref.attrs["config_sha256"]
-    assert resumed.attrs["last_run_rows"] == total - after_kill   # only the missing rows were computed
-    # the rate covers the rows of both runs, not only the resumed part
+    total = len(ref["done"])
+    assert resumed.attrs["last_run_rows"] == total - len(after)    # only the missing rows were computed
+    # the rate covers the rows of every run, not only the last
     assert np.all(resumed["seconds"] > 0) and resumed.attrs["timed_rows"] == total
     assert resumed.attrs["rows_per_s"] == pytest.approx(total / resumed["seconds"].astype(np.float64).sum(), rel=1e-5)
+    assert not os.path.exists(partial_path(str(killed))) and not os.path.exists(f"{killed}.lock")
 
 
 def test_finished_cache_is_not_rewritten_unless_inputs_change(tiny_model, tmp_path):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import h5py
 import numpy as np
@@ -211,7 +212,7 @@ def test_debug_shows_the_traceback(tmp_path, monkeypatch):
 READER = """
 import sys, time, h5py
 with h5py.File(sys.argv[1], "r") as handle:   # h5py's default: HDF5's file lock
-    handle["done"][()]
+    handle["rows"][()]
     print("open", flush=True)
     time.sleep(60)
 """
@@ -223,7 +224,8 @@ def test_a_reader_holding_the_partial_cache_open_never_stops_the_writer(tmp_path
     writer = CacheWriter.open(str(tmp_path / "c.h5"), plan, CacheLayout(4, LAYERS, n_heads=2),
                               {"config_sha256": "x", "n_candidates": 4})
     writer.write([0, 1], {"scores": np.zeros((2, 4), np.float32)})
-    reader = subprocess.Popen([sys.executable, "-c", READER, writer.path], stdout=subprocess.PIPE, text=True)
+    chunk = next(Path(writer.path).glob("chunk-*.h5"))          # a file of the work, read by h5dump, a notebook...
+    reader = subprocess.Popen([sys.executable, "-c", READER, str(chunk)], stdout=subprocess.PIPE, text=True)
     try:
         assert reader.stdout.readline().strip() == "open"
         rest = np.arange(2, len(plan))

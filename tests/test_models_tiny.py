@@ -11,6 +11,7 @@ import pytest
 from conftest_models import FAMILIES, make_images
 from ladbench.models import ADAPTERS, adapter_class, load_adapter
 from ladbench.cli import build_parser
+from ladbench.families import LaneError
 from ladbench.models import compat, tiny
 
 pytestmark = [pytest.mark.slow, pytest.mark.lanes]
@@ -26,9 +27,10 @@ paper_lane_only = pytest.mark.skipif(compat.on_current_lane(), reason="paper-lan
 
 
 def test_registry():
-    assert set(FAMILIES) <= set(ADAPTERS) and "qwen2_5_vl" in FAMILIES and "internvl" in FAMILIES
-    from ladbench.families import DEFAULT_LAYER_RANGES
-    assert set(ADAPTERS) == set(DEFAULT_LAYER_RANGES) == set(tiny.FAMILIES)    # each family: a default, a tiny build
+    from ladbench.families import FAMILY_REGISTRY, TINY_FAMILIES
+    assert set(FAMILIES) <= set(ADAPTERS) == set(FAMILY_REGISTRY) and {"qwen2_5_vl", "internvl"} <= set(FAMILIES)
+    assert all(ADAPTERS[name].family == name for name in ADAPTERS)            # the registry's key is its name
+    assert set(TINY_FAMILIES) == set(tiny._BUILDERS) == set(FAMILY_REGISTRY) - {"auto"}    # each family a tiny build
     with pytest.raises(ValueError, match="unknown model family 'llama'"):
         adapter_class("llama")
 
@@ -88,8 +90,14 @@ def test_llava_onevision_multi_image_prompts_are_not_tiled(tiny_adapter):
 
 @pytest.mark.skipif(not compat.on_current_lane(), reason="current-lane start-up check")
 def test_ov15_refuses_the_current_lane_in_one_line(tmp_path):
-    with pytest.raises(RuntimeError, match=r"^model family 'llava_ov15' runs only on the paper lane[^\n]*\.venv \(make install\)$"):
+    with pytest.raises(LaneError, match=r"^model family 'llava_ov15' runs only on the paper lane[^\n]*\.venv \(make install\)$"):
         load_adapter("llava_ov15", str(tmp_path / "never-read"), device="cpu", trust_remote_code=True)
+
+
+@paper_lane_only
+def test_auto_refuses_the_paper_lane_in_one_line(tmp_path):
+    with pytest.raises(LaneError, match=r"^model family 'auto' runs only on the current lane[^\n]*\.venv-current"):
+        load_adapter("auto", str(tmp_path / "never-read"), device="cpu")
 
 
 @paper_lane_only

@@ -262,12 +262,22 @@ def test_tables_and_figures_regenerate_from_cache_only_and_the_html_report_build
     products = sorted(p.relative_to(out) for p in (out / "report").rglob("*") if p.is_file())
     assert len([p for p in products if p.parent.name == "figures"]) == 20  # 10 figures x (png, pdf)
     assert len([p for p in products if p.parent.name == "report"]) == 9 * 4  # 9 tables x 4 formats
+    explorers = [p for p in products if p.parts[1] == "explorer"]
+    assert len(explorers) == 2 + 1  # a page per vanilla cache (2 benchmarks), and the index
 
     shutil.rmtree(out / "report")
     jobs = planned_jobs(tmp_path)
-    assert set(jobs) == {"report_table", "report_confusion", "report_figures", "report_model_figures", "all"}
+    assert set(jobs) == {"report_table", "report_confusion", "report_figures", "report_model_figures", "report_explorer",
+                         "report_explorer_index", "all"}
     assert not {"infer", "calibrate", "analyze", "evaluate"} & set(jobs)
-    snakemake(tmp_path)
+    # with a $HOME of its own and no cache folder set: nothing of the workflow lands in it but
+    # Snakemake's own source cache (README "Reliability"); matplotlib's goes under the output folder
+    home = tmp_path.parent / "home"
+    home.mkdir()
+    snakemake(tmp_path, extra_env={"HOME": str(home), "MPLCONFIGDIR": "", "XDG_CACHE_HOME": "", "XDG_CONFIG_HOME": ""})
+    written = sorted(str(p.relative_to(home)) for p in home.rglob("*"))
+    assert all(p == ".cache" or p.startswith(".cache/snakemake") for p in written), written
+    assert (out / ".cache" / "matplotlib").is_dir()
 
     assert {p: p.stat().st_mtime_ns for p in intermediates} == before
     assert sorted(p.relative_to(out) for p in (out / "report").rglob("*") if p.is_file()) == products
@@ -281,6 +291,8 @@ def test_tables_and_figures_regenerate_from_cache_only_and_the_html_report_build
                  "calibration_sweeps_tiny_qwen2_5_vl_scenes_adversarial_N4_vanilla.png", "divergence_tiny_qwen2_5_vl.png"):
         assert name in text, name
     assert "position confusion matrices" in text  # a caption
+    for page in explorers:          # the report links every explorer page
+        assert page.name in text and "Instance explorer" in text, page
 
 
 # --------------------------------------------------------------------------- identity from the files
@@ -330,3 +342,46 @@ def test_a_file_of_another_prompt_than_its_variant_is_refused(tmp_path):
     cot = write_evaluation(tmp_path, "m", "toy_random_N4", "vanilla", {**evaluation_document(0.5, 10), "prompt": "cot"})
     with pytest.raises(MismatchError, match="records prompt 'cot', but --variants gives vanilla=vanilla"):
         load_study(models=["m"], benchmarks=["toy_random_N4"], variants={"vanilla": "vanilla"}, evaluations=[cot])
+
+
+def test_a_killed_report_never_leaves_old_tables_beside_new_ones(toy_study, tmp_path, monkeypatch):
+    """Every table file is replaced as one set: the old ones removed, then the new ones renamed
+    in. Killed at each step of that in turn, each file is either new or missing (the rerun
+    redoes it: Snakemake reruns a job whose outputs are missing), never old beside new; a
+    failure while rendering leaves the old set untouched."""
+    import os
+
+    from ladbench.report.render import write_tables
+    from ladbench.report.tables import build_tables
+
+    tables = [(table, [tmp_path / "report" / f"{name}.{fmt}" for fmt in ("md", "csv")])
+              for name, table in build_tables(toy_study).items()]
+    files = [path for _, outputs in tables for path in outputs]
+    real_replace = os.replace
+    for kill_at in range(len(files) + 1):
+        for path in files:
+            path.parent.mkdir(exist_ok=True)
+            path.write_text("old")
+        def killed_after(renames, kill_at=kill_at):
+            def replace(source, target):
+                if renames["n"] == kill_at:
+                    raise KeyboardInterrupt("killed")
+                renames["n"] += 1
+                real_replace(source, target)
+            return replace
+        monkeypatch.setattr(os, "replace", killed_after({"n": 0}))
+        try:
+            write_tables(tables)
+        except KeyboardInterrupt:
+            pass
+        monkeypatch.setattr(os, "replace", real_replace)
+        contents = [path.read_text() if path.exists() else None for path in files]
+        assert "old" not in contents, f"killed after {kill_at} renames: old tables left beside new ones"
+        assert contents.count(None) == len(files) - kill_at
+    from ladbench.report.render import RENDERERS
+    for path in files:
+        path.write_text("old")
+    monkeypatch.setitem(RENDERERS, ".csv", lambda table: 1 / 0)                # fails half way through
+    with pytest.raises(ZeroDivisionError):
+        write_tables(tables)
+    assert all(path.read_text() == "old" for path in files) and not list((tmp_path / "report").glob("*.tmp"))

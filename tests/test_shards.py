@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from ladbench.config import REPO_ROOT as ROOT, load_config
+from ladbench.hdf5 import resign_attributes
 from ladbench.inference.cache import CacheLayout, CacheWriter, plan_rows, read_cache
 from ladbench.inference.merge import merge_shards, select_shard, shard_bounds
 from workflow_runner import copy_run, demo_config_with, environment, planned_jobs, snakemake, snakemake_command
@@ -25,7 +26,8 @@ from workflow_runner import copy_run, demo_config_with, environment, planned_job
 from test_cache import BENCH
 
 RUN_ATTRS = {"rows_per_s", "timed_rows", "timed_s", "last_run_rows", "last_run_s", "peak_rss_mb", "peak_cuda_mb",
-             "versions", "n_shards", "benchmark"}   # benchmark: an absolute path, of another folder
+             "versions", "n_shards", "benchmark",   # benchmark: an absolute path, of another folder
+             "content_sha256"}                      # the digest of all the attributes, run ones too
 
 
 def test_shard_bounds_cover_every_row_once():
@@ -79,6 +81,10 @@ def test_merge_refuses_incomplete_or_mixed_shard_sets(tmp_path):
         merge_shards([paths[0], str(other), paths[2]], str(tmp_path / "m.h5"))
     with h5py.File(paths[1], "a") as f:
         f.attrs["job_config_sha256"] = "another-job"
+    with pytest.raises(ValueError, match="1.h5: inference cache: changed since it was written"):   # edited by hand
+        merge_shards(paths, str(tmp_path / "m.h5"))
+    with h5py.File(paths[1], "a") as f:
+        resign_attributes(f)                                              # as if written so
     with pytest.raises(ValueError, match="a shard of another job"):
         merge_shards(paths, str(tmp_path / "m.h5"))
     assert not (tmp_path / "m.h5").exists()
@@ -159,9 +165,8 @@ def test_sharded_demo_equals_unsharded_and_a_killed_shard_reruns_alone(demo_run,
 
 def rows_done(partial: Path) -> int:
     try:
-        with h5py.File(partial, "r", locking=False) as f:
-            return int(f["done"][()].sum())
-    except (OSError, KeyError):
+        return int(read_cache(str(partial), require_complete=False)["done"].sum())
+    except (OSError, ValueError):           # not created yet, or finished and removed meanwhile
         return 0
 
 

@@ -14,7 +14,8 @@ from workflow_runner import DEMO_CONFIG, copy_run, planned_jobs, snakemake
 pytestmark = pytest.mark.slow
 
 # Every rule of workflow/rules/report.smk that makes a file (tables and figures).
-REPORT_RULES = {"report_table", "report_confusion", "report_figures", "report_model_figures"}
+REPORT_RULES = {"report_table", "report_confusion", "report_figures", "report_model_figures", "report_explorer",
+                "report_explorer_index"}
 
 
 def edited_config(tmp_path: Path, **sections) -> Path:
@@ -86,3 +87,29 @@ def test_changing_dcal_refits_calibration_without_inference(demo_run, tmp_path):
 
 
 # Regenerating the report from cached intermediates: tests/test_report.py.
+
+
+def test_a_second_workflow_on_the_same_output_folder_refuses_naming_the_first(tmp_path):
+    """Snakemake locks its working folder's .snakemake/; the study's own lock is in output_dir,
+    so a workflow started from another folder on the same output_dir stops before any job."""
+    import subprocess
+
+    from ladbench.atomic import lock_output_dir
+    from workflow_runner import environment, snakemake_command
+
+    config = yaml.safe_load(DEMO_CONFIG.read_text())
+    config["output_dir"] = str(tmp_path / "study")
+    configfile = tmp_path / "config.yaml"
+    configfile.write_text(yaml.safe_dump(config))
+    (tmp_path / "elsewhere").mkdir()
+    lock = lock_output_dir(tmp_path / "study")               # the first workflow (here: this test) holds it
+    try:
+        assert planned_jobs(tmp_path / "elsewhere", configfile=configfile)      # a dry run is not stopped
+        second = subprocess.run(snakemake_command(tmp_path / "elsewhere", "--cores", "1", configfile=configfile),
+                                capture_output=True, text=True, env=environment(), timeout=600)
+    finally:
+        lock.release()
+    output = second.stdout + second.stderr
+    assert second.returncode != 0 and "is in use by another workflow: locked by pid" in output, output[-3000:]
+    assert "Traceback" not in output
+    assert not (tmp_path / "study" / "data").exists()                          # no job ran

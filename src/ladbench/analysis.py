@@ -38,6 +38,7 @@ __all__ = [
     "Bootstrap",
     "ablation_rows",
     "analyze",
+    "attention_shares",
     "dcal_sizes_for_pool",
     "dcal_sweep",
     "divergence_statistics",
@@ -65,7 +66,8 @@ def fit_draws(cal: CalibrationArrays, n_cal: int, seeds: Sequence[int], average:
     evaluation_head source every seed takes the same first instances, so one is fitted)."""
     seeds = seeds[:1] if cal.source == "evaluation_head" else seeds
     return [fit_calibration(cal.scores, cal.attn, cal.target_pos, n_cal=n_cal, seed=s, average=average,
-                            source=cal.source, pride_original_logs=cal.pride_original_logs) for s in seeds]
+                            source=cal.source, pride_original_logs=cal.pride_original_logs,
+                            empty_positions=cal.empty_positions) for s in seeds]
 
 
 def dcal_sizes_for_pool(requested: Sequence[int], pool_size: int) -> list[int]:
@@ -229,7 +231,7 @@ def divergence_statistics(
     return summary, per_instance
 
 
-def _shares(values: np.ndarray) -> np.ndarray:
+def attention_shares(values: np.ndarray) -> np.ndarray:
     """Normalise non-negative values over the last axis so they sum to one (0/0 -> uniform)."""
     values = np.asarray(values, dtype=np.float64)
     total = values.sum(axis=-1, keepdims=True)
@@ -249,7 +251,7 @@ def position_profiles(
     """
     probabilities = np.exp(log_softmax(arrays.scores))
     selection = dict(ties=base.layer_ties, k_beyond_range=base.k_beyond_range)
-    raw_share = _shares(methods.raw_attention(arrays.attn, base.top_k, base.layer_range, **selection))
+    raw_share = attention_shares(methods.raw_attention(arrays.attn, base.top_k, base.layer_range, **selection))
     log_pi = methods.purified_attention(
         arrays.attn, calibration.attn_prior, top_k=base.top_k, layer_range=base.layer_range, layer_mean=base.layer_mean,
         **selection,
@@ -276,6 +278,7 @@ def analyze(
     seeds: Sequence[int],
     score_average: str = "reference",
     pride_original_logs: str = "floor",
+    empty_positions: str = "error",
     dcal_sizes: Sequence[int] = DEFAULT_DCAL_SIZES,
     dcal_draws: int = DEFAULT_DCAL_DRAWS,
     taus: Sequence[float] = DEFAULT_TAUS,
@@ -289,7 +292,7 @@ def analyze(
         raise ValueError(f"{cache_path}: analyze needs a cache of scores and attention (vanilla prompt), "
                          f"not a {cache.attrs.get('variant')!r} cache")
     arrays = eval_arrays(cache)
-    cal = replace(calibration_arrays(cache), pride_original_logs=pride_original_logs)
+    cal = replace(calibration_arrays(cache), pride_original_logs=pride_original_logs, empty_positions=empty_positions)
     pool = int(cal.scores.shape[0])
     if n_cal > pool:
         raise ValueError(f"{cache_path}: |D_cal| = {n_cal} but the calibration pool has {pool} instances")
@@ -317,7 +320,8 @@ def analyze(
         "calibration_source": cal.source,
         "settings": {
             **base.as_dict(), "n_cal": int(n_cal), "calibration_seeds": [int(s) for s in seeds],
-            "score_average": score_average, "pride_original_logs": pride_original_logs, "dcal_sizes": dcal_sizes_for_pool(dcal_sizes, pool),
+            "score_average": score_average, "pride_original_logs": pride_original_logs,
+            "empty_positions": empty_positions, "dcal_sizes": dcal_sizes_for_pool(dcal_sizes, pool),
             "dcal_draws": int(dcal_draws), "taus": [float(t) for t in taus], **boot.kwargs(),
         },
     }

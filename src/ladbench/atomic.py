@@ -1,5 +1,6 @@
 """Atomic file writes (a reader never sees a half-written output), the JSON reader
-whose errors name the file, and a chunked file digest.
+whose errors name the file, the content digest of JSON outputs, output locks, and a
+chunked file digest.
 
 Every output is written to ``<name>.<pid>.tmp`` beside its target and then renamed over
 it with :func:`os.replace` (atomic on POSIX within one file system, which "beside the
@@ -15,16 +16,20 @@ object or an explicit format, e.g. ``np.savez(open(tmp, "wb"), ...)`` or
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
 import shutil
+import socket
+import sys
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-__all__ = ["atomic_path", "atomic_write_text", "atomic_write_json", "json_one_item_per_line", "read_json",
-           "file_digest", "sampled_digest"]
+__all__ = ["atomic_path", "replacing_together", "atomic_write_text", "atomic_write_json", "json_one_item_per_line", "read_json",
+           "signed", "read_signed_json", "exclusive_lock", "LockedError", "file_digest", "sampled_digest"]
 
 
 def _tmp_path_for(path: Path) -> Path:
@@ -65,6 +70,33 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         raise
 
 
+@contextmanager
+def replacing_together(paths: Sequence[str | os.PathLike]) -> Iterator[list[Path]]:
+    """Yield a temporary path beside each of ``paths``; when the block succeeds, replace the
+    targets as one set: every old target is removed first, then every new file renamed in.
+    A kill in between leaves files missing (a rerun redoes them: Snakemake reruns a job whose
+    outputs are missing), never old files beside new ones. On an exception inside the block
+    the temporaries are removed and the targets are left as they were."""
+    targets = [Path(path) for path in paths]
+    temporaries = [_tmp_path_for(target) for target in targets]
+    for target, tmp in zip(targets, temporaries):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        _remove(tmp)
+    try:
+        yield temporaries
+        unwritten = [str(tmp) for tmp in temporaries if not tmp.exists()]
+        if unwritten:
+            raise FileNotFoundError(f"replacing_together: nothing was written to {', '.join(unwritten)}")
+    except BaseException:
+        for tmp in temporaries:
+            _remove(tmp)
+        raise
+    for target in targets:
+        _remove(target)
+    for target, tmp in zip(targets, temporaries):
+        os.replace(tmp, target)
+
+
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     """Write ``text`` (UTF-8) to ``path`` atomically."""
     with atomic_path(path) as tmp:
@@ -95,7 +127,7 @@ def json_one_item_per_line(doc: dict, list_keys: Sequence[str]) -> str:
 
 
 def read_json(path: str | os.PathLike, missing: str, error: type[Exception] = ValueError) -> Any:
-    """A JSON document; a missing or malformed file raises ``error`` naming the file.
+    """A JSON document; a missing, undecodable or malformed file raises ``error`` naming the file.
 
     ``missing`` says what was expected there, e.g. "benchmark file not found (run
     `ladbench benchmark`)".
@@ -107,6 +139,156 @@ def read_json(path: str | os.PathLike, missing: str, error: type[Exception] = Va
         raise error(f"{path}: {missing}") from None
     except json.JSONDecodeError as err:
         raise error(f"{path}: not valid JSON ({err})") from None
+    except UnicodeDecodeError as err:
+        raise error(f"{path}: not UTF-8 text (byte {err.start}: {err.reason}); is it the file you meant?") from None
+    except RecursionError:
+        raise error(f"{path}: nested too deeply to be a ladbench file") from None
+
+
+# ---------------------------------------------------------------------------- content digests
+#: The key of a JSON output holding its content digest (and the attribute of an HDF5 file's, hdf5.py).
+DIGEST_KEY = "content_sha256"
+_WARNED_UNCHECKED: set[str] = set()
+
+
+def warn_unchecked(path: str | os.PathLike, what: str) -> None:
+    """One line on stderr, once per file and process: a file without a content digest (made by
+    hand, or by a ladbench before 0.2) is read as it is, unchecked."""
+    key = os.path.abspath(path)
+    if key not in _WARNED_UNCHECKED:
+        _WARNED_UNCHECKED.add(key)
+        print(f"WARNING: {path}: {what} without a {DIGEST_KEY} (made by hand or by an older ladbench); read as it "
+              "is, unchecked", file=sys.stderr)
+
+
+def _json_digest(doc: dict) -> str:
+    """sha256 of a JSON document's canonical text (sorted keys, no spaces), the digest key left out."""
+    body = {key: value for key, value in doc.items() if key != DIGEST_KEY}
+    text = json.dumps(body, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def signed(doc: dict) -> dict:
+    """``doc`` with its content digest (key ``content_sha256``, last) for a JSON output: a
+    reader (:func:`read_signed_json`) refuses the file if anything in it changed. Computed on
+    the document as JSON reads it back (tuples as lists, keys as strings), whatever the layout
+    it is written in."""
+    body = json.loads(json.dumps({key: value for key, value in doc.items() if key != DIGEST_KEY}))
+    return {**body, DIGEST_KEY: _json_digest(body)}
+
+
+def read_signed_json(path: str | os.PathLike, what: str, remedy: str, error: type[Exception] = ValueError) -> Any:
+    """A JSON output (:func:`read_json`, ``<what> not found; <remedy>`` when missing) whose
+    content digest, if it has one, matches; the digest key is removed. A mismatch raises
+    ``error``: one line naming the file and ``remedy`` (the command that rebuilds it). A file
+    without a digest is accepted with a one-line warning."""
+    doc = read_json(path, f"{what} not found; {remedy}", error)
+    if not isinstance(doc, dict):
+        raise error(f"{path}: not a {what} (a JSON object was expected); {remedy}")
+    recorded = doc.pop(DIGEST_KEY, None)
+    if recorded is None:
+        warn_unchecked(path, what)
+    elif recorded != _json_digest(doc):
+        raise error(f"{path}: {what}: changed since it was written (its content does not match its {DIGEST_KEY}); "
+                    f"{remedy}")
+    return doc
+
+
+# ---------------------------------------------------------------------------- locks
+class LockedError(OSError):
+    """An output (or output folder) is being written by another process; the message names it."""
+
+
+def _holder() -> str:
+    return (f"pid {os.getpid()} on {socket.gethostname()}, started {time.strftime('%Y-%m-%d %H:%M:%S')} in "
+            f"{os.getcwd()}: {' '.join(sys.argv)[:300]}")
+
+
+def _acquire(path: str | os.PathLike) -> int | str:
+    """The descriptor of ``path`` locked exclusively (created if missing), or who holds it.
+    Every holder removes the file before releasing it, so a lock taken on a removed file is
+    dropped and taken again on the file now there."""
+    import fcntl
+
+    while True:
+        descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(descriptor, 4096).decode("utf-8", "replace").strip()
+            os.close(descriptor)
+            return holder or "another process"
+        except OSError as error:        # a file system without locks (some network mounts): go on unlocked
+            if error.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
+                raise
+            print(f"WARNING: {path}: this file system does not lock files ({error.strerror}); a second writer "
+                  "would not be stopped", file=sys.stderr)
+            return descriptor
+        try:
+            if os.stat(path).st_ino == os.fstat(descriptor).st_ino:
+                return descriptor
+        except FileNotFoundError:
+            pass
+        os.close(descriptor)
+
+
+def hold_lock(path: str | os.PathLike, what: str) -> "Lock":
+    """Lock ``path`` for this process (:class:`Lock`; released by :meth:`Lock.release` or when the
+    process ends, however it ends); :class:`LockedError` naming the holder if another has it."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    descriptor = _acquire(path)
+    if isinstance(descriptor, str):
+        raise LockedError(f"{what}: locked by {descriptor} (its lock file: {path}); wait for it to end, or stop it")
+    os.ftruncate(descriptor, 0)
+    os.write(descriptor, (_holder() + "\n").encode())
+    return Lock(str(path), descriptor)
+
+
+class Lock:
+    """A lock held by :func:`hold_lock`."""
+
+    def __init__(self, path: str, descriptor: int) -> None:
+        self.path, self.descriptor = path, descriptor
+
+    def release(self) -> None:
+        if self.descriptor < 0:
+            return
+        try:
+            os.unlink(self.path)          # before unlocking: see _acquire
+        except FileNotFoundError:
+            pass
+        os.close(self.descriptor)
+        self.descriptor = -1
+
+
+@contextmanager
+def exclusive_lock(path: str | os.PathLike, what: str) -> Iterator[None]:
+    """Hold the lock file ``path`` inside the block (see :func:`hold_lock`)."""
+    lock = hold_lock(path, what)
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+#: The lock file of a study's output folder, held by the workflow that runs it.
+OUTPUT_LOCK_FILE = ".workflow.lock"
+
+
+def lock_output_dir(output_dir: str | os.PathLike) -> Lock:
+    """Hold the lock of a study's output folder (:data:`OUTPUT_LOCK_FILE` in it): one workflow
+    per folder, whatever folder it was started from (Snakemake's own lock is kept in the
+    working folder's ``.snakemake/``, so two workflows started from two folders both ran)."""
+    return hold_lock(Path(output_dir) / OUTPUT_LOCK_FILE, f"output_dir {output_dir} is in use by another workflow")
+
+
+def fsync_file(path: str | os.PathLike) -> None:
+    """Flush a written file to the disk (before it is renamed into place)."""
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
 
 
 def file_digest(path: str | os.PathLike, algorithm: str = "sha256", chunk_bytes: int = 1 << 22) -> str:

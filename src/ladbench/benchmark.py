@@ -39,11 +39,30 @@ Steps, all fixed by ``seed``:
    evaluation instances (their base order; the calibration stage then takes the first
    |D_cal| of them instead of a seeded draw). The evaluation set is the same either way.
 
+``draw="reference"`` replaces steps 2, 3, 4 (random setting) and 5 by the draw of the
+reference's ``data/build_eval_dataset.py`` (:func:`reference_draw`): Python's ``random``
+seeded with ``seed``; the pool drawn by ``random.sample`` over the eligible images sorted
+by file name; each sequence's anchor the first of ``random.sample(pool, N)`` (anchors may
+repeat); random distractors by ``random.sample`` over the pool without the anchor; every
+sequence shuffled once with ``random.shuffle``; ONE stream for the whole script, the
+random set first and then the adversarial set, so the adversarial set depends on the
+random one. Its evaluation instances are the script's sequences (``n_seq = n_eval``); the
+adversarial distractors are mined as in step 4 (the script ranks the same way: stable
+sort by image similarity, the pool order breaking ties). Calibration instances from the
+``pool`` source continue the stream after the script's two sets (random, then
+adversarial), an anchor that is an evaluation target of the same setting drawn again.
+
+``similarity_dtype="float16"`` computes the mining's similarities as numpy computes the
+dot product of two float16 vectors (the reference's ``np.dot`` on its float16 CLIP
+features: products summed in float32 in index order, the sum rounded to float16), so its
+exact ties, broken by pool position, come out as the reference's (:func:`float16_dot_estimate`).
+
 The output (docs/formats.md §3) carries additive keys beyond the contract: ``pool_size``,
 ``n_eval``, ``n_calibration``, ``caption_sim_max`` and ``category_rule`` (adversarial),
 ``features`` (CLIP model and weights identity), ``ordering_scheme`` (``shared`` /
-``per_instance``) with ``orderings`` (the shared list, shared only), and
-``calibration_source`` (``pool`` / ``evaluation_head``).
+``per_instance``) with ``orderings`` (the shared list, shared only),
+``calibration_source`` (``pool`` / ``evaluation_head``), ``draw`` (``distinct`` /
+``reference``) and ``similarity_dtype`` (``float32`` / ``float16``).
 """
 
 from __future__ import annotations
@@ -52,18 +71,21 @@ import math
 import os
 import random
 import sys
+from pathlib import PurePosixPath
 from typing import Any, Callable
 
 import numpy as np
 from tqdm import tqdm
 
-from ladbench.atomic import json_one_item_per_line, read_json
+from ladbench.atomic import json_one_item_per_line, read_signed_json, signed
 from ladbench.data.coco import table_fingerprint
 
 SETTINGS = ("random", "adversarial")
 CATEGORY_RULES = ("reference", "paper")
 ORDERING_SCHEMES = ("shared", "per_instance")  # first: the default (the reference's)
 CALIBRATION_SOURCES = ("pool", "evaluation_head")  # first: the default (disjoint from the evaluation set)
+DRAWS = ("distinct", "reference")  # first: the default (distinct targets shared by both settings and every N)
+SIMILARITY_DTYPES = ("float32", "float16")  # first: the default; float16: numpy's float16 dot, the reference's
 _BLOCK = 256  # targets per similarity block: 256 x 20,000 float32 = 20 MB per matrix
 
 
@@ -156,21 +178,25 @@ def top_k_by_row(scores: np.ndarray, k: int) -> np.ndarray:
 
 def hard_distractors(targets: np.ndarray, image_emb: np.ndarray, text_emb: np.ndarray,
                      pool_cats: np.ndarray | None, n_distractors: int, caption_sim_max: float,
-                     category_rule: str, pool_ids: np.ndarray | None = None, block: int = _BLOCK) -> np.ndarray:
+                     category_rule: str, pool_ids: np.ndarray | None = None, block: int = _BLOCK,
+                     similarity_dtype: str = SIMILARITY_DTYPES[0]) -> np.ndarray:
     """Adversarial distractors (METHOD §7): [len(targets), n_distractors] pool positions.
 
     ``image_emb``/``text_emb`` are the pool's L2-normalised embeddings [P, D];
     ``pool_cats`` the pool's multi-hot categories or None (rule disabled). A target with
     fewer than ``n_distractors`` admissible candidates is an error naming its image id
-    (from ``pool_ids``, else its pool position).
+    (from ``pool_ids``, else its pool position). ``similarity_dtype``: ``float32`` products,
+    or ``float16`` ones computed as numpy's float16 dot (the reference's arithmetic).
     """
-    image_emb = np.asarray(image_emb, dtype=np.float32)
-    text_emb = np.asarray(text_emb, dtype=np.float32)
+    if similarity_dtype not in SIMILARITY_DTYPES:
+        raise BenchmarkError(f"--similarity-dtype must be one of {SIMILARITY_DTYPES}, got {similarity_dtype!r}")
+    image_emb = np.asarray(image_emb, dtype=similarity_dtype)
+    text_emb = np.asarray(text_emb, dtype=similarity_dtype)
     out = np.empty((len(targets), n_distractors), dtype=np.int64)
     starts = range(0, len(targets), block)
     for start in tqdm(starts, desc="hard negatives", unit="block", file=sys.stderr, disable=len(starts) < 4):
         rows = targets[start:start + block]
-        admissible = (text_emb[rows] @ text_emb.T) < caption_sim_max
+        admissible = _similarity_below(text_emb[rows], text_emb, caption_sim_max)
         if pool_cats is not None:
             admissible &= ~category_blocked(pool_cats[rows], pool_cats, category_rule)
         admissible[np.arange(len(rows)), rows] = False  # never the target itself
@@ -181,9 +207,71 @@ def hard_distractors(targets: np.ndarray, image_emb: np.ndarray, text_emb: np.nd
             raise BenchmarkError(f"target {name} has only {int(counts[bad])} admissible hard negatives "
                                  f"(caption similarity < {caption_sim_max}, category rule {category_rule}) "
                                  f"but N - 1 = {n_distractors} are needed")
-        scores = np.where(admissible, image_emb[rows] @ image_emb.T, -np.inf)
-        out[start:start + len(rows)] = top_k_by_row(scores, n_distractors)
+        out[start:start + len(rows)] = _most_similar(image_emb[rows], image_emb, admissible, n_distractors)
     return out
+
+
+def _similarity_below(rows: np.ndarray, pool: np.ndarray, threshold: float) -> np.ndarray:
+    """[R, P] True where the similarity of a row to a pool image is below ``threshold``."""
+    if rows.dtype != np.float16:
+        return (rows @ pool.T) < threshold
+    estimate, margin = float16_dot_estimate(rows, pool)
+    below = estimate + margin < threshold
+    unsure = np.nonzero(~below & (estimate - margin < threshold))   # only pairs this close to the threshold
+    below[unsure] = float16_dot_pairs(rows, pool, *unsure) < threshold
+    return below
+
+
+def _most_similar(rows: np.ndarray, pool: np.ndarray, admissible: np.ndarray, k: int) -> np.ndarray:
+    """[R, k] admissible pool positions of the highest similarity per row, ties to the smaller position."""
+    if rows.dtype != np.float16:
+        return top_k_by_row(np.where(admissible, rows @ pool.T, -np.inf), k)
+    estimate, margin = float16_dot_estimate(rows, pool)
+    # k pairs have a value >= (k-th largest estimate) - margin; a pair whose estimate is more
+    # than twice the margin below it is beaten by all of them.
+    kth = -np.partition(np.where(admissible, -estimate, np.inf), k - 1, axis=1)[:, k - 1:k]
+    contenders = np.nonzero(admissible & (estimate >= kth - 2 * margin))
+    scores = np.full(estimate.shape, -np.inf)
+    scores[contenders] = float16_dot_pairs(rows, pool, *contenders)
+    return top_k_by_row(scores, k)
+
+
+# --- float16 similarities as numpy computes them ----------------------------------------
+
+_FLOAT32_UNIT_ROUNDOFF = 2.0 ** -24
+
+
+def float16_dot_estimate(rows: np.ndarray, pool: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(estimate [R, P], margin [R, 1])``: ``|np.dot(rows[r], pool[p]) - estimate| <= margin[r]``
+    for numpy's dot product of two float16 vectors.
+
+    numpy multiplies the float16 values (exact in float32), sums the products in float32 in
+    index order and rounds the sum to float16. The float32 sum is within
+    ``gamma_(D-1) * sum_i |x_i y_i| <= gamma_(D-1) |x| |y|`` of the exact dot product
+    (recursive summation; Higham, Accuracy and Stability of Numerical Algorithms, §4.2), and
+    the final rounding moves it by at most half a float16 step (2^-11 relative, 2^-25 below
+    float16's normal range). The estimate is a float64 product, accurate far beyond that (1 %
+    of margin covers it). Only pairs that these margins leave in doubt need
+    :func:`float16_dot_pairs`, so the mining costs one BLAS product per block, as in float32.
+    """
+    a, b = np.asarray(rows, np.float64), np.asarray(pool, np.float64)
+    n = a.shape[1]
+    gamma = 1.01 * (n - 1) * _FLOAT32_UNIT_ROUNDOFF / (1 - (n - 1) * _FLOAT32_UNIT_ROUNDOFF)
+    reach = np.linalg.norm(a, axis=1, keepdims=True) * np.linalg.norm(b, axis=1).max(initial=0.0)  # >= sum |x_i y_i|
+    # + n float32 subnormal steps: the absolute error of sums below float32's normal range
+    summation = gamma * reach + n * 2.0 ** -149
+    return a @ b.T, summation + 2.0 ** -11 * (reach + summation) + 2.0 ** -25
+
+
+def float16_dot_pairs(rows: np.ndarray, pool: np.ndarray, row_index: np.ndarray, pool_index: np.ndarray) -> np.ndarray:
+    """``np.dot(rows[r], pool[p])`` of float16 vectors for each pair, computed as numpy does
+    (float32 products summed in index order, rounded to float16), as float64 [K]."""
+    a = np.asarray(rows, np.float16)[row_index].astype(np.float32).T.copy()   # [D, K]: one row per step
+    b = np.asarray(pool, np.float16)[pool_index].astype(np.float32).T.copy()
+    total = np.zeros(a.shape[1], dtype=np.float32)
+    for a_d, b_d in zip(a, b):
+        total += a_d * b_d
+    return total.astype(np.float16).astype(np.float64)
 
 
 # --- orderings --------------------------------------------------------------------------
@@ -227,13 +315,78 @@ def _identity_then_distinct(n: int, t: int, draw: Callable[[], list[int]]) -> li
     return orderings
 
 
+# --- the reference's draw ---------------------------------------------------------------
+
+def reference_draw(n_eligible: int, pool_size: int, n_candidates: int, n_eval: int, n_calibration: int,
+                   seed: int, setting: str) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray]:
+    """The reference's ``data/build_eval_dataset.py`` draw, for ``setting`` (module docstring).
+
+    The script's population lists enter ``random.sample``/``random.shuffle`` only through
+    their length and order, so index ranges of the same length draw exactly what it draws.
+    Returns ``pool`` (indices into the eligible images sorted by file name, in draw order),
+    ``targets`` [n_eval + n_calibration] (pool positions: the ``n_eval`` sequences of the
+    script, then ``n_calibration`` more from the continuing stream), the random setting's
+    ``distractors`` [.., N - 1] (pool positions, in draw order; None for adversarial) and
+    ``shuffles`` [.., N] (base order position i shows member ``shuffles[i]`` of
+    ``[target, *distractors]``).
+    """
+    if pool_size < 2:
+        raise BenchmarkError(f"--pool-size must be >= 2, got {pool_size}")
+    if n_eval < 1 or n_calibration < 0:
+        raise BenchmarkError(f"--n-eval must be >= 1 and --n-calibration >= 0, got {n_eval}, {n_calibration}")
+    rng = random.Random(seed)
+    pool = rng.sample(range(n_eligible), min(pool_size, n_eligible))
+    size = len(pool)
+    if size < n_candidates:
+        raise BenchmarkError(f"the pool has {size} images, fewer than N = {n_candidates} candidates")
+
+    def sequence(mode: str, taken: set[int] | frozenset[int] = frozenset()) -> tuple[int, list[int] | None, list[int]]:
+        anchor = rng.sample(range(size), n_candidates)[0]   # the script keeps the first of N pool images
+        while anchor in taken:
+            anchor = rng.sample(range(size), n_candidates)[0]
+        distractors = None
+        if mode == "random":   # random.sample over the pool without the anchor, in pool order
+            distractors = [j + (j >= anchor) for j in rng.sample(range(size - 1), n_candidates - 1)]
+        shuffle = list(range(n_candidates))
+        rng.shuffle(shuffle)
+        return anchor, distractors, shuffle
+
+    drawn = {mode: [sequence(mode) for _ in range(n_eval)] for mode in SETTINGS}   # random first, as the script
+    for mode in SETTINGS:   # calibration sequences continue the stream, away from the evaluation targets
+        taken = {anchor for anchor, _, _ in drawn[mode]}
+        if n_calibration and len(taken) == size:
+            raise BenchmarkError(f"the {n_eval} evaluation instances use every image of the pool as a target, so "
+                                 "no calibration target is left; use --calibration-source evaluation_head or a "
+                                 "larger --pool-size")
+        drawn[mode] += [sequence(mode, taken) for _ in range(n_calibration)]
+    targets, distractors, shuffles = zip(*drawn[setting])
+    return (np.asarray(pool, dtype=np.int64), np.asarray(targets, dtype=np.int64),
+            np.asarray(distractors, dtype=np.int64) if setting == "random" else None,
+            np.asarray(shuffles, dtype=np.int64))
+
+
+def by_file_name(eligible: np.ndarray, rows: list[dict]) -> np.ndarray:
+    """The eligible rows sorted by file name (the reference names images by their base name)."""
+    names = [PurePosixPath(rows[r]["file_name"]).name for r in eligible.tolist()]
+    if len(set(names)) < len(names):
+        twice = sorted({name for name in names if names.count(name) > 1})
+        raise BenchmarkError(f"--draw reference names images by file name, and {_listed(twice)} name more "
+                             "than one image of the table")
+    return eligible[sorted(range(len(names)), key=names.__getitem__)]
+
+
+def _listed(items: list[str], shown: int = 3) -> str:
+    return ", ".join(items[:shown]) + (f" (and {len(items) - shown} more)" if len(items) > shown else "")
+
+
 # --- assembly ---------------------------------------------------------------------------
 
 def build_benchmark(table: dict, features: dict, setting: str, n_candidates: int, n_eval: int = 1000,
                     n_calibration: int = 100, n_orderings: int = 5, pool_size: int = 20000, seed: int = 42,
                     caption_sim_max: float = 0.9, category_rule: str = "reference",
                     dataset: str | None = None, orderings: str = ORDERING_SCHEMES[0],
-                    calibration_source: str = CALIBRATION_SOURCES[0]) -> dict:
+                    calibration_source: str = CALIBRATION_SOURCES[0], draw: str = DRAWS[0],
+                    similarity_dtype: str = SIMILARITY_DTYPES[0]) -> dict:
     """Build one benchmark document (docs/formats.md §3) from an image table and its features.
 
     ``features`` holds ``image_id``, ``image_emb``, ``text_emb`` arrays aligned with
@@ -247,6 +400,10 @@ def build_benchmark(table: dict, features: dict, setting: str, n_candidates: int
         raise BenchmarkError(f"--orderings must be one of {ORDERING_SCHEMES}, got {orderings!r}")
     if calibration_source not in CALIBRATION_SOURCES:
         raise BenchmarkError(f"--calibration-source must be one of {CALIBRATION_SOURCES}, got {calibration_source!r}")
+    if draw not in DRAWS:
+        raise BenchmarkError(f"--draw must be one of {DRAWS}, got {draw!r}")
+    if similarity_dtype not in SIMILARITY_DTYPES:
+        raise BenchmarkError(f"--similarity-dtype must be one of {SIMILARITY_DTYPES}, got {similarity_dtype!r}")
     if calibration_source == "evaluation_head" and n_calibration > n_eval:
         raise BenchmarkError(f"--calibration-source evaluation_head takes the first --n-calibration ({n_calibration}) "
                              f"evaluation instances, but there are only --n-eval = {n_eval}")
@@ -263,32 +420,43 @@ def build_benchmark(table: dict, features: dict, setting: str, n_candidates: int
     has_categories = bool(table.get("has_categories", any(categories)))
 
     eligible = eligible_rows(categories, np.asarray(features["image_emb"]), has_categories)
-    rng = np.random.default_rng(seed)
-    pool = draw_pool(eligible, pool_size, rng)
+    drawn_distractors = shuffles = None
+    if draw == "reference":
+        stream_calibration = n_calibration if calibration_source == "pool" else 0
+        pool_index, targets, drawn_distractors, shuffles = reference_draw(
+            len(eligible), pool_size, n_candidates, n_eval, stream_calibration, seed, setting)
+        pool = by_file_name(eligible, rows)[pool_index]
+    else:
+        rng = np.random.default_rng(seed)
+        pool = draw_pool(eligible, pool_size, rng)
     if len(pool) < pool_size:
         print(f"benchmark: only {len(pool)} eligible images, the pool is all of them (asked {pool_size})",
               file=sys.stderr)
     if len(pool) < n_candidates:
         raise BenchmarkError(f"the pool has {len(pool)} images, fewer than N = {n_candidates} candidates")
-    targets = draw_targets(len(pool), n_eval, n_calibration, rng)
+    if draw != "reference":
+        targets = draw_targets(len(pool), n_eval, n_calibration, rng)
 
     # Everything below depends on N and the setting; a separate stream keeps steps 1-3 shared.
     rng_n = np.random.default_rng([seed, n_candidates, SETTINGS.index(setting)])
     if setting == "random":
-        distractors = random_distractors(targets, len(pool), n_candidates - 1, rng_n)
+        distractors = (drawn_distractors if drawn_distractors is not None
+                       else random_distractors(targets, len(pool), n_candidates - 1, rng_n))
         rule_used = None
     else:
         pool_cats = category_matrix([categories[r] for r in pool]) if has_categories else None
         rule_used = category_rule if has_categories else "none"
         distractors = hard_distractors(
             targets, np.asarray(features["image_emb"])[pool], np.asarray(features["text_emb"])[pool],
-            pool_cats, n_candidates - 1, caption_sim_max, rule_used, pool_ids=ids[pool])
+            pool_cats, n_candidates - 1, caption_sim_max, rule_used, pool_ids=ids[pool],
+            similarity_dtype=similarity_dtype)
 
     # Base order: the target and its distractors shuffled (pool positions -> image ids).
     base_orders = []
     for index, target in enumerate(targets.tolist()):
         members = [target] + distractors[index].tolist()
-        base_orders.append([int(ids[pool[members[j]]]) for j in rng_n.permutation(n_candidates).tolist()])
+        shuffle = shuffles[index].tolist() if shuffles is not None else rng_n.permutation(n_candidates).tolist()
+        base_orders.append([int(ids[pool[members[j]]]) for j in shuffle])
 
     def instance(number: int, index: int) -> dict:
         row = pool[targets[index]]
@@ -310,6 +478,7 @@ def build_benchmark(table: dict, features: dict, setting: str, n_candidates: int
         "n_candidates": n_candidates, "seed": seed, "n_orderings": n_orderings,
         "pool_size": int(len(pool)), "n_eval": n_eval, "n_calibration": n_calibration,
         "ordering_scheme": orderings, "calibration_source": calibration_source,
+        "draw": draw, "similarity_dtype": similarity_dtype,
     }
     if shared:
         doc["orderings"] = shared
@@ -331,10 +500,13 @@ def _plain(value: Any) -> Any:
 
 
 def format_benchmark(doc: dict) -> str:
-    """JSON text with one instance per line: valid JSON, diff-friendly, deterministic."""
-    return json_one_item_per_line(doc, ["eval", "calibration"])
+    """JSON text with one instance per line: valid JSON, diff-friendly, deterministic, signed
+    (``content_sha256``)."""
+    return json_one_item_per_line(signed(doc), ["eval", "calibration"])
 
 
 def load_benchmark(path: str | os.PathLike) -> dict:
-    """Read a benchmark file written by :func:`format_benchmark` (any JSON reader works too)."""
-    return read_json(path, "benchmark file not found (run `ladbench benchmark`)", BenchmarkError)
+    """Read a benchmark file written by :func:`format_benchmark` (any JSON reader works too),
+    checked against its content digest."""
+    return read_signed_json(path, "benchmark file", "rebuild it with `ladbench benchmark` (or delete it and rerun "
+                            "the workflow)", BenchmarkError)

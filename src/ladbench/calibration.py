@@ -30,6 +30,7 @@ __all__ = [
     "attention_prior",
     "bias_matrix",
     "draw_calibration_instances",
+    "empty_position_warnings",
     "fit_calibration",
     "log_softmax",
     "pride_log",
@@ -50,6 +51,10 @@ PRIDE_LOG_FLOOR = 1e-10
 PRIDE_ORIGINAL_LOGS = ("floor", "exact")
 # How L averages the calibration scores: the reference implementation (default) or the paper (Eqs. 1-3).
 SCORE_AVERAGES = ("reference", "paper")
+# A position where no calibration row has its ground truth: an error (default), or "zero", the
+# reference's (its row of L is 0, with a warning). Every instance is run under all N cyclic
+# shifts, so it happens only with rows missing.
+EMPTY_POSITIONS = ("error", "zero")
 
 
 def log_softmax(scores: np.ndarray, axis: int = -1) -> np.ndarray:
@@ -99,7 +104,8 @@ def _check_calibration_shapes(cal_scores: np.ndarray, cal_target_pos: np.ndarray
 
 
 def score_matrix(
-    cal_scores: np.ndarray, cal_target_pos: np.ndarray, average: ScoreAverage = "reference"
+    cal_scores: np.ndarray, cal_target_pos: np.ndarray, average: ScoreAverage = "reference",
+    empty_positions: str = EMPTY_POSITIONS[0],
 ) -> np.ndarray:
     """Conditional score matrix ``L`` [N, N] (Eqs. 1-3).
 
@@ -109,6 +115,9 @@ def score_matrix(
     - ``"reference"``: the mean of the raw scores ``s_j(x)`` (log domain);
     - ``"paper"``: the log of the mean of the probabilities ``softmax(s(x))_j`` over
       the ``N`` candidates.
+
+    A position ``i`` without rows is an error, or with ``empty_positions="zero"`` a row of
+    zeros (the reference's).
     """
     cal_scores = np.asarray(cal_scores, dtype=np.float64)
     cal_target_pos = np.asarray(cal_target_pos)
@@ -121,15 +130,29 @@ def score_matrix(
         values = np.exp(log_softmax(rows))
     else:
         raise ValueError(f"score average must be 'reference' or 'paper', got {average!r}")
+    if empty_positions not in EMPTY_POSITIONS:
+        raise ValueError(f"empty_positions must be one of {EMPTY_POSITIONS}, got {empty_positions!r}")
     counts = np.bincount(target, minlength=n)
-    if np.any(counts == 0):
-        missing = np.flatnonzero(counts == 0).tolist()
-        raise ValueError(f"no calibration row has its ground truth at position(s) {missing}")
+    missing = np.flatnonzero(counts == 0)
+    if missing.size and empty_positions == "error":
+        raise ValueError(f"no calibration row has its ground truth at position(s) {missing.tolist()} "
+                         "(calibration.empty_positions: zero takes a row of zeros there, as the reference does)")
     # Sum the rows of each ground-truth position with one scatter-add, then divide.
     sums = np.zeros((n, n))
     np.add.at(sums, target, values)
-    mean = sums / counts[:, None]
-    return mean if average == "reference" else np.log(mean + EPS)
+    mean = sums / np.maximum(counts, 1)[:, None]
+    L = mean if average == "reference" else np.log(mean + EPS)
+    L[missing] = 0.0
+    return L
+
+
+def empty_position_warnings(cal_target_pos: np.ndarray, n: int) -> list[str]:
+    """The warning recorded where :func:`score_matrix` took a row of zeros for positions without rows."""
+    missing = np.flatnonzero(np.bincount(np.ravel(cal_target_pos), minlength=n) == 0).tolist()
+    if not missing:
+        return []
+    return [f"no calibration row has its ground truth at position(s) {missing}: their row of L is 0 "
+            "(calibration.empty_positions = zero, the reference's)"]
 
 
 def bias_matrix(L: np.ndarray) -> tuple[np.ndarray, float]:
@@ -231,6 +254,7 @@ class Calibration:
     pride_original_prior: np.ndarray  # [N] log prior of the original PriDe
     settings: dict[str, Any] = field(default_factory=dict)
     source: dict[str, Any] = field(default_factory=dict)
+    warnings: tuple[str, ...] = ()  # where a fitting rule decided (recorded in the evaluation output)
 
     @property
     def n_candidates(self) -> int:
@@ -245,6 +269,8 @@ class Calibration:
         settings = {f"settings_{key}": np.asarray(value) for key, value in self.settings.items()}
         if self.source:
             settings["source"] = np.asarray(json.dumps(self.source, sort_keys=True))
+        if self.warnings:
+            settings["warnings"] = np.asarray(json.dumps(list(self.warnings)))
         with atomic_path(path) as tmp:
             # An open handle: np.savez would otherwise append ".npz" to the ".tmp" name.
             with open(tmp, "wb") as handle:
@@ -275,6 +301,7 @@ class Calibration:
                     if name.startswith("settings_")
                 }
                 source = json.loads(data["source"].item()) if "source" in data.files else {}
+                warnings = tuple(json.loads(data["warnings"].item())) if "warnings" in data.files else ()
         except FileNotFoundError:
             raise FileNotFoundError(f"{path}: calibration file not found (run `ladbench calibrate`)") from None
         except (OSError, EOFError, ValueError, zipfile.BadZipFile) as exc:  # not an .npz, or CRC-32 fails
@@ -292,6 +319,7 @@ class Calibration:
             pride_original_prior=arrays["pride_original_prior"],
             settings=settings,
             source=source,
+            warnings=warnings,
         )
 
 
@@ -304,6 +332,7 @@ def fit_calibration(
     average: ScoreAverage = "reference",
     source: CalibrationSource = "pool",
     pride_original_logs: str = PRIDE_ORIGINAL_LOGS[0],
+    empty_positions: str = EMPTY_POSITIONS[0],
 ) -> Calibration:
     """Draw ``n_cal`` instances of the pool (``seed``; the first ones for ``source =
     "evaluation_head"``) and fit every calibration quantity."""
@@ -318,7 +347,7 @@ def fit_calibration(
         )
     instances = draw_calibration_instances(cal_scores.shape[0], n_cal, seed, source)
     scores, attn, target = cal_scores[instances], cal_attn[instances], cal_target_pos[instances]
-    L = score_matrix(scores, target, average)
+    L = score_matrix(scores, target, average, empty_positions)
     B, k = bias_matrix(L)
     return Calibration(
         instances=instances,
@@ -329,5 +358,6 @@ def fit_calibration(
         pride_prior=pride_prior_reference(B),
         pride_original_prior=pride_prior_original(scores, target, pride_original_logs),
         settings={"n_cal": int(n_cal), "seed": int(seed), "average": average, "n_pool": int(cal_scores.shape[0]),
-                  "source": source, "pride_original_logs": pride_original_logs},
+                  "source": source, "pride_original_logs": pride_original_logs, "empty_positions": empty_positions},
+        warnings=tuple(empty_position_warnings(target, L.shape[0])),
     )

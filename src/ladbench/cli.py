@@ -24,6 +24,7 @@ SUBCOMMANDS = {
     "features": "ladbench.stages.features",
     "benchmark": "ladbench.stages.benchmark",
     "demo-model": "ladbench.stages.demo_model",
+    "models": "ladbench.stages.models",
     "train-organism": "ladbench.stages.train_organism",
     "infer": "ladbench.stages.infer",
     "merge-shards": "ladbench.stages.merge_shards",
@@ -32,6 +33,8 @@ SUBCOMMANDS = {
     "evaluate": "ladbench.stages.evaluate",
     "analyze": "ladbench.stages.analyze",
     "report": "ladbench.stages.report",
+    "explore": "ladbench.stages.explore",
+    "explore-index": "ladbench.stages.explore",
 }
 
 #: Stages whose outputs must be the same bits on every x86-64 CPU: the demo's models built from
@@ -48,6 +51,14 @@ def put_ladbench_on_path() -> None:
     folder = os.path.dirname(sys.executable)
     if os.path.exists(os.path.join(folder, "ladbench")):
         os.environ["PATH"] = os.pathsep.join([folder, os.environ.get("PATH", "")])
+
+
+def keep_caches_under(folder: str) -> None:
+    """Make the workflow's jobs keep library caches under ``folder`` (the study's output folder)
+    rather than under $HOME: matplotlib's font cache and config (else ~/.cache/matplotlib and
+    ~/.config/matplotlib). Hugging Face's cache is left where the user keeps it: their models
+    are there."""
+    os.environ["MPLCONFIGDIR"] = os.path.abspath(os.path.join(folder, "matplotlib"))
 
 
 def output_file(*suffixes: str):
@@ -87,6 +98,8 @@ def _where(args: argparse.Namespace) -> None:
     print(f"Figures (PNG and PDF): {report}/figures/ ({len(figures)} figures)")
     for figure in figures:
         print(f"  {figure}")
+    explorers = sorted(p for p in report.glob("explorer/*.html") if p.name != "index.html")
+    print(f"Instance explorer ({len(explorers)} pages, open from disk): {report}/explorer/index.html")
     for name, model in config["models"].items():
         if model["tiny"] and "organism" in model:
             print(f"{name} is the trained model organism (docs/organism.md): a tiny model with a planted bias.")
@@ -147,6 +160,20 @@ def main(argv: list[str] | None = None) -> None:
             raise
         print(f"ladbench {args.command}: error: {one_line(error)}", file=sys.stderr)
         raise SystemExit(2) from None
+    except Exception as error:         # noqa: BLE001 (out of memory: the only other failure a user causes)
+        if not is_out_of_memory(error) or args.debug or os.environ.get("LADBENCH_DEBUG"):
+            raise
+        print(f"ladbench {args.command}: error: out of memory ({one_line(error)[:200]}); a setting or an input is "
+              "too large for this machine (smaller batches, fewer rows, a shorter input), or --debug shows where",
+              file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """Python's MemoryError, or torch's (CPU or GPU) out-of-memory error, found by name so that
+    torch need not be imported."""
+    return isinstance(error, MemoryError) or type(error).__name__ == "OutOfMemoryError" or \
+        "can't allocate memory" in str(error)
 
 
 if __name__ == "__main__":

@@ -9,8 +9,10 @@ the file, e.g. ``config.yaml: lad.top_k: 'two' is not of type 'integer'``.
 from __future__ import annotations
 
 import copy
+import math
 import os
 import re
+import reprlib
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -53,6 +55,8 @@ def read_yaml(path: Path | str) -> Any:
             return yaml.load(handle, Loader=_StrictLoader)
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such config file") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason}); save it as UTF-8") from None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
@@ -88,6 +92,53 @@ def load_schema(path: Path | str = SCHEMA_PATH) -> dict:
         return yaml.safe_load(handle)
 
 
+#: The most values a config may hold once its YAML aliases (``*name``) are expanded: the
+#: paper's holds a few hundred; an alias bomb (aliases of aliases) holds billions and would
+#: exhaust the memory of whatever walks it.
+MAX_CONFIG_VALUES = 100_000
+_SHORT = reprlib.Repr()
+_SHORT.maxlevel, _SHORT.maxdict, _SHORT.maxlist, _SHORT.maxstring, _SHORT.maxother = 2, 4, 4, 60, 60
+
+
+def short_repr(value: Any) -> str:
+    """A value as an error message shows it: never whole when it is large."""
+    return _SHORT.repr(value)
+
+
+def _check_size(config: Any, source: str) -> None:
+    """Refuse a config of more than :data:`MAX_CONFIG_VALUES` values (counted, not expanded)."""
+    count, stack = 0, [config]
+    while stack:
+        node = stack.pop()
+        count += 1
+        if count > MAX_CONFIG_VALUES:
+            raise ConfigError(f"{source}: more than {MAX_CONFIG_VALUES:,} values once its YAML aliases (*name) are "
+                              "expanded; a study config is far smaller (an alias bomb?)")
+        if isinstance(node, dict):
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+
+
+def _check_finite(node: Any, source: str, path: str = "") -> None:
+    """Every number must be finite: no setting of the study means anything at infinity or NaN
+    (YAML's .inf / .nan pass a schema's type: number)."""
+    if isinstance(node, float) and not math.isfinite(node):
+        raise ConfigError(f"{source}: {path or '(top level)'}: {node} is not a finite number")
+    items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+    for key, value in items:
+        _check_finite(value, source, f"{path}[{key}]" if isinstance(key, int) else f"{path}.{key}" if path else str(key))
+
+
+def _message(error: jsonschema.ValidationError) -> str:
+    """The validator's message, with the offending value shortened if it is large."""
+    text = error.message
+    if len(text) > 300:
+        whole = repr(error.instance)
+        text = text.replace(whole, short_repr(error.instance)) if whole in text else f"{text[:200]} … {text[-80:]}"
+    return text
+
+
 def key_path(error: jsonschema.ValidationError) -> str:
     """``lad.tau`` or ``models.qwen.layer_range[1]`` for a validation error."""
     text = ""
@@ -109,17 +160,23 @@ REFERENCE_PROTOCOL: dict[tuple[str, str], Any] = {
     ("benchmarks", "orderings"): "shared",            # one list of T shuffles (build_shuffles)
     ("benchmarks", "seed"): 42,                       # its seed
     ("benchmarks", "category_rule"): "reference",     # skip candidates whose categories contain the anchor's
+    ("benchmarks", "draw"): "reference",              # data/build_eval_dataset.py's instances
+    ("benchmarks", "similarity_dtype"): "float16",    # its float16 dot products (and their ties)
     ("inference", "image_size"): 336,
     ("inference", "score_mode"): "reference",         # raw logits when every identifier is one token
     ("inference", "greedy_reply"): True,              # needed by vanilla_generate
     ("calibration", "source"): "evaluation_head",     # the first |D_cal| evaluation instances
     ("calibration", "score_average"): "reference",
     ("calibration", "pride_original_logs"): "floor",  # the original PriDe code's log(p + 1e-10)
+    ("calibration", "empty_positions"): "zero",       # a position without rows: L's row 0, with a warning
     ("lad", "layer_mean"): "reference",
     ("lad", "mixture"): "reference",
-    ("lad", "layer_ties"): "highest",
+    ("lad", "layer_ties"): "argsort",                 # its np.argsort (result depends on numpy's build)
     ("lad", "k_beyond_range"): "lower",
+    ("lad", "layers_beyond_depth"): "absent",         # layers past the model's last: attention 0, prior 0
     ("evaluation", "acc_ddof"): 1,
+    ("evaluation", "edge_statistics"): "reference",   # std 0.0 at T = 1; RStd over the positions seen
+    ("evaluation", "reply_parse"): "int",             # int() of each digit run of the greedy reply
 }
 # ... and its Vanilla is the parsed greedy reply: evaluated beside the argmax readout.
 REFERENCE_METHODS = ("vanilla_generate",)
@@ -135,7 +192,7 @@ def apply_reproduce(config: dict, schema: Mapping, source: str = "config") -> di
         if not isinstance(block, dict):
             continue  # the schema reports the wrong type
         if key in block and block[key] != value:
-            raise ConfigError(f"{source}: {section}.{key}: {block[key]!r} conflicts with reproduce: reference, "
+            raise ConfigError(f"{source}: {section}.{key}: {short_repr(block[key])} conflicts with reproduce: reference, "
                               f"which sets it to {value!r}; remove one of the two")
         block[key] = value
     evaluation = config.setdefault("evaluation", {})
@@ -153,6 +210,7 @@ def validate_config(config: dict, schema: Mapping | None = None, source: str = "
     Raises :class:`ConfigError` naming ``source`` and the key path of the first problem.
     """
     schema = load_schema() if schema is None else schema
+    _check_size(config, source)
     _load_plugins(config, source)
     schema = with_registered_names(schema)
     apply_reproduce(config, schema, source)
@@ -160,7 +218,8 @@ def validate_config(config: dict, schema: Mapping | None = None, source: str = "
     errors = sorted(validator.iter_errors(config), key=lambda e: list(map(str, e.absolute_path)))
     if errors:
         error = _most_specific(errors[0])
-        raise ConfigError(f"{source}: {key_path(error)}: {error.message}")
+        raise ConfigError(f"{source}: {key_path(error)}: {_message(error)}")
+    _check_finite(config, source)
     _check_settings(config, source)
     _check_cross_references(config, source)
     return config
@@ -237,12 +296,17 @@ def _check_cross_references(config: dict, source: str) -> None:
             raise ConfigError(
                 f"{source}: datasets.{name}: give root (download folder) or images_dir + captions_json"
             )
+    from ladbench.families import family_entry
     for name, model in config["models"].items():
-        if model["family"] == "llava_ov15" and not model["trust_remote_code"]:
+        entry = family_entry(model["family"])
+        if entry.remote_code and not model["trust_remote_code"]:
             raise ConfigError(
-                f"{source}: models.{name}.trust_remote_code: LLaVA-OneVision-1.5 runs the model's own "
+                f"{source}: models.{name}.trust_remote_code: family {model['family']} runs the model's own "
                 "code (from the hub, or the tiny stand-in's folder); set it to true to allow that"
             )
+        if model["tiny"] and not entry.tiny_build:
+            raise ConfigError(f"{source}: models.{name}.tiny: family {model['family']} has no tiny build; "
+                              "name a family or give the model's path")
     study = set(study_benchmarks(config))
     for i, transfer in enumerate(config["evaluation"]["transfer"]):
         pair = [transfer["calibrate_on"], transfer["evaluate_on"]]

@@ -1,36 +1,82 @@
 """What the torch-free code (the Snakemake workflow, the methods) knows about each model family.
 
-Stated here once; the adapters (``ladbench.models``) carry the rest of a family's knowledge.
+Stated here once (:data:`FAMILY_REGISTRY`); the adapters (``ladbench.models``) carry the rest
+of a family's knowledge.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 #: The reference's LAD layer search range, "layers 21..35 of a 36-layer decoder", as
 #: ``(first, last, of)``: on a model of another depth it covers the same share of the decoder
 #: (:func:`scale_layer_range`), e.g. layers 16..27 of 28.
 REFERENCE_LAYER_RANGE = (21, 35, 36)
 
-#: LAD's layer search range for a model whose config sets no ``layer_range``, per family.
-#: The paper's config states its ranges explicitly; these serve today's models.
-DEFAULT_LAYER_RANGES: dict[str, tuple[int, int, int]] = {
-    "qwen2_5_vl": REFERENCE_LAYER_RANGE,
-    "internvl": REFERENCE_LAYER_RANGE,
-    "llava_ov15": REFERENCE_LAYER_RANGE,
-    "qwen3_vl": REFERENCE_LAYER_RANGE,
-    "llava_onevision": REFERENCE_LAYER_RANGE,
-}
-
-
 #: The transformers lanes (README "Which lane for what"): the paper's (4.53.x) and the current (5.x).
 LANES = ("paper", "current")
 
-#: Families that run on one lane only (every other family runs on both): LLaVA-OneVision-1.5's
-#: hub code does not run on transformers 5.x; Qwen3-VL's class exists only from 5.x on.
-ONE_LANE_FAMILIES: dict[str, tuple[str, ...]] = {"llava_ov15": ("paper",), "qwen3_vl": ("current",)}
+
+@dataclass(frozen=True)
+class Family:
+    """Everything the project states about one model family, once; the adapter class
+    (``ladbench.models.<adapter>``) holds what needs torch.
+
+    ``adapter``: ``"module:Class"`` under ``ladbench.models``, imported when a model loads.
+    ``lanes``: the transformers lanes it runs on. ``layer_range``: LAD's layer search range
+    for a model whose config sets none, ``(first, last, of)`` (scaled to the model's depth).
+    ``tiny_build``: ``ladbench demo-model`` can build a tiny random model of it
+    (``models/tiny.py``). ``remote_code``: it runs the checkpoint's own code
+    (``trust_remote_code`` must be set). ``why``: what the hand-written adapter adds over
+    ``auto``, or why the family is one lane only (docs, errors)."""
+
+    adapter: str
+    lanes: tuple[str, ...] = LANES
+    layer_range: tuple[int, int, int] = REFERENCE_LAYER_RANGE
+    tiny_build: bool = True
+    remote_code: bool = False
+    why: str = ""
 
 
-def family_lanes(family: str) -> tuple[str, ...]:
-    """The lanes ``family`` runs on."""
-    return ONE_LANE_FAMILIES.get(family, LANES)
+#: Every model family. ``auto`` derives what the others state by hand from the model and its
+#: processor (any image-text-to-text architecture of transformers 5.x; models/auto.py).
+FAMILY_REGISTRY: dict[str, Family] = {
+    "qwen2_5_vl": Family("qwen2_5_vl:Qwen25VLAdapter",
+                         why="the batched vision tower (models/vision.py) and the paper lane's published numbers"),
+    "internvl": Family("internvl:InternVLAdapter",
+                       why="the paper lane (auto needs transformers 5.x); on the current lane auto writes its cache"),
+    "llava_ov15": Family("llava_ov15:LlavaOV15Adapter", lanes=("paper",), remote_code=True,
+                         why="the checkpoint's own code, which does not run on transformers 5.x"),
+    "qwen3_vl": Family("qwen3_vl:Qwen3VLAdapter", lanes=("current",),
+                       why="nothing over auto, which writes its cache; kept so that studies naming it keep their caches"),
+    "llava_onevision": Family("llava_onevision:LlavaOnevisionAdapter",
+                              why="the paper lane (auto needs transformers 5.x); on the current lane auto writes its cache"),
+    "auto": Family("auto:AutoAdapter", lanes=("current",), tiny_build=False,
+                   why="reads each image's tokens from the processor's replacement offsets, new in transformers 5.x"),
+}
+
+#: The family names, in registry order.
+FAMILIES = tuple(FAMILY_REGISTRY)
+#: The families ``ladbench demo-model`` builds tiny.
+TINY_FAMILIES = tuple(name for name, family in FAMILY_REGISTRY.items() if family.tiny_build)
+#: LAD's default layer search range per family (the paper's config states its ranges explicitly).
+DEFAULT_LAYER_RANGES: dict[str, tuple[int, int, int]] = {name: f.layer_range for name, f in FAMILY_REGISTRY.items()}
+
+
+def family_entry(name: str) -> Family:
+    """The registry entry of ``name`` (clear error for unknown names)."""
+    try:
+        return FAMILY_REGISTRY[name]
+    except KeyError:
+        raise ValueError(f"unknown model family {name!r}; known: {', '.join(sorted(FAMILY_REGISTRY))}") from None
+
+
+def family_lanes(name: str) -> tuple[str, ...]:
+    """The lanes ``name`` runs on."""
+    return family_entry(name).lanes
+
+
+class LaneError(ValueError):
+    """A family asked of the transformers lane that cannot run it; the message names the venv that can."""
 
 
 def installed_lane() -> str:
@@ -44,17 +90,10 @@ def lane_venv(lanes: tuple[str, ...]) -> str:
     """Where a family of ``lanes`` runs (the remedy in lane errors)."""
     return ".venv (make install)" if "paper" in lanes else ".venv-current (make install-current)"
 
-#: Every model family: each has a default layer range, an adapter and a tiny offline build
-#: (tests/test_models_tiny.py checks all three).
-FAMILIES = tuple(DEFAULT_LAYER_RANGES)
-
 
 def default_layer_range(family: str) -> tuple[int, int, int]:
     """The family's default layer range ``(first, last, of)`` (clear error for unknown names)."""
-    try:
-        return DEFAULT_LAYER_RANGES[family]
-    except KeyError:
-        raise ValueError(f"unknown model family {family!r}; known: {', '.join(sorted(DEFAULT_LAYER_RANGES))}") from None
+    return family_entry(family).layer_range
 
 
 def scale_layer_range(first: int, last: int, of: int, n_layers: int) -> tuple[int, int]:

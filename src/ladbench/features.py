@@ -42,7 +42,8 @@ from tqdm import tqdm
 
 from ladbench.atomic import atomic_path, atomic_write_json, file_digest
 from ladbench.data.coco import load_image_table, table_fingerprint
-from ladbench.hdf5 import ResumableFile, RowDataset, is_complete, reading
+from ladbench.hdf5 import (ResumableFile, RowDataset, attributes, check_digest, discard_work, is_complete, reading,
+                           writing)
 
 DEFAULT_MODEL = "ViT-L-14-quickgelu"
 DEFAULT_PRETRAINED = "openai"
@@ -266,8 +267,15 @@ def compute_features(images_json: str | os.PathLike, out: str | os.PathLike, mod
     """Embed every image and caption of an image table into ``out`` (docs/formats.md §2).
 
     Resumes a previous interrupted run of the same model, weights and table. Returns
-    ``out`` as a Path.
+    ``out`` as a Path. One process at a time writes ``out``: a second refuses at once.
     """
+    with writing(out, "features file"):
+        return _compute_features(images_json, out, model_name, pretrained, model_config, batch_size, workers, device,
+                                 skip_bad_images, cache_dir)
+
+
+def _compute_features(images_json, out, model_name, pretrained, model_config, batch_size, workers, device,
+                      skip_bad_images, cache_dir) -> Path:
     import open_clip
 
     if batch_size < 1:
@@ -293,6 +301,7 @@ def compute_features(images_json: str | os.PathLike, out: str | os.PathLike, mod
     out = Path(out)
     fixed, datasets = {"image_id": image_ids}, _embedding_datasets(len(image_ids), dim)
     if is_complete(out, attrs, fixed, datasets):
+        discard_work(out)
         return out  # finished earlier from the same inputs
     # Work in `<out>.partial` and rename when complete: a workflow manager deletes a job's
     # declared outputs before rerunning it, and an interrupted run must survive that.
@@ -342,11 +351,15 @@ def load_features(path: str | os.PathLike, require_complete: bool = True) -> dic
     if not path.is_file():
         raise FeatureError(f"{path}: features file not found (run `ladbench features`)")
     with reading(path, "features file", REBUILD) as h5:
-        if require_complete and not bool(h5.attrs.get("complete", False)):
+        attrs = attributes(h5)
+        if require_complete and not bool(attrs.get("complete", False)):
             raise FeatureError(f"{path}: features are incomplete (attribute complete is false); rerun `ladbench features`")
         for name in ("image_id", "image_emb", "text_emb"):
             if name not in h5:
                 raise FeatureError(f"{path}: dataset '{name}' missing (docs/formats.md §2)")
-        data = {name: h5[name][()] for name in ("image_id", "image_emb", "text_emb")}
-        data["attrs"] = dict(h5.attrs)
+        arrays = {name: ds[()] for name, ds in h5.items()}
+    if attrs.get("complete", False):
+        check_digest(path, attrs, arrays, "features file", REBUILD)
+    data = {name: arrays[name] for name in ("image_id", "image_emb", "text_emb")}
+    data["attrs"] = attrs
     return data

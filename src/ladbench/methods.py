@@ -24,6 +24,7 @@ calibration, its label and which prompt variant's cache it reads; :func:`ablatio
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Callable, Iterable, Literal, Mapping, Protocol, Sequence
 
@@ -43,6 +44,7 @@ __all__ = [
     "expected_bias",
     "identity_indexed",
     "lad",
+    "lad_scores",
     "layer_selection_mask",
     "method",
     "layer_strength",
@@ -61,16 +63,29 @@ __all__ = [
     "top_k_sweep",
     "vanilla",
     "parse_reference_replies",
+    "reply_parse_warnings",
+    "with_absent_layers",
 ]
 
 # Each switchable LAD step: the reference implementation (default) or the paper's equation.
 Choice = Literal["reference", "paper"]
-# Layer selection's small rules (the paper states neither). Reference (default): among layers
-# of equal strength the HIGHEST index is kept (it takes the last K of an ascending sort), and
-# a K larger than the layer range is lowered to the range's size. The alternatives: the lowest
-# index; an error.
-LAYER_TIES = ("highest", "lowest")
+# Layer selection's small rules (the paper states neither). Default: among layers of equal
+# strength the HIGHEST index is kept (what the reference's "last K of an ascending sort" does
+# with a stable sort), and a K larger than the layer range is lowered to the range's size (the
+# reference's rule). The alternatives: the lowest index, or "argsort": the reference's own
+# call, numpy's default (unstable) argsort of the layers' mean attention, whose order among
+# equal values depends on numpy's build (AVX-512 sorting networks); an error.
+LAYER_TIES = ("highest", "lowest", "argsort")
 K_BEYOND_RANGE = ("lower", "error")
+# A layer range past the model's last layer (the reference's 21-35 on a 28-layer model): clip
+# it (default), or "absent", the reference's arithmetic: the layers that do not exist take
+# part with attention 0 and calibration prior 0 (log 1e-20), so a K beyond the layers that
+# exist averages them in.
+LAYERS_BEYOND_DEPTH = ("clip", "absent")
+# How vanilla_generate reads a greedy reply: "exact", the last digit run that spells an
+# identifier 1..N; "int", the reference's: int() of each run of decimal digits (leading
+# zeros and any Unicode decimal digit count), the last value in 1..N.
+REPLY_PARSES = ("exact", "int")
 
 
 # --------------------------------------------------------------------------- inputs
@@ -109,16 +124,19 @@ class LadSettings:
     mixture: Choice = "reference"
     layer_ties: str = LAYER_TIES[0]
     k_beyond_range: str = K_BEYOND_RANGE[0]
+    layers_beyond_depth: str = LAYERS_BEYOND_DEPTH[0]
+    reply_parse: str = REPLY_PARSES[0]  # a readout's setting (vanilla_generate), carried with the methods'
 
     def __post_init__(self) -> None:
         if self.top_k < 1:
             raise ValueError(f"top_k must be >= 1, got {self.top_k}")
-        if not self.tau > 0:
-            raise ValueError(f"tau must be > 0, got {self.tau}")
+        if not 0 < self.tau < math.inf:            # an infinite tau flattens every row: LAD predicts position 1
+            raise ValueError(f"tau must be > 0 and finite, got {self.tau}")
         for name in ("layer_mean", "mixture"):
             if getattr(self, name) not in ("reference", "paper"):
                 raise ValueError(f"{name} must be 'reference' or 'paper', got {getattr(self, name)!r}")
-        for name, allowed in (("layer_ties", LAYER_TIES), ("k_beyond_range", K_BEYOND_RANGE)):
+        for name, allowed in (("layer_ties", LAYER_TIES), ("k_beyond_range", K_BEYOND_RANGE),
+                              ("layers_beyond_depth", LAYERS_BEYOND_DEPTH), ("reply_parse", REPLY_PARSES)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
         object.__setattr__(self, "layer_range", parse_layer_range(self.layer_range))
@@ -204,21 +222,54 @@ def select_layers(
 
     Only layers in ``layer_range`` (inclusive, 0-based; ``None`` = all) compete. Among
     layers of equal strength, ``ties="highest"`` (the reference) keeps the higher index,
-    ``"lowest"`` the lower. A ``top_k`` beyond the range's size is lowered to it
+    ``"lowest"`` the lower, ``"argsort"`` whichever numpy's default argsort of the layers'
+    mean attention puts last (the reference's call; its order among equals depends on
+    numpy's build). A ``top_k`` beyond the range's size is lowered to it
     (``k_beyond_range="lower"``, the reference) or an error (``"error"``).
     """
     attn = np.asarray(attn)
     candidates = _candidate_layers(attn.shape[-2], layer_range)
     top_k = effective_top_k(top_k, candidates.size, k_beyond_range, layer_range)
-    strength = layer_strength(attn)[..., candidates]
+    strength = _ranked_strength(attn, candidates, ties)
     if ties == "highest":
         # a stable sort of the reversed candidates puts the higher index first among equals
         order = candidates.size - 1 - np.argsort(-strength[..., ::-1], axis=-1, kind="stable")[..., :top_k]
     elif ties == "lowest":
         order = np.argsort(-strength, axis=-1, kind="stable")[..., :top_k]
+    elif ties == "argsort":
+        order = np.argsort(strength, axis=-1)[..., ::-1][..., :top_k]   # numpy's default kind, as the reference
     else:
         raise ValueError(f"layer ties must be one of {LAYER_TIES}, got {ties!r}")
     return candidates[order]
+
+
+def _ranked_strength(attn: np.ndarray, candidates: np.ndarray, ties: str) -> np.ndarray:
+    """What the selection ranks the candidate layers by: their strength (Eq. 8), or for the
+    "argsort" rule the reference's own quantity, the mean over the N images (same order, but
+    its float64 values and so its ties are the reference's)."""
+    if ties == "argsort":
+        return np.asarray(attn, dtype=np.float64)[..., candidates, :].mean(axis=-1)
+    return layer_strength(attn)[..., candidates]
+
+
+def with_absent_layers(attn: np.ndarray, layer_range: tuple[int, ...] | None, beyond_depth: str,
+                       *priors: np.ndarray) -> tuple[np.ndarray, ...]:
+    """``attn`` [..., Lyr, N] and any ``priors`` [Lyr, N], extended by layers of zeros up to
+    ``layer_range``'s last layer when ``beyond_depth="absent"`` and the range runs past the
+    model (the reference hooks the layers of its range whatever the depth; one that does not
+    exist keeps attention 0 and prior 0). Otherwise unchanged (the range is clipped later)."""
+    if beyond_depth not in LAYERS_BEYOND_DEPTH:
+        raise ValueError(f"layers_beyond_depth must be one of {LAYERS_BEYOND_DEPTH}, got {beyond_depth!r}")
+    attn = np.asarray(attn)
+    missing = 0 if layer_range is None or len(layer_range) == 3 else layer_range[1] + 1 - attn.shape[-2]
+    if beyond_depth == "clip" or missing <= 0:
+        return (attn, *priors)
+
+    def extended(values: np.ndarray) -> np.ndarray:
+        values = np.asarray(values)
+        return np.concatenate([values, np.zeros(values.shape[:-2] + (missing, values.shape[-1]), values.dtype)], axis=-2)
+
+    return (extended(attn), *map(extended, priors))
 
 
 def effective_top_k(top_k: int, n_candidates: int, k_beyond_range: str = K_BEYOND_RANGE[0],
@@ -259,7 +310,8 @@ def selection_warnings(attn: np.ndarray, settings: "LadSettings") -> list[str]:
     (there the tie rule picks the layer)."""
     if settings.all_layers:
         return []
-    attn = np.asarray(attn)
+    n_layers = np.shape(attn)[-2]
+    attn, = with_absent_layers(attn, settings.layer_range, settings.layers_beyond_depth)
     candidates = _candidate_layers(attn.shape[-2], settings.layer_range)
     warnings = []
     k = effective_top_k(settings.top_k, candidates.size, settings.k_beyond_range, settings.layer_range)
@@ -267,12 +319,36 @@ def selection_warnings(attn: np.ndarray, settings: "LadSettings") -> list[str]:
         warnings.append(f"top_k = {settings.top_k} is larger than the {candidates.size} layers of the range "
                         f"{settings.layer_range or 'all'}; K lowered to {k} (k_beyond_range = lower, the reference's rule)")
     if k < candidates.size:
-        strength = np.sort(layer_strength(attn)[..., candidates], axis=-1)[..., ::-1]
+        strength = np.sort(_ranked_strength(attn, candidates, settings.layer_ties), axis=-1)[..., ::-1]
         tied = int((strength[..., k - 1] == strength[..., k]).sum())
         if tied:
+            rule = ("the layer numpy's argsort put last was kept (its order among equal values depends on "
+                    "numpy's build)" if settings.layer_ties == "argsort" else f"the {settings.layer_ties} layer index was kept")
             warnings.append(f"{tied} of {strength[..., 0].size} rows have a tie at the K-th strongest layer; "
-                            f"the {settings.layer_ties} layer index was kept (layer_ties = {settings.layer_ties})")
+                            f"{rule} (layer_ties = {settings.layer_ties})")
+    if attn.shape[-2] > n_layers:
+        selected = select_layers(attn, settings.top_k, settings.layer_range, ties=settings.layer_ties,
+                                 k_beyond_range=settings.k_beyond_range)
+        absent = int((selected >= n_layers).any(axis=-1).sum())
+        if absent:
+            warnings.append(f"{absent} of {selected[..., 0].size} rows average in layers {n_layers}.."
+                            f"{attn.shape[-2] - 1}, which the model does not have (attention 0, prior log 1e-20; "
+                            "layers_beyond_depth = absent, the reference's arithmetic)")
     return warnings
+
+
+def reply_parse_warnings(arrays: EvalArraysLike, settings: "LadSettings") -> list[str]:
+    """Where reading the greedy replies by int() (``reply_parse = int``) names another
+    position than reading them as identifiers (recorded in the evaluation output)."""
+    texts = getattr(arrays, "greedy_text", None)
+    if texts is None or settings.reply_parse == "exact":
+        return []
+    n = np.shape(arrays.scores)[-1]
+    differ = int((parse_reference_replies(texts, n, "int") != parse_reference_replies(texts, n, "exact")).sum())
+    if not differ:
+        return []
+    return [f"{differ} of {np.size(texts)} greedy replies name another position when each run of digits is read by "
+            "int() (leading zeros, non-ASCII decimal digits; reply_parse = int, the reference's)"]
 
 
 def _mean_over_mask(values: np.ndarray, mask: np.ndarray) -> np.ndarray:
@@ -288,12 +364,13 @@ def raw_attention(
     attn: np.ndarray, top_k: int = LadSettings.top_k, layer_range: tuple[int, int] | None = None,
     all_layers: bool = False, *,
     ties: str = LAYER_TIES[0], k_beyond_range: str = K_BEYOND_RANGE[0],
+    layers_beyond_depth: str = LAYERS_BEYOND_DEPTH[0],
 ) -> np.ndarray:
     """Raw attention evidence [..., N]: mean of ``a^(l)`` over the selected layers, no prior.
 
     Its argmax is the "Raw attention" readout (Table 7; "Attn readout, no prior" of Table 4).
     """
-    attn = np.asarray(attn, dtype=np.float64)
+    attn, = with_absent_layers(np.asarray(attn, dtype=np.float64), layer_range, layers_beyond_depth)
     mask = layer_selection_mask(attn, top_k, layer_range, all_layers, ties=ties, k_beyond_range=k_beyond_range)
     return _mean_over_mask(attn, mask)
 
@@ -309,6 +386,7 @@ def purified_attention(
     all_layers: bool = False,
     ties: str = LAYER_TIES[0],
     k_beyond_range: str = K_BEYOND_RANGE[0],
+    layers_beyond_depth: str = LAYERS_BEYOND_DEPTH[0],
 ) -> np.ndarray:
     """``log pi~`` [..., N] (Eqs. 10-11) over the selected layers ``L*``.
 
@@ -323,6 +401,7 @@ def purified_attention(
     attn_prior = np.asarray(attn_prior, dtype=np.float64)
     if attn_prior.shape != attn.shape[-2:]:
         raise ValueError(f"attn_prior shape {attn_prior.shape} does not match attention [..., Lyr, N] {attn.shape}")
+    attn, attn_prior = with_absent_layers(attn, layer_range, layers_beyond_depth, attn_prior)
     mask = layer_selection_mask(attn, top_k, layer_range, all_layers, ties=ties, k_beyond_range=k_beyond_range)
     log_prior = np.log(attn_prior + EPS)
     if layer_mean == "reference":
@@ -377,6 +456,7 @@ def lad(
     mixture: Choice = LadSettings.mixture,
     layer_ties: str = LadSettings.layer_ties,
     k_beyond_range: str = LadSettings.k_beyond_range,
+    layers_beyond_depth: str = LadSettings.layers_beyond_depth,
 ) -> np.ndarray:
     """LAD's corrected scores ``s' = s - prior(pi(attn))`` [..., N] (Eqs. 8-14); the defaults
     are :class:`LadSettings`'."""
@@ -385,7 +465,7 @@ def lad(
     log_pi = purified_attention(
         attn, calibration.attn_prior, top_k=top_k, layer_range=layer_range,
         layer_mean=layer_mean, use_prior=use_prior, all_layers=all_layers, ties=layer_ties,
-        k_beyond_range=k_beyond_range,
+        k_beyond_range=k_beyond_range, layers_beyond_depth=layers_beyond_depth,
     )
     return scores - expected_bias(sharpen(log_pi, tau), calibration.B, mixture)
 
@@ -444,15 +524,21 @@ def _pride_original_method(arrays: EvalArraysLike, calibration: CalibrationLike,
     return predict(pride(scores, calibration.pride_original_prior))
 
 
+def lad_scores(scores: np.ndarray, attn: np.ndarray, calibration: CalibrationLike, settings=None) -> np.ndarray:
+    """:func:`lad` under a settings object or mapping (LAD's debiased scores)."""
+    lad_settings = asdict(LadSettings.from_mapping(settings))
+    del lad_settings["reply_parse"]   # a readout's setting, not LAD's
+    return lad(scores, attn, calibration, **lad_settings)
+
+
 def _lad_method(arrays: EvalArraysLike, calibration: CalibrationLike, settings=None) -> np.ndarray:
-    s = LadSettings.from_mapping(settings)
-    return predict(lad(arrays.scores, arrays.attn, calibration, **asdict(s)))
+    return predict(lad_scores(arrays.scores, arrays.attn, calibration, settings))
 
 
 def _raw_attention_method(arrays: EvalArraysLike, calibration: CalibrationLike, settings=None) -> np.ndarray:
     s = LadSettings.from_mapping(settings)
     return predict(raw_attention(arrays.attn, s.top_k, s.layer_range, s.all_layers, ties=s.layer_ties,
-                                 k_beyond_range=s.k_beyond_range))
+                                 k_beyond_range=s.k_beyond_range, layers_beyond_depth=s.layers_beyond_depth))
 
 
 def _purified_attention_method(arrays: EvalArraysLike, calibration: CalibrationLike, settings=None) -> np.ndarray:
@@ -462,7 +548,7 @@ def _purified_attention_method(arrays: EvalArraysLike, calibration: CalibrationL
     log_pi = purified_attention(
         arrays.attn, calibration.attn_prior, top_k=s.top_k, layer_range=s.layer_range,
         layer_mean=s.layer_mean, use_prior=s.use_prior, all_layers=s.all_layers, ties=s.layer_ties,
-        k_beyond_range=s.k_beyond_range,
+        k_beyond_range=s.k_beyond_range, layers_beyond_depth=s.layers_beyond_depth,
     )
     return predict(log_pi)
 
@@ -480,13 +566,18 @@ def _permutation_average_method(arrays: EvalArraysLike, calibration: Calibration
     return predict_identity_under_orderings(identity, arrays.order)
 
 
-def parse_reference_replies(texts: np.ndarray, n: int) -> np.ndarray:
+def parse_reference_replies(texts: np.ndarray, n: int, rule: str = REPLY_PARSES[0]) -> np.ndarray:
     """Physical position each reply names, as the reference parses a Vanilla reply: the last
-    integer of the text in 1..n (digits identifiers); -1 when there is none (counted wrong)."""
-    from ladbench.inference.prompts import parse_last_identifier  # stdlib only (re)
+    integer of the text in 1..n (digits identifiers); -1 when there is none (counted wrong).
+    ``rule`` (:data:`REPLY_PARSES`): "exact", a run of digits must spell the identifier; "int",
+    each run is read by int() as the reference does ("03", "３" and "٣" name 3)."""
+    from ladbench.inference.prompts import parse_last_identifier, parse_last_int  # stdlib only (re)
 
+    if rule not in REPLY_PARSES:
+        raise ValueError(f"reply_parse must be one of {REPLY_PARSES}, got {rule!r}")
     texts = np.asarray(texts, dtype=object)
-    parsed = [parse_last_identifier(str(text), n, "digits") for text in texts.ravel().tolist()]
+    parsed = [parse_last_int(str(text), n) if rule == "int" else parse_last_identifier(str(text), n, "digits")
+              for text in texts.ravel().tolist()]
     return np.array(parsed, dtype=np.int64).reshape(texts.shape)
 
 
@@ -497,7 +588,7 @@ def _vanilla_generate_method(arrays: EvalArraysLike, calibration: CalibrationLik
     if texts is None:
         raise ValueError("method 'vanilla_generate' needs the cache's greedy replies (greedy_text); run the "
                          "infer stage without --no-greedy-reply (config inference.greedy_reply: true)")
-    return parse_reference_replies(texts, arrays.scores.shape[-1])
+    return parse_reference_replies(texts, arrays.scores.shape[-1], LadSettings.from_mapping(settings).reply_parse)
 
 
 def _generated_method(arrays: EvalArraysLike, calibration: CalibrationLike, settings=None) -> np.ndarray:

@@ -14,6 +14,11 @@ Choices (documented because the paper does not state them):
   choice is a parameter (``acc_ddof``) and recorded in every summary (``acc_std_ddof``).
 - **RStd** is the sample std (``ddof = 1``) over the ``N`` positions of the recall,
   pooled over all instances and orderings whose ground truth sits at that position.
+- **Where a statistic is undefined** (``edge_statistics``, config
+  ``evaluation.edge_statistics``): ``undefined`` (default) reports ``None``: Acc's sample
+  std at T = 1, RStd when a position never holds the ground truth (its recall is 0/0).
+  ``reference``, the reference's ``src/metric.py``: a std of fewer than two values is 0.0,
+  and RStd is the std over the positions that hold the ground truth at least once.
 - **Cons.** counts an instance as consistent when all ``T`` predictions are valid and
   name the same image identity.
 - **Confusion matrix** rows are ground-truth positions, columns predicted positions;
@@ -35,6 +40,7 @@ import numpy as np
 
 __all__ = [
     "ACC_STD_DDOF",
+    "EDGE_STATISTICS",
     "STANDARD_METRICS",
     "BootstrapResult",
     "InstanceMetric",
@@ -45,6 +51,7 @@ __all__ = [
     "bootstrap_indices",
     "confusion_matrix",
     "consistency",
+    "edge_statistics_warnings",
     "instance_statistics",
     "json_safe",
     "paired_bootstrap",
@@ -59,7 +66,11 @@ __all__ = [
 
 ACC_STD_DDOF = 1  # the reference implementation's sample std over the T orderings
 BOOTSTRAP_RESAMPLES = 10000  # bootstrap resamples over instances (evaluation.bootstrap's default)
+# ... and the most allowed: the counts are a float32 [resamples, instances] matrix (100,000 x
+# 1,000 instances: 400 MB); a larger number would run out of memory, not narrow the intervals.
+MAX_BOOTSTRAP_RESAMPLES = 100_000
 RSTD_DDOF = 1
+EDGE_STATISTICS = ("undefined", "reference")  # first: the default (None where a statistic is undefined)
 
 
 # --------------------------------------------------------------------------- checks
@@ -178,17 +189,31 @@ def _acc_mean_from_sums(sums, n_instances):
     return _acc_per_ordering_from_sums(sums, n_instances).mean(axis=-1)
 
 
-def _acc_std_from_sums(ddof: int) -> Callable[[Mapping[str, np.ndarray], int], np.ndarray]:
+def _acc_std_from_sums(ddof: int, edge: str = EDGE_STATISTICS[0]) -> Callable[[Mapping[str, np.ndarray], int], np.ndarray]:
     def from_sums(sums, n_instances):
-        return _acc_per_ordering_from_sums(sums, n_instances).std(axis=-1, ddof=ddof)
+        per_ordering = _acc_per_ordering_from_sums(sums, n_instances)
+        if edge == "reference" and per_ordering.shape[-1] < 2:
+            return np.zeros(per_ordering.shape[:-1])
+        return per_ordering.std(axis=-1, ddof=ddof)
 
     return from_sums
 
 
-def _rstd_from_sums(sums, n_instances):
-    with np.errstate(invalid="ignore", divide="ignore"):
-        recall = 100.0 * sums["hits"] / sums["rows"]
-    return recall.std(axis=-1, ddof=RSTD_DDOF)
+def _rstd_from_sums(edge: str = EDGE_STATISTICS[0]) -> Callable[[Mapping[str, np.ndarray], int], np.ndarray]:
+    def from_sums(sums, n_instances):
+        with np.errstate(invalid="ignore", divide="ignore"):
+            recall = 100.0 * sums["hits"] / sums["rows"]
+        if edge != "reference":
+            return recall.std(axis=-1, ddof=RSTD_DDOF)
+        # over the positions seen (recall defined); fewer than two values: 0.0
+        seen = np.asarray(sums["rows"]) > 0
+        count = seen.sum(axis=-1)
+        values = np.where(seen, recall, 0.0)
+        mean = values.sum(axis=-1) / np.maximum(count, 1)
+        squares = (np.where(seen, values - mean[..., None], 0.0) ** 2).sum(axis=-1)
+        return np.where(count > RSTD_DDOF, np.sqrt(squares / np.maximum(count - RSTD_DDOF, 1)), 0.0)
+
+    return from_sums
 
 
 def _cons_from_sums(sums, n_instances):
@@ -219,15 +244,17 @@ class InstanceMetric:
         return float(self.from_sums({k: v.sum(axis=0, dtype=np.float64) for k, v in stats.items()}, n_instances))
 
 
-def standard_metric(name: str, acc_ddof: int = ACC_STD_DDOF) -> InstanceMetric:
+def standard_metric(name: str, acc_ddof: int = ACC_STD_DDOF, edge_statistics: str = EDGE_STATISTICS[0]) -> InstanceMetric:
     """The InstanceMetric for ``name`` in acc_mean, acc_std, rstd, cons, parse_success.
 
     Each takes the arrays ``(pred_pos, target_pos, order)``.
     """
+    if edge_statistics not in EDGE_STATISTICS:
+        raise ValueError(f"edge_statistics must be one of {EDGE_STATISTICS}, got {edge_statistics!r}")
     from_sums = {
         "acc_mean": _acc_mean_from_sums,
-        "acc_std": _acc_std_from_sums(acc_ddof),
-        "rstd": _rstd_from_sums,
+        "acc_std": _acc_std_from_sums(acc_ddof, edge_statistics),
+        "rstd": _rstd_from_sums(edge_statistics),
         "cons": _cons_from_sums,
         "parse_success": _parse_success_from_sums,
     }
@@ -397,6 +424,7 @@ def summarize(
     ci: float = 0.95,
     seed: int = 0,
     acc_ddof: int = ACC_STD_DDOF,
+    edge_statistics: str = EDGE_STATISTICS[0],
 ) -> dict[str, Any]:
     """Every metric of one method's predictions as a JSON-serialisable dict.
 
@@ -419,7 +447,7 @@ def summarize(
 
     summary: dict[str, Any] = {}
     for name in STANDARD_METRICS:
-        metric = standard_metric(name, acc_ddof)
+        metric = standard_metric(name, acc_ddof, edge_statistics)
         summary[name] = float(metric.from_sums(point_sums, n_instances))
         low = high = None
         if boot_sums is not None:
@@ -438,6 +466,23 @@ def summarize(
         acc_std_ddof=int(acc_ddof),
     )
     return json_safe(summary)
+
+
+def edge_statistics_warnings(target_pos: np.ndarray, n: int, edge_statistics: str) -> list[str]:
+    """Where ``edge_statistics = reference`` gives a number for a statistic that is otherwise
+    undefined (recorded in the evaluation output)."""
+    if edge_statistics != "reference":
+        return []
+    target_pos = np.asarray(target_pos)
+    warnings = []
+    if target_pos.shape[1] < 2:
+        warnings.append("T = 1 ordering: Acc's std is 0.0 (edge_statistics = reference, the reference's; "
+                        "undefined: null)")
+    unseen = np.flatnonzero(np.bincount(target_pos.ravel(), minlength=n) == 0).tolist()
+    if unseen:
+        warnings.append(f"position(s) {unseen} never hold the ground truth: RStd is over the {n - len(unseen)} "
+                        "other positions (edge_statistics = reference, the reference's; undefined: null)")
+    return warnings
 
 
 def spread_over_draws(summaries: Sequence[Mapping[str, Any]], keys: Sequence[str] = STANDARD_METRICS) -> dict[str, Any]:

@@ -7,8 +7,11 @@ so in its title. Light module: the report imports it without torch.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+
+from ladbench.atomic import read_json
 from typing import Iterable
 
 TINY_RANDOM = "tiny-random"          # random weights (ladbench demo-model): mechanics, not results
@@ -25,8 +28,21 @@ def model_kind(model_path: str) -> str:
     path = os.path.join(model_path, METADATA_FILE)
     if not os.path.isfile(path):
         return PRETRAINED
-    with open(path, encoding="utf-8") as f:
-        return json.load(f).get("kind", TINY_RANDOM)
+    metadata = read_json(path, "tiny model metadata not found")
+    return metadata.get("kind", TINY_RANDOM) if isinstance(metadata, dict) else TINY_RANDOM
+
+
+def metadata_identity(path: str) -> str:
+    """The sha256 of a tiny model's metadata file without what changes from run to run:
+    timings, which are named ``*_seconds`` wherever they are (e.g. the organism's
+    ``training.train_seconds``). The same settings and weights give the same identity
+    however long the training took, and so the same cache identity."""
+    def without_timings(value):
+        if isinstance(value, dict):
+            return {k: without_timings(v) for k, v in value.items() if not str(k).endswith("_seconds")}
+        return [without_timings(v) for v in value] if isinstance(value, list) else value
+    metadata = read_json(path, "tiny model metadata not found")
+    return hashlib.sha256(json.dumps(without_timings(metadata), sort_keys=True).encode()).hexdigest()
 
 
 def is_demo(kind: str | None) -> bool:

@@ -29,6 +29,7 @@ import dataclasses
 import hashlib
 import importlib
 import os
+import traceback
 from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Iterable, Mapping
 
@@ -232,5 +233,11 @@ def load_plugins(modules: Iterable[str] | None = None) -> list[str]:
         except ImportError as exc:
             raise ValueError(f"plugin module {name!r} cannot be imported ({exc}); put its folder on PYTHONPATH") \
                 from None
+        except Exception as exc:          # noqa: BLE001 (whatever a plugin raises is the plugin's fault: one line)
+            where = next((f"{frame.filename}:{frame.lineno}" for frame in reversed(traceback.extract_tb(exc.__traceback__))
+                          if name.replace(".", "/") in frame.filename), name)
+            raise ValueError(f"plugin module {name!r} failed while being imported ({type(exc).__name__}: "
+                             f"{' '.join(str(exc).split())[:300]}, at {where}); fix the plugin or remove it from "
+                             "plugins") from None
         _LOADED.append(name)
     return list(_LOADED)

@@ -11,10 +11,12 @@ rule calibrate:
     params:
         average=config["calibration"]["score_average"],
         pride_logs=config["calibration"]["pride_original_logs"],
+        empty_positions=config["calibration"]["empty_positions"],
     log:
         log_file("calibrate", "{model}", "{benchmark}", "{variant}", "dcal{n_cal}_seed{seed}"),
     conda:
         "../../envs/cpu.yaml"
     shell:
         "ladbench calibrate --cache {input:q} --n-cal {wildcards.n_cal:q} --seed {wildcards.seed:q} "
-        "--score-average {params.average:q} --pride-original-logs {params.pride_logs:q} --out {output:q} > {log:q} 2>&1"
+        "--score-average {params.average:q} --pride-original-logs {params.pride_logs:q} "
+        "--empty-positions {params.empty_positions:q} --out {output:q} > {log:q} 2>&1"

@@ -6,8 +6,10 @@ import sys
 
 from ladbench.config import (ConfigError, benchmark_parts, check_environment, layer_range_arg, load_schema,
                              model_layer_range, read_yaml, startup_warnings, study_benchmarks, validate_config)
-from ladbench.cli import put_ladbench_on_path
+from ladbench.atomic import LockedError, lock_output_dir
+from ladbench.cli import keep_caches_under, put_ladbench_on_path
 from ladbench.plan import benchmark_path, cache_path
+from ladbench.data.reference_tables import CAPTIONS_FILE as REFERENCE_CAPTIONS, CATEGORIES_FILE as REFERENCE_CATEGORIES
 from ladbench.methods import METHODS
 from ladbench.variants import PLUGINS_ENV, variant as prompt_variant
 
@@ -32,6 +34,30 @@ os.environ[PLUGINS_ENV] = ",".join(config["plugins"])
 put_ladbench_on_path()
 
 OUT = config["output_dir"].rstrip("/")
+# Nothing under $HOME: the jobs' library caches go under the output folder (README "Reliability").
+keep_caches_under(f"{OUT}/.cache")
+
+# One workflow per output folder: when there is work to do (not on a dry run, nor in a
+# cluster job), the workflow takes {OUT}/.workflow.lock; a second one, started from any
+# folder, stops here naming the first. Released at the end (or when the process dies).
+_OUTPUT_LOCK = []
+
+
+onstart:
+    try:
+        _OUTPUT_LOCK.append(lock_output_dir(OUT))
+    except LockedError as error:
+        raise WorkflowError(str(error)) from None
+
+
+onsuccess:
+    for _lock in _OUTPUT_LOCK:
+        _lock.release()
+
+
+onerror:
+    for _lock in _OUTPUT_LOCK:
+        _lock.release()
 LOGS = f"{OUT}/logs"
 REPORT = f"{OUT}/report"
 
@@ -101,6 +127,19 @@ def raw_dataset_files(name):
         "instances": ds.get("instances_json", defaults["instances"]),
         "images": ds.get("images_dir", defaults["images"]),
     }
+
+
+def reference_table_files(name):
+    """The reference implementation's caption and category tables a dataset reads, if any."""
+    folder = dataset_config(name).get("reference_tables")
+    return [f"{folder}/{table}" for table in (REFERENCE_CAPTIONS, REFERENCE_CATEGORIES)] if folder else []
+
+
+def annotation_files(name):
+    """The files the image table is made from: the raw dataset's, where the reference's tables
+    (when given) replace the instances file."""
+    files = raw_dataset_files(name)
+    return {**files, "instances": None} if reference_table_files(name) else files
 
 
 def scenes_dir(name):
@@ -218,17 +257,20 @@ def benchmark_dataset(benchmark):
 def captions_inputs(wildcards):
     """Synthetic scenes and downloads are made by the workflow; local copies must exist."""
     ds = dataset_config(wildcards.dataset)
+    tables = reference_table_files(wildcards.dataset)
     if ds["source"] == "synthetic":
-        return [scenes_dir(wildcards.dataset)]
+        return [scenes_dir(wildcards.dataset), *tables]
     if ds["download"]:
-        return [download_marker(wildcards.dataset)]
-    return [f for f in raw_dataset_files(wildcards.dataset).values() if f is not None]
+        return [download_marker(wildcards.dataset), *tables]
+    return [f for f in annotation_files(wildcards.dataset).values() if f is not None] + tables
 
 
 def captions_flags(wildcards):
-    files = raw_dataset_files(wildcards.dataset)
+    files = annotation_files(wildcards.dataset)
     return flags(
         captions_json=files["captions"], instances_json=files["instances"], image_root=files["images"],
+        reference_tables=dataset_config(wildcards.dataset).get("reference_tables"),
+        files_outside_root=dataset_config(wildcards.dataset)["files_outside_root"],
     )
 
 
@@ -244,6 +286,7 @@ def benchmark_flags(wildcards):
         n_orderings=bench["n_orderings"], pool_size=bench["pool_size"], seed=bench["seed"],
         caption_sim_max=bench["caption_sim_max"], category_rule=bench["category_rule"],
         orderings=bench["orderings"], calibration_source=config["calibration"]["source"],
+        draw=bench["draw"], similarity_dtype=bench["similarity_dtype"],
     )
 
 
@@ -324,13 +367,14 @@ def lad_options(model):
     lad = config["lad"]
     return dict(layer_range=layer_range_arg(model_layer_range(config["models"][model])), top_k=lad["top_k"],
                 tau=lad["tau"], layer_mean=lad["layer_mean"], mixture=lad["mixture"], layer_ties=lad["layer_ties"],
-                k_beyond_range=lad["k_beyond_range"])
+                k_beyond_range=lad["k_beyond_range"], layers_beyond_depth=lad["layers_beyond_depth"],
+                reply_parse=config["evaluation"]["reply_parse"])   # a readout's, carried with the methods' settings
 
 
 def bootstrap_options():
     evaluation = config["evaluation"]
     return dict(bootstrap=evaluation["bootstrap"], ci=evaluation["ci"], seed=evaluation["seed"],
-                acc_ddof=evaluation["acc_ddof"])
+                acc_ddof=evaluation["acc_ddof"], edge_statistics=evaluation["edge_statistics"])
 
 
 def evaluation_flags(wildcards):
@@ -370,6 +414,7 @@ def analysis_flags(wildcards):
         **lad_options(wildcards.model),
         n_cal=N_CAL, seeds=CAL_SEEDS, score_average=config["calibration"]["score_average"],
         pride_original_logs=config["calibration"]["pride_original_logs"],
+        empty_positions=config["calibration"]["empty_positions"],
         dcal_sizes=sweeps["dcal_sizes"], dcal_draws=sweeps["dcal_draws"], taus=sweeps["taus"],
         **bootstrap_options(),
     )
@@ -435,6 +480,39 @@ def model_analyses(wildcards):
 
 def model_analysis_arrays(wildcards):
     return [analysis_file(wildcards.model, b, v, "npz") for b in BENCHMARKS for v in VANILLA_VARIANTS]
+
+
+# ---- instance explorer ----
+# One page per vanilla-prompt cache whose evaluation used a calibration (PriDe and LAD need one).
+EXPLORER_VARIANTS = [v for v in VANILLA_VARIANTS if needs_calibration(v)]
+
+
+def explorer_file(model, benchmark, variant):
+    return f"{REPORT}/explorer/{model}_{benchmark}_{variant}.html"
+
+
+EXPLORER_INDEX = f"{REPORT}/explorer/index.html"
+EXPLORER_KEYS = [(m, b, v) for m in MODELS for b in BENCHMARKS for v in EXPLORER_VARIANTS]
+EXPLORERS = [explorer_file(*key) for key in EXPLORER_KEYS]
+
+
+def explorer_inputs(wildcards):
+    """What a page is built from: the cache, the evaluation's first calibration draw, the
+    evaluation (JSON and predictions), the benchmark (captions) and the image table (thumbnails)."""
+    model, benchmark, variant = wildcards.model, wildcards.benchmark, wildcards.variant
+    return {
+        "cache": cache_file(model, benchmark, variant),
+        "calibration": calibration_file(model, benchmark, variant, CAL_SEEDS[0]),
+        "evaluation": evaluation_file(model, benchmark, variant),
+        "predictions": evaluation_file(model, benchmark, variant, ext="npz"),
+        "benchmark": benchmark_file(benchmark),
+        "images": image_table(benchmark_dataset(benchmark)),
+    }
+
+
+def explorer_flags():
+    report_config = config["report"]
+    return flags(thumbnail_size=report_config["thumbnail_size"], thumbnail_quality=report_config["thumbnail_quality"])
 
 
 def output_folder(wildcards, output):

@@ -83,6 +83,39 @@ rule report_model_figures:
         "--analyses {input.analyses:q} --accuracy-vs-n {output.accuracy:q} --divergence {output.divergence:q} > {log:q} 2>&1"
 
 
+rule report_explorer:
+    input:
+        unpack(explorer_inputs),
+    output:
+        report(explorer_file("{model}", "{benchmark}", "{variant}"), caption="../report/explorer.rst",
+               category="Instance explorer", subcategory="{model}", labels={"benchmark": "{benchmark}", "variant": "{variant}"}),
+    params:
+        options=explorer_flags(),
+    log:
+        log_file("report", "explorer_{model}_{benchmark}_{variant}"),
+    conda:
+        "../../envs/cpu.yaml"
+    shell:
+        "ladbench explore --cache {input.cache:q} --calibration {input.calibration:q} --evaluation {input.evaluation:q} "
+        "--benchmark {input.benchmark:q} --images {input.images:q} {params.options} --out {output:q} > {log:q} 2>&1"
+
+
+rule report_explorer_index:
+    input:
+        pages=EXPLORERS,
+        evaluations=[evaluation_file(*key) for key in EXPLORER_KEYS],
+        predictions=[evaluation_file(*key, ext="npz") for key in EXPLORER_KEYS],
+    output:
+        report(EXPLORER_INDEX, caption="../report/explorer_index.rst", category="Instance explorer",
+               subcategory="index", labels={"page": "index of every explorer page"}),
+    log:
+        log_file("report", "explorer_index"),
+    conda:
+        "../../envs/cpu.yaml"
+    shell:
+        "ladbench explore-index --pages {input.pages:q} --evaluations {input.evaluations:q} --out {output:q} > {log:q} 2>&1"
+
+
 rule report_all:
     input:
         rules.report_table.output,
@@ -94,3 +127,5 @@ rule report_all:
         expand_figures("accuracy_vs_n_{model}", model=MODELS),
         expand_figures("divergence_{model}", model=MODELS),
         TRANSFERS,
+        EXPLORERS,
+        EXPLORER_INDEX if EXPLORERS else [],

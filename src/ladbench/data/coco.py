@@ -3,7 +3,8 @@
 One caption per image: the first caption annotation listed for that image in the
 captions file (file order, not annotation id; the reference implementation's choice).
 Captions are stripped of surrounding whitespace (COCO has a few with trailing spaces
-or newlines). Categories: the sorted set of category ids of the image's instance
+or newlines). Or, with ``reference_tables``, the caption and category tables the
+reference implementation ships, verbatim (:mod:`ladbench.data.reference_tables`). Categories: the sorted set of category ids of the image's instance
 annotations; an image without instances keeps an empty list here and is left out of
 the benchmark pool later (:mod:`ladbench.benchmark`).
 
@@ -28,19 +29,16 @@ import sys
 from pathlib import Path
 from typing import Any, Iterable
 
-from ladbench.atomic import atomic_write_json, atomic_write_text, file_digest, json_one_item_per_line, read_json
+from ladbench.atomic import (atomic_write_json, atomic_write_text, file_digest, json_one_item_per_line, read_json,
+                             read_signed_json, signed)
+from ladbench.data.checks import AnnotationError, caption_problem, examples, file_name_problem
+from ladbench.data.reference_tables import table_annotations
 
-_MAX_LISTED = 5  # how many offending ids/files an error message lists
-
-
-class AnnotationError(ValueError):
-    """An annotation file is malformed or inconsistent; the message names the file."""
-
-
-def _examples(items: Iterable[Any]) -> str:
-    items = list(items)
-    shown = ", ".join(str(x) for x in items[:_MAX_LISTED])
-    return shown + (f", ... ({len(items)} in all)" if len(items) > _MAX_LISTED else "")
+def _identifier(value: Any, what: str, source: str | os.PathLike) -> int:
+    """An image or category id: an integer as written (4713.7 or "4713" are mistakes, not 4713)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise AnnotationError(f"{source}: {what} {repr(value)[:40]} is not an integer")
+    return value
 
 
 def load_annotation_json(path: str | os.PathLike, need: tuple[str, ...] = ("images", "annotations")) -> dict:
@@ -61,13 +59,13 @@ def index_images(images: list[dict], source: str | os.PathLike) -> dict[int, str
     duplicates = []
     for entry in images:
         if not isinstance(entry, dict) or "id" not in entry or "file_name" not in entry:
-            raise AnnotationError(f"{source}: an entry of 'images' lacks 'id' or 'file_name': {entry!r}")
-        image_id = int(entry["id"])
+            raise AnnotationError(f"{source}: an entry of 'images' lacks 'id' or 'file_name': {str(entry)[:200]}")
+        image_id = _identifier(entry["id"], "image id", source)
         if image_id in index:
             duplicates.append(image_id)
         index[image_id] = str(entry["file_name"])
     if duplicates:
-        raise AnnotationError(f"{source}: duplicate image ids in 'images': {_examples(duplicates)}")
+        raise AnnotationError(f"{source}: duplicate image ids in 'images': {examples(duplicates)}")
     return index
 
 
@@ -81,15 +79,19 @@ def first_captions(annotations: list[dict], known_ids: set[int] | dict, source: 
     orphans = []
     for annotation in annotations:
         if not isinstance(annotation, dict) or "image_id" not in annotation or "caption" not in annotation:
-            raise AnnotationError(f"{source}: a caption annotation lacks 'image_id' or 'caption': {annotation!r}")
-        image_id = int(annotation["image_id"])
+            raise AnnotationError(f"{source}: a caption annotation lacks 'image_id' or 'caption': {str(annotation)[:200]}")
+        image_id = _identifier(annotation["image_id"], "image_id of a caption", source)
         if image_id not in known_ids:
             orphans.append(image_id)
             continue
-        captions.setdefault(image_id, str(annotation["caption"]).strip())
+        if image_id not in captions:
+            problem = caption_problem(annotation["caption"])
+            if problem:
+                raise AnnotationError(f"{source}: the caption of image {image_id} {problem}")
+            captions[image_id] = annotation["caption"].strip()
     if orphans:
         raise AnnotationError(f"{source}: captions refer to image ids that are not in 'images' "
-                              f"(captions without images): {_examples(sorted(set(orphans)))}")
+                              f"(captions without images): {examples(sorted(set(orphans)))}")
     return captions
 
 
@@ -105,8 +107,10 @@ def category_sets(instances: dict, known_ids: set[int] | dict, source: str | os.
     unknown_images, unknown_categories = [], []
     for annotation in instances["annotations"]:
         if not isinstance(annotation, dict) or "image_id" not in annotation or "category_id" not in annotation:
-            raise AnnotationError(f"{source}: an instance annotation lacks 'image_id' or 'category_id': {annotation!r}")
-        image_id, category = int(annotation["image_id"]), int(annotation["category_id"])
+            raise AnnotationError(f"{source}: an instance annotation lacks 'image_id' or 'category_id': "
+                                  f"{str(annotation)[:200]}")
+        image_id = _identifier(annotation["image_id"], "image_id of an instance", source)
+        category = _identifier(annotation["category_id"], "category_id", source)
         if image_id not in known_ids:
             unknown_images.append(image_id)
         elif category not in declared:
@@ -115,30 +119,46 @@ def category_sets(instances: dict, known_ids: set[int] | dict, source: str | os.
             sets.setdefault(image_id, set()).add(category)
     if unknown_images:
         raise AnnotationError(f"{source}: instance annotations refer to image ids that are not in the "
-                              f"captions file: {_examples(sorted(set(unknown_images)))}")
+                              f"captions file: {examples(sorted(set(unknown_images)))}")
     if unknown_categories:
         raise AnnotationError(f"{source}: instance annotations use undeclared category ids: "
-                              f"{_examples(sorted(set(unknown_categories)))}")
+                              f"{examples(sorted(set(unknown_categories)))}")
     return {image_id: sorted(cats) for image_id, cats in sets.items()}
 
 
 def build_image_table(captions_json: str | os.PathLike, instances_json: str | os.PathLike | None,
                       image_root: str | os.PathLike, dataset: str, check_files: bool = True,
-                      skip_missing: bool = False) -> dict:
+                      skip_missing: bool = False, reference_tables: str | os.PathLike | None = None,
+                      files_outside_root: bool = False) -> dict:
     """Build the image table of docs/formats.md §1 from COCO-format annotation files.
 
     ``instances_json`` may be None (datasets without instance annotations). With
     ``check_files`` every image file must exist under ``image_root``; a missing file is
     an error naming it, unless ``skip_missing`` drops such images (listed in
-    ``skipped_files``). Every image must have at least one caption.
+    ``skipped_files``). Every image must have at least one caption (a non-empty string of
+    at most :data:`~ladbench.data.checks.MAX_CAPTION_CHARS`). A ``file_name`` must lie inside ``image_root``
+    unless ``files_outside_root`` (recorded in the table). ``reference_tables``: a folder
+    with the reference implementation's caption and category tables, which then give every
+    caption (verbatim) and category set instead of the captions file's first caption and
+    ``instances_json`` (:mod:`ladbench.data.reference_tables`).
     """
-    captions_doc = load_annotation_json(captions_json)
+    if reference_tables is not None and instances_json is not None:
+        raise AnnotationError(f"{instances_json}: the reference tables in {reference_tables} give the categories; "
+                              "pass one of the two")
+    captions_doc = load_annotation_json(captions_json, need=("images",) if reference_tables is not None else
+                                        ("images", "annotations"))
     files = index_images(captions_doc["images"], captions_json)
-    captions = first_captions(captions_doc["annotations"], files, captions_json)
+    if not files_outside_root:
+        _check_file_names(files.items(), captions_json)
+    categories: dict[int, list[int]] = {}
+    table_digests: dict[str, str] = {}
+    if reference_tables is not None:
+        captions, categories, table_digests = table_annotations(files, reference_tables)
+    else:
+        captions = first_captions(captions_doc["annotations"], files, captions_json)
     without_caption = sorted(set(files) - set(captions))
     if without_caption:
-        raise AnnotationError(f"{captions_json}: images without any caption: {_examples(without_caption)}")
-    categories: dict[int, list[int]] = {}
+        raise AnnotationError(f"{captions_json}: images without any caption: {examples(without_caption)}")
     if instances_json is not None:
         instances_doc = load_annotation_json(instances_json)
         categories = category_sets(instances_doc, files, instances_json)
@@ -150,7 +170,7 @@ def build_image_table(captions_json: str | os.PathLike, instances_json: str | os
             raise AnnotationError(f"image folder not found: {root}")
         missing = sorted(name for name in files.values() if not (root / name).is_file())
         if missing and not skip_missing:
-            raise AnnotationError(f"{captions_json}: image files missing under {root}: {_examples(missing)} "
+            raise AnnotationError(f"{captions_json}: image files missing under {root}: {examples(missing)} "
                                   "(pass --skip-missing to leave them out)")
         skipped = missing
         if skipped:
@@ -161,28 +181,51 @@ def build_image_table(captions_json: str | os.PathLike, instances_json: str | os
             for image_id in sorted(files) if files[image_id] not in skipped_set]
     # the digests of the annotation files it was read from (what it is made of, not where they were)
     sources = {"captions_sha256": file_digest(captions_json),
-               "instances_sha256": file_digest(instances_json) if instances_json is not None else None}
-    return {"dataset": dataset, "image_root": str(root), "has_categories": instances_json is not None,
-            "sources": sources, "skipped_files": skipped, "images": rows}
+               "instances_sha256": file_digest(instances_json) if instances_json is not None else None,
+               **table_digests}
+    return {"dataset": dataset, "image_root": str(root),
+            "has_categories": instances_json is not None or reference_tables is not None,
+            "sources": sources, "skipped_files": skipped, **({"files_outside_root": True} if files_outside_root else {}),
+            "images": rows}
+
+
+def _check_file_names(files: Iterable[tuple[int, Any]], source: str | os.PathLike) -> None:
+    for image_id, file_name in files:
+        problem = file_name_problem(file_name)
+        if problem:
+            raise AnnotationError(f"{source}: the file_name of image {image_id}, {str(file_name)[:200]!r}, {problem}; "
+                                  "set the dataset's files_outside_root: true in the config if that is meant")
 
 
 def write_image_table(table: dict, out: str | os.PathLike) -> None:
-    """Write the image table atomically: one image per line, so diffs stay readable."""
-    atomic_write_text(out, json_one_item_per_line(table, ["images"]))
+    """Write the image table atomically (signed): one image per line, so diffs stay readable."""
+    atomic_write_text(out, json_one_item_per_line(signed(table), ["images"]))
 
 
 def load_image_table(path: str | os.PathLike) -> dict:
     """Read an image table and check its shape (keys, sorted unique ids)."""
     path = Path(path)
-    table = read_json(path, "image table not found (run `ladbench captions`)", AnnotationError)
+    table = read_signed_json(path, "image table", "rebuild it with `ladbench captions` (or delete it and rerun the "
+                             "workflow)", AnnotationError)
     for key in ("dataset", "image_root", "images"):
         if key not in table:
             raise AnnotationError(f"{path}: missing key '{key}' (docs/formats.md §1)")
-    ids = [row["image_id"] for row in table["images"]]
+    ids = [_identifier(row.get("image_id"), "image_id", path) for row in table["images"]]
     if any(b <= a for a, b in zip(ids, ids[1:])):
         raise AnnotationError(f"{path}: image ids must be unique and sorted")
+    for row in table["images"]:
+        problem = caption_problem(row.get("caption"))
+        if problem:
+            raise AnnotationError(f"{path}: the caption of image {row['image_id']} {problem}")
+    if not table.get("files_outside_root", False):
+        _check_file_names(((row["image_id"], row.get("file_name")) for row in table["images"]), path)
     table.setdefault("has_categories", any(row["categories"] for row in table["images"]))
     return table
+
+
+def image_paths(table: dict) -> dict[int, str]:
+    """image_id -> file path, from an image table read by ``load_image_table`` (formats.md §1)."""
+    return {int(im["image_id"]): os.path.join(table["image_root"], im["file_name"]) for im in table["images"]}
 
 
 def table_fingerprint(table: dict) -> str:
@@ -208,6 +251,8 @@ def read_flickr8k_captions(path: str | os.PathLike) -> list[tuple[str, str]]:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise AnnotationError(f"{path}: Flickr8k caption file not found") from None
+    except UnicodeDecodeError as err:
+        raise AnnotationError(f"{path}: not UTF-8 text (byte {err.start}: {err.reason})") from None
     lines = [line for line in text.splitlines() if line.strip()]
     if not lines:
         raise AnnotationError(f"{path}: empty caption file")

@@ -28,6 +28,10 @@ import torch
 CAPTURE_ATTENTION = "ladbench_capture"
 _CAPTURE_ATTR = "_ladbench_capture"
 _SOFA_ATTR = "_ladbench_sofa_bias"
+_PROBE_ATTR = "_ladbench_probe"
+#: keyword arguments of an attention call that change what the kernel computes beyond the
+#: mask and the scaling: the capture does not model them (logit soft-capping, attention sinks)
+UNMODELLED_KERNEL_KWARGS = ("softcap", "s_aux")
 
 
 def last_row_attention(query: torch.Tensor, key: torch.Tensor, attention_mask: torch.Tensor | None,
@@ -77,7 +81,11 @@ def capture_attention_forward(module: torch.nn.Module, query: torch.Tensor, key:
     if capture is not None:
         recorder, layer = capture
         recorder.record(layer, last_row_attention(query, key, attention_mask, scaling))
-    return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
+    output = sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
+    probe = getattr(module, _PROBE_ATTR, None)
+    if probe is not None:
+        probe.record(module, last_row_attention(query, key, attention_mask, scaling), value, output[0], kwargs)
+    return output
 
 
 def register_capture_attention() -> None:
@@ -133,6 +141,32 @@ class LastRowCapture(_ModuleAttributes):
                 f"no attention captured for decoder layers {missing}: the model's attention modules do not "
                 f"dispatch through transformers' AttentionInterface with implementation {CAPTURE_ATTENTION!r}")
         return torch.stack([self._mass[i] for i in range(self.n_layers)], dim=1)
+
+
+class AttentionProbe(_ModuleAttributes):
+    """Which of ``modules`` dispatch through the capture function in one forward pass, in call
+    order, and whether the capture sees what the kernel sees there: the captured last row,
+    applied to the values, must give the kernel's own output for the last query (a mask, a
+    scaling, a soft cap or attention sinks the capture missed would make them differ).
+
+    Use as ``with AttentionProbe(decoder.modules()) as probe:`` around one forward of a model
+    loaded with :data:`CAPTURE_ATTENTION`; then ``probe.calls`` lists ``(module, deviation,
+    unmodelled)``: the largest difference relative to the values' scale, and the names of the
+    call's keyword arguments that change the kernel's result beyond what the capture models.
+    """
+
+    def __init__(self, modules) -> None:
+        super().__init__(_PROBE_ATTR, {m: self for m in modules})
+        self.calls: list[tuple[torch.nn.Module, float, tuple[str, ...]]] = []
+
+    def record(self, module: torch.nn.Module, rows: torch.Tensor, value: torch.Tensor, output: torch.Tensor,
+               kwargs: dict[str, Any]) -> None:
+        values = value.float().repeat_interleave(rows.shape[1] // value.shape[1], dim=1)   # [B, H, Tk, d]
+        expected = (rows.unsqueeze(-2) @ values).squeeze(-2)                              # [B, H, d]
+        kernel = output[:, -1].float()                                                    # [B, H, d]
+        deviation = float((kernel - expected).abs().max() / values.abs().max().clamp(min=1e-12))
+        unmodelled = tuple(name for name in UNMODELLED_KERNEL_KWARGS if kwargs.get(name) is not None)
+        self.calls.append((module, deviation, unmodelled))
 
 
 def sofa_attention_bias(attention_mask: torch.Tensor, image_tokens: torch.Tensor, sigma: float,

@@ -7,11 +7,12 @@ instance x ordering x shift (shift fastest), with an extra dataset ``shift`` [R]
 0 for calibration rows, whose own shift is in ``ordering`` as usual), and ``order`` holds
 what was actually shown: ``order[r, p] = orderings[t][(p + s) % N]``.
 
-Writing: :class:`CacheWriter` is a :class:`ladbench.hdf5.ResumableFile` (the work file
-``<out>.partial``, one open/close per chunk of rows, ``done`` flags, ``complete`` last and
-then the rename to ``<out>``: see ``hdf5.py``). ``config_sha256`` identifies the inputs: a
-partial file from other inputs is discarded, and a finished ``<out>`` with the same hash is
-never rewritten (the caller checks :func:`is_complete_for`).
+Writing: :class:`CacheWriter` is a :class:`ladbench.hdf5.ResumableFile` (the work folder
+``<out>.partial/``, one file per chunk of rows written whole or not at all, then the
+finished file assembled, signed, ``complete`` set and renamed to ``<out>``: see
+``hdf5.py``). ``config_sha256`` identifies the inputs: work from other inputs is discarded,
+and a finished ``<out>`` with the same hash is never rewritten (the caller checks
+:func:`is_complete_for`). Reading checks the file's content digest (``content_sha256``).
 """
 from __future__ import annotations
 
@@ -24,10 +25,12 @@ from typing import Any, Mapping
 import h5py
 import numpy as np
 
-from ladbench.hdf5 import HDF5FileError, ResumableFile, RowDataset, is_complete, open_h5, partial_path, reading
+from ladbench.hdf5 import (DIGEST_ATTR, HDF5FileError, ResumableFile, RowDataset, attributes, check_digest,
+                           is_complete, partial_path, reading)
 
 # Part of every cache's config_sha256: a cache written in an older layout is rebuilt.
-# 2: per-chunk checksums, text_sha256, benchmark identity attributes.
+# 2: per-chunk checksums, text_sha256, benchmark identity attributes. (The content digest,
+# content_sha256, changed no dataset: a format-2 cache without it is kept, read with a warning.)
 CACHE_FORMAT = 2
 # What to do with a cache that cannot be read (the end of its one-line error).
 REBUILD = "delete it and rerun the workflow (or `ladbench infer`) to rebuild it"
@@ -158,7 +161,7 @@ def throughput(seconds: np.ndarray, n_generated: np.ndarray | None = None) -> di
 
 
 def text_sha256(texts: np.ndarray) -> str:
-    """Digest of the reply texts (HDF5 cannot checksum variable-length strings)."""
+    """Digest of the reply texts that caches written before ``content_sha256`` carry."""
     return hashlib.sha256(json.dumps(np.asarray(texts).tolist()).encode()).hexdigest()
 
 
@@ -183,14 +186,10 @@ class CacheWriter(ResumableFile):
         return super().open(path, identity={"config_sha256": attrs["config_sha256"]}, fixed=plan.arrays(),
                             datasets=_result_datasets(layout, len(plan)), attrs=attrs)
 
-    def final_attrs(self, h5: h5py.File) -> dict[str, Any]:
-        """The digest of the reply texts, which HDF5 cannot checksum."""
-        return {"text_sha256": text_sha256(h5["text"].asstr()[()])} if "text" in h5 else {}
-
     def throughput(self) -> dict[str, float]:
         """:func:`throughput` of every row written so far."""
-        with open_h5(self.path, "r") as f:
-            return throughput(f["seconds"][()], f["n_generated"][()] if "n_generated" in f else None)
+        arrays, _ = self.read(["seconds", "n_generated"])
+        return throughput(arrays["seconds"], arrays.get("n_generated"))
 
 
 # ------------------------------------------------------------------------------ reader
@@ -252,42 +251,64 @@ class InferenceCache:
 
 
 def read_cache(path: str, *, require_complete: bool = True) -> InferenceCache:
-    """Read a whole inference cache (docs/formats.md §4) into memory.
+    """Read a whole inference cache (docs/formats.md §4) into memory, checked against its
+    content digest.
 
     Raises if the file is not marked complete, unless ``require_complete=False``: then an
-    unfinished run's work file (``<path>.partial``) is read when ``path`` does not exist yet;
-    unwritten rows hold NaN / -1 and ``done`` is False. JSON attributes (``versions``) are
+    unfinished run's work (the folder ``<path>.partial``) is read when ``path`` does not exist
+    yet; unwritten rows hold NaN / -1 and ``done`` is False. JSON attributes (``versions``) are
     decoded; string datasets come back as ``str`` arrays.
     """
-    if not require_complete and not os.path.exists(path) and os.path.exists(partial_path(path)):
-        path = partial_path(path)
+    unfinished = str(path)[:-len(".partial")] if os.path.isdir(path) and str(path).endswith(".partial") else None
+    if unfinished is None and not require_complete and not os.path.exists(path) and os.path.isdir(partial_path(path)):
+        unfinished = path
+    if unfinished is not None:
+        if require_complete:
+            raise ValueError(f"{path}: inference cache is not complete (job unfinished or killed; rerun `ladbench infer`)")
+        arrays, raw = ResumableFile(unfinished).read()
+        return InferenceCache(path=str(partial_path(unfinished)), arrays=arrays, attrs=_decoded(path, raw))
     with reading(path, "inference cache", REBUILD) as f:
-        attrs = _attributes(f)
-        if require_complete and not attrs.get("complete", False):
+        raw = attributes(f)
+        if require_complete and not raw.get("complete", False):
             raise ValueError(f"{path}: inference cache is not complete (job unfinished or killed; rerun `ladbench infer`)")
         arrays = {}
         for key, ds in f.items():
             arrays[key] = ds.asstr()[()] if h5py.check_string_dtype(ds.dtype) else ds[()]
-    if "text" in arrays and attrs.get("complete") and attrs.get("text_sha256") != text_sha256(arrays["text"]):
+    if raw.get("complete", False):
+        check_digest(path, raw, arrays, "inference cache", REBUILD)
+    if "text" in arrays and DIGEST_ATTR not in raw and raw.get("text_sha256") not in (None, text_sha256(arrays["text"])):
         raise HDF5FileError(f"{path}: inference cache: corrupted (the reply texts do not match text_sha256); {REBUILD}")
-    return InferenceCache(path=path, arrays=arrays, attrs=attrs)
+    return InferenceCache(path=path, arrays=arrays, attrs=_decoded(path, raw))
 
 
 def read_cache_attributes(path: str) -> dict[str, Any]:
-    """A cache's attributes plus ``n_rows`` and ``n_eval_rows``, without loading its arrays."""
+    """A cache's attributes plus ``n_rows`` and ``n_eval_rows``, without loading its arrays
+    (the attributes and ``split`` checked against the content digest)."""
     with reading(path, "inference cache", REBUILD) as f:
-        attrs = _attributes(f)
+        raw = attributes(f)
         if "split" not in f:
             raise ValueError(f"{path}: no 'split' dataset (docs/formats.md §4)")
         split = f["split"][()]
+    check_digest(path, raw, {"split": split}, "inference cache", REBUILD, every_dataset=False)
+    attrs = _decoded(path, raw)
     attrs["n_rows"] = int(split.size)
     attrs["n_eval_rows"] = int((split == SPLIT_EVAL).sum())
     return attrs
 
 
-def _attributes(f: h5py.File) -> dict[str, Any]:
-    """Attributes as Python values, with the JSON ``versions`` decoded."""
-    attrs = {k: (v.item() if isinstance(v, np.generic) else v) for k, v in f.attrs.items()}
-    if isinstance(attrs.get("versions"), str):
-        attrs["versions"] = json.loads(attrs["versions"])
+def _decoded(path: str | os.PathLike, raw: Mapping[str, Any]) -> dict[str, Any]:
+    """Attributes as Python values, with the JSON ``versions`` and ``attention_layers`` decoded."""
+    attrs = {k: (v.item() if isinstance(v, np.generic) else v) for k, v in raw.items()}
+    for key in ("versions", "attention_layers"):
+        if isinstance(attrs.get(key), str):
+            try:
+                attrs[key] = json.loads(attrs[key])
+            except ValueError:
+                raise HDF5FileError(f"{path}: inference cache: damaged (its {key} attribute is not JSON); "
+                                    f"{REBUILD}") from None
     return attrs
+
+
+def _attributes(f: h5py.File) -> dict[str, Any]:
+    """An open cache's attributes as Python values, with the JSON ones decoded."""
+    return _decoded(f.filename, attributes(f))

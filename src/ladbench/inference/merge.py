@@ -13,12 +13,14 @@ from __future__ import annotations
 import hashlib
 from typing import Any, Mapping, Sequence
 
+import h5py
 import numpy as np
 
 from ladbench.atomic import atomic_path
-from ladbench.hdf5 import RowDataset, create_row_dataset, open_h5, write_attrs
+from ladbench.hdf5 import (DIGEST_ATTR, RowDataset, create_row_dataset, open_h5, reading, sign, stored_text, write_attrs,
+                           writing)
 
-from .cache import RowPlan, _attributes, text_sha256, throughput
+from .cache import REBUILD, RowPlan, read_cache, read_cache_attributes, throughput
 
 #: What only a shard has (dropped when merging).
 SHARD_ATTRS = ("shard_index", "shard_count", "shard_start", "shard_stop", "n_rows_total", "job_config_sha256")
@@ -53,11 +55,9 @@ def _shard_attributes(paths: Sequence[str]) -> list[dict[str, Any]]:
     """Every shard's attributes, checked to form one job's complete set in order."""
     shards = []
     for path in paths:
-        try:
-            with open_h5(path, "r") as f:
-                attrs = _attributes(f)
-        except OSError as exc:
-            raise FileNotFoundError(f"{path}: cannot open shard cache ({exc})") from None
+        attrs = read_cache_attributes(path)
+        for key in ("n_rows", "n_eval_rows", DIGEST_ATTR, "text_sha256"):     # the shard's own, not the merged cache's
+            attrs.pop(key, None)
         missing = [key for key in SHARD_ATTRS if key not in attrs]
         if missing:
             raise ValueError(f"{path}: not a shard cache (no {', '.join(missing)})")
@@ -103,25 +103,33 @@ def merged_attributes(shards: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
 def merge_shards(paths: Sequence[str], out: str) -> dict[str, Any]:
     """Write the cache ``out`` from complete shard caches (any order); returns its attributes.
-    Datasets are copied shard by shard, so memory holds one shard's dataset at a time."""
+    Shards are read (and checked against their digests) one at a time."""
     shards = _shard_attributes(paths)
     n_rows = shards[0]["n_rows_total"]
     attrs = merged_attributes(shards)
-    with atomic_path(out) as tmp, open_h5(tmp, "w") as dst:
-        with open_h5(shards[0]["path"], "r") as f:
-            for key, ds in f.items():               # chunked and checksummed as the cache writer's
-                create_row_dataset(dst, key, RowDataset((n_rows,) + ds.shape[1:], ds.dtype, ds.fillvalue))
+    with writing(out, "inference cache"), atomic_path(out) as tmp, open_h5(tmp, "w") as dst:
+        with reading(shards[0]["path"], "inference cache", REBUILD) as f:
+            specs = {key: RowDataset((n_rows,) + ds.shape[1:], ds.dtype, ds.fillvalue) for key, ds in f.items()}
+        longest = {key: 1 for key, spec in specs.items() if h5py.check_string_dtype(spec.dtype) is not None}
+        for shard in shards:                        # texts: as long as the longest of any shard
+            with reading(shard["path"], "inference cache", REBUILD) as f:
+                for key in longest:
+                    longest[key] = max([longest[key], *(len(t.encode()) for t in f[key].asstr()[()].reshape(-1))])
+        for key, spec in specs.items():             # chunked and checksummed as the cache writer's
+            text = key in longest
+            dtype = h5py.string_dtype("utf-8", longest[key]) if text else spec.dtype
+            create_row_dataset(dst, key, RowDataset(spec.shape, dtype, "" if text else spec.fill))
         for shard in shards:
-            with open_h5(shard["path"], "r") as f:
-                if set(f) != set(dst):
-                    raise ValueError(f"{shard['path']}: datasets {sorted(f)} differ from {sorted(dst)}")
-                for key, ds in f.items():
-                    dst[key][shard["shard_start"]:shard["shard_stop"]] = ds[()]
+            arrays = read_cache(shard["path"]).arrays
+            if set(arrays) != set(dst):
+                raise ValueError(f"{shard['path']}: datasets {sorted(arrays)} differ from {sorted(dst)}")
+            for key, values in arrays.items():
+                values = stored_text(values, dst[key].dtype.itemsize) if values.dtype == object else values
+                dst[key][shard["shard_start"]:shard["shard_stop"]] = values
         if not dst["done"][()].all():
             raise ValueError(f"{out}: a complete shard has rows not done (corrupt shard?)")
         attrs.update(throughput(dst["seconds"][()], dst["n_generated"][()] if "n_generated" in dst else None))
-        if "text" in dst:                          # each shard's digest covers its own replies only
-            attrs["text_sha256"] = text_sha256(dst["text"].asstr()[()])
         write_attrs(dst, {**attrs, "complete": True})
+        sign(dst)
     return attrs
 

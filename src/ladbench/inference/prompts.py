@@ -118,6 +118,15 @@ def parse_last_identifier(text: str, n: int, fmt: str = "digits") -> int:
     return -1
 
 
+def parse_last_int(text: str, n: int) -> int:
+    """Position (0-based) named by the last run of decimal digits in ``text`` whose int() is in
+    1..n, or -1: the reference's reading of a digit reply (its ``parse_digit_answer``), where
+    "03" and any Unicode decimal digit ("３", "٣") count as their value."""
+    values = [int(run) for run in re.findall(r"\d+", text)]   # \d: Unicode decimal digits, as int() reads
+    valid = [value for value in values if 1 <= value <= n]
+    return valid[-1] - 1 if valid else -1
+
+
 def parse_answer_is(text: str, n: int, fmt: str = "digits") -> int:
     """Self-consistency parsing: the last "The answer is <k>", else the last valid identifier."""
     ids = identifiers(fmt, n)

@@ -19,6 +19,7 @@ import logging
 import os
 import platform
 import resource
+import shutil
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -27,9 +28,9 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 import numpy as np
 
-from ladbench.atomic import file_digest, sampled_digest
+from ladbench.atomic import atomic_path, file_digest, sampled_digest
 from ladbench.benchmark import load_benchmark
-from ladbench.data.coco import load_image_table, table_fingerprint
+from ladbench.data.coco import caption_problem, image_paths, load_image_table, table_fingerprint
 from ladbench.families import FAMILIES
 from ladbench.stages.inputs import check_benchmark_table
 from ladbench.variants import PromptVariant, prompt_sha256, prompt_text, variant, variant_names
@@ -136,11 +137,6 @@ GPU_WORKERS = 8
 
 
 # --------------------------------------------------------------------------- inputs
-def image_paths(table: dict) -> dict[int, str]:
-    """image_id -> file path, from an image table read by ``load_image_table`` (formats.md §1)."""
-    return {int(im["image_id"]): os.path.join(table["image_root"], im["file_name"]) for im in table["images"]}
-
-
 def check_benchmark(bench: dict, path: str, known_images: dict[int, str]) -> None:
     for key in ("n_candidates", "eval", "calibration"):
         if key not in bench:
@@ -151,20 +147,26 @@ def check_benchmark(bench: dict, path: str, known_images: dict[int, str]) -> Non
             if unknown:
                 raise ValueError(f"benchmark {path}: {split} instance {inst.get('id')} uses image ids {unknown} "
                                  "that the image table does not list")
+            problem = caption_problem(inst.get("caption"))
+            if problem:
+                raise ValueError(f"benchmark {path}: the caption of {split} instance {inst.get('id')} (image "
+                                 f"{inst.get('target')}) {problem}")
 
 
 def model_fingerprint(model_path: str) -> dict[str, Any]:
     """For a local model folder: the hashes of its config and of its weight files (sampled
     blocks: a rebuilt, replaced or fine-tuned model changes the cache's identity; the folder's
     location does not), and of a tiny model's metadata. Hub ids are identified by id + revision."""
-    from ladbench.provenance import METADATA_FILE
+    from ladbench.provenance import METADATA_FILE, metadata_identity
     if not os.path.isdir(model_path):
         return {}
     out: dict[str, Any] = {}
     for name in sorted(os.listdir(model_path)):
         full = os.path.join(model_path, name)
-        if name in ("config.json", METADATA_FILE):         # the latter: how a tiny model was made
+        if name == "config.json":
             out[name] = file_digest(full)
+        elif name == METADATA_FILE:                        # how a tiny model was made (not how long it took)
+            out[name] = metadata_identity(full)
         elif name.endswith((".safetensors", ".bin")):
             out[name] = sampled_digest(full)
     return out
@@ -280,17 +282,17 @@ class RowRunner:
         """The host part of a batch (runs in DataLoader workers): inputs and token segments."""
         import torch
         texts, images = zip(*(self._row_inputs(r) for r in rows))
-        inputs = self.adapter.encode_on_host(list(texts), list(images), for_prefill=not self.generative)
+        if self.generative:
+            return PreparedBatch([int(r) for r in rows], self.adapter.encode_on_host(list(texts), list(images)))
+        inputs, row_spans = self.adapter.encode_with_spans(list(texts), list(images), for_prefill=True)
         batch = PreparedBatch([int(r) for r in rows], inputs)
-        if not self.generative:
-            ids, mask = inputs["input_ids"].numpy(), inputs["attention_mask"].numpy()
-            segs = []
-            for b, r in enumerate(rows):
-                spans = self.adapter.image_spans(ids[b].tolist())
-                if len(spans) != self.n:
-                    raise RuntimeError(f"row {r}: found {len(spans)} image spans in the prompt, expected {self.n}")
-                segs.append(segment_ids(ids[b], mask[b], spans, self.n))
-            batch.segments = torch.from_numpy(np.stack(segs))
+        ids, mask = inputs["input_ids"].numpy(), inputs["attention_mask"].numpy()
+        segs = []
+        for b, (r, spans) in enumerate(zip(rows, row_spans)):
+            if len(spans) != self.n:
+                raise RuntimeError(f"row {r}: found {len(spans)} image spans in the prompt, expected {self.n}")
+            segs.append(segment_ids(ids[b], mask[b], spans, self.n))
+        batch.segments = torch.from_numpy(np.stack(segs))
         return batch
 
     def _prepared(self, batch: Sequence[int] | PreparedBatch) -> PreparedBatch:
@@ -471,11 +473,20 @@ def _release_cached_memory() -> None:
 
 
 def run_inference(settings: InferenceSettings) -> str:
-    """Run (or resume, or skip when complete) the ``infer`` stage; returns the cache path."""
+    """Run (or resume, or skip when complete) the ``infer`` stage; returns the cache path.
+    One process at a time writes a cache: a second one refuses at once, naming the first."""
+    from ladbench.hdf5 import writing
+
+    settings.validate()
+    with writing(settings.out, "inference cache"):
+        return _run_inference(settings)
+
+
+def _run_inference(settings: InferenceSettings) -> str:
     from tqdm import tqdm
 
+    from ladbench.hdf5 import discard_work
     from ladbench.models.base import resolve_device
-    settings.validate()
     settings.device = resolve_device(settings.device)        # hashed resolved: a CPU run never resumes a GPU one
     bench = load_benchmark(settings.benchmark)
     table = load_image_table(settings.images)
@@ -490,6 +501,7 @@ def run_inference(settings: InferenceSettings) -> str:
 
     if is_complete_for(settings.out, digest):
         log.info("%s is complete for these inputs; nothing to do", settings.out)
+        discard_work(settings.out)
         _refresh_names(settings)
         return settings.out
 
@@ -515,6 +527,9 @@ def run_inference(settings: InferenceSettings) -> str:
              "benchmark_name": f"{bench.get('dataset')}_{bench.get('setting')}_N{n}",
              "calibration_source": bench.get("calibration_source", "pool"),  # read by calibrate / analyze
              **shard_attrs}
+    attention_layers = getattr(adapter, "attention_layers", None)
+    if attention_layers and len(attention_layers) < len(adapter.decoder_layers()):     # a hybrid decoder
+        attrs["attention_layers"] = list(attention_layers)
     if settings.greedy_reply and not generative:
         attrs.update(greedy_repetition_penalty=repetition_penalty(adapter), greedy_stop_ids=adapter.end_token_ids())
     attrs.update(entry.hashed_settings(settings.options))      # the variant's own settings, e.g. sofa_sigma
@@ -556,12 +571,17 @@ def _variant_name(settings: InferenceSettings) -> str:
 
 def _refresh_names(settings: InferenceSettings) -> None:
     """A complete cache is kept, but the names it records (not hashed: they change no number)
-    follow the config's, so a cache made before ``variant_name`` was recorded gains it."""
-    from ladbench.hdf5 import open_h5
+    follow the config's, so a cache made before ``variant_name`` was recorded gains it. The
+    cache is checked first and its attributes' digest recorded again after."""
+    from ladbench.hdf5 import open_h5, resign_attributes, write_attrs
 
+    from .cache import read_cache_attributes
     names = {"model": settings.model_name, "variant_name": _variant_name(settings)}
-    with open_h5(settings.out, "r") as f:
-        stale = {key: value for key, value in names.items() if f.attrs.get(key) != value}
+    recorded = read_cache_attributes(settings.out)
+    stale = {key: value for key, value in names.items() if recorded.get(key) != value}
     if stale:                                       # else untouched (not even opened for writing)
-        with open_h5(settings.out, "a") as f:
-            f.attrs.update(stale)
+        with atomic_path(settings.out) as tmp:      # a copy renamed over it: a kill leaves one or the other
+            shutil.copyfile(settings.out, tmp)
+            with open_h5(tmp, "a") as f:
+                write_attrs(f, stale)
+                resign_attributes(f)

@@ -6,9 +6,10 @@ template lays out images and text, which marker tokens delimit an image's token 
 after a prefill (for KV-cache continuation steps). Everything downstream (attention
 capture, candidate scoring, the cache) talks to models through this interface only.
 
-All supported families use a ChatML-style template (``<|im_start|>`` /
+The hand-written families use a ChatML-style template (``<|im_start|>`` /
 ``<|im_end|>``), take images through their own processor, and expose a base model
-(``model.model``) whose output is the last hidden state, plus an ``lm_head``.
+(``model.model``) whose output is the last hidden state, plus an ``lm_head``. Family
+``auto`` (``models/auto.py``) derives all of this from the model and its processor instead.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from typing import Any, ClassVar, Sequence
 import torch
 from PIL import Image
 
+from ladbench.families import family_lanes
 from ladbench.inference.attention import CAPTURE_ATTENTION, register_capture_attention
 
 from . import compat
@@ -30,13 +32,15 @@ class PrefillState:
     ``past_key_values`` is the model's KV cache (None when not requested);
     ``attention_mask`` the 2-D padding mask [B, T]; ``position_offset`` a family-specific
     tensor needed to continue positions (Qwen2.5-VL: its M-RoPE ``rope_deltas`` [B, 1];
-    1-D RoPE families: the last real position per row [B, 1]).
+    1-D RoPE families: the last real position per row [B, 1]); ``model_kwargs`` what
+    ``generate`` keeps between its steps (family auto: the prompt's ids and model inputs).
     """
 
     past_key_values: Any
     attention_mask: torch.Tensor
     position_offset: torch.Tensor | None
     seq_len: int
+    model_kwargs: dict[str, Any] | None = None
 
 
 def resolve_device(device: str) -> str:
@@ -68,7 +72,7 @@ def resize_square(image: Image.Image, size: int) -> Image.Image:
 class ModelAdapter:
     """Base class: one subclass per model family (see the module docstring)."""
 
-    #: registry key, e.g. "qwen2_5_vl"
+    #: the family's name, its key in ``ladbench.families.FAMILY_REGISTRY`` (set by ``ladbench.models``)
     family: ClassVar[str] = ""
     #: the transformers class a native family loads with (remote-code families override _load_model)
     model_class: ClassVar[str] = ""
@@ -84,8 +88,6 @@ class ModelAdapter:
     #: the processor takes each prompt's images as one list (it treats several images per
     #: prompt differently from one); otherwise one flat list in prompt order
     nested_images: ClassVar[bool] = False
-    #: the transformers lanes this family runs on (models/compat.py)
-    lanes: ClassVar[tuple[str, ...]] = compat.LANES
 
     def __init__(self, model: torch.nn.Module, processor: Any, *, model_path: str,
                  revision: str | None = None, attention: str = "sdpa", vision: str = "batched") -> None:
@@ -104,12 +106,17 @@ class ModelAdapter:
         self.host_input_keys: tuple[str, ...] = ()
         if self.vision == "batched":
             self.host_input_keys = self.use_batched_vision()
+        self.resolve_tokens()
         tok = self.tokenizer
+        self.pad_token_id = tok.pad_token_id if tok.pad_token_id is not None else self.end_of_turn_id
+
+    def resolve_tokens(self) -> None:
+        """Set the ids of the family's tokens (``image_start_id``, ``image_end_id``,
+        ``image_token_id``: the placeholder the vision features go to, ``end_of_turn_id``)."""
         self.image_start_id = self._token_id(self.image_start_token)
         self.image_end_id = self._token_id(self.image_end_token)
         self.image_token_id = self._token_id(self.image_token)
         self.end_of_turn_id = self._token_id(self.end_of_turn_token)
-        self.pad_token_id = tok.pad_token_id if tok.pad_token_id is not None else self.end_of_turn_id
 
     # ---------------------------------------------------------------- loading
     @classmethod
@@ -125,7 +132,7 @@ class ModelAdapter:
         (transformers' own; always on the eager path). On GPU the weights are placed with
         ``device_map="auto"``; on CPU everything is float32 unless told otherwise.
         """
-        compat.require_lane(cls.family, cls.lanes)
+        compat.require_lane(cls.family, family_lanes(cls.family))
         dev = resolve_device(device)
         torch_dtype = resolve_dtype(dtype, dev)
         text_impl = {"capture": CAPTURE_ATTENTION, "sdpa": "sdpa", "eager": "eager"}.get(attention)
@@ -236,6 +243,12 @@ class ModelAdapter:
             out.update(self.prefill_extras(out))
         return out
 
+    def encode_with_spans(self, texts: Sequence[str], images: Sequence[Sequence[Image.Image]], *,
+                          for_prefill: bool = False) -> tuple[dict[str, torch.Tensor], list[list[tuple[int, int]]]]:
+        """``encode_on_host`` and each row's image spans (:meth:`image_spans`, in padded positions)."""
+        inputs = self.encode_on_host(texts, images, for_prefill=for_prefill)
+        return inputs, [self.image_spans(row) for row in inputs["input_ids"].tolist()]
+
     def prefill_extras(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Family hook: host-computed prefill inputs (e.g. position ids) that would otherwise be
         computed inside the forward pass with host syncs. Default: none."""
@@ -316,12 +329,10 @@ class ModelAdapter:
         pos = self.continuation_position_ids(state, n_new)
         if pos is not None:
             kwargs["position_ids"] = pos
-        try:
+        with compat.cache_rollback(state.past_key_values, state.seq_len):
             out = self.model.model(**compat.forward_kwargs(kwargs))
             hidden = out.last_hidden_state[:, -1:]
             return self.model.get_output_embeddings()(hidden)[:, -1].float()
-        finally:
-            compat.crop_cache(state.past_key_values, state.seq_len)
 
     def end_token_ids(self) -> list[int]:
         """Tokens that end a reply: the end of the turn, and the model's own EOS tokens."""

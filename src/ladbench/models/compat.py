@@ -11,9 +11,10 @@ every version difference the code knows about is listed here.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
-from typing import Any
+from typing import Any, Iterator
 
 import transformers
 
@@ -50,6 +51,25 @@ def crop_cache(cache: Any, length: int) -> None:
     """Cut a KV cache back to its first ``length`` positions (4.53's ``crop`` takes the length to
     keep; 5.x's takes minus the number of positions to remove)."""
     cache.crop(length - cache.get_seq_length() if on_current_lane() else length)
+
+
+@contextlib.contextmanager
+def cache_rollback(cache: Any, length: int) -> Iterator[None]:
+    """Run continuation steps on a prefill's KV cache, then put it back to its first ``length``
+    positions: cropped (5.x: sliding-window and convolution layers record what they would drop,
+    so the crop can undo it) and with the recurrent states of linear-attention layers, which no
+    crop can undo, restored from a copy."""
+    if hasattr(cache, "activate_past_recording"):
+        cache.activate_past_recording()
+    layers = getattr(cache, "layers", None) or []
+    saved = {i: {k: v.clone() for k, v in layer.recurrent_states.items() if v is not None}
+             for i, layer in enumerate(layers) if getattr(layer, "recurrent_states", None)}
+    try:
+        yield
+    finally:
+        crop_cache(cache, length)
+        for i, states in saved.items():
+            layers[i].recurrent_states.update(states)
 
 
 def qwen_vl_rope_index(base_model: Any, inputs: dict[str, Any]) -> tuple[Any, Any]:
@@ -95,13 +115,9 @@ def bpe_tokenizer(tokenizer_class: Any, vocab: dict[str, int], merges: list[str]
         return tokenizer_class(vocab_file=vocab_file, merges_file=merges_file, **kwargs)
 
 
-#: the lanes there are; an adapter lists those its family runs on (``ModelAdapter.lanes``)
-LANES = families.LANES
-
-
 def require_lane(family: str, lanes: tuple[str, ...]) -> None:
     """One-line start-up error when ``family`` does not run on the installed lane."""
     if LANE not in lanes:
         venv = families.lane_venv(lanes)
-        raise RuntimeError(f"model family {family!r} runs only on the {' / '.join(lanes)} lane, not on this "
+        raise families.LaneError(f"model family {family!r} runs only on the {' / '.join(lanes)} lane, not on this "
                            f"{LANE} lane (transformers {transformers.__version__}): run it from {venv}")

@@ -10,7 +10,6 @@ from .base import ModelAdapter, OneDimRopeMixin
 
 
 class InternVLAdapter(OneDimRopeMixin, ModelAdapter):
-    family = "internvl"
     image_start_token = "<img>"
     image_end_token = "</img>"
     model_class = "InternVLForConditionalGeneration"  # native in transformers 4.53

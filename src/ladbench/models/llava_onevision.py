@@ -17,7 +17,6 @@ from .base import ModelAdapter, OneDimRopeMixin
 
 
 class LlavaOnevisionAdapter(OneDimRopeMixin, ModelAdapter):
-    family = "llava_onevision"
     model_class = "LlavaOnevisionForConditionalGeneration"  # native in transformers 4.53 and 5.x
     image_token = "<image>"
     # no markers: a span is the image's run of <image> tokens (image_spans below)

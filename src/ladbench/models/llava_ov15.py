@@ -12,19 +12,15 @@ from typing import Any
 
 import torch
 
-from ladbench.families import family_lanes
-
 from .base import ModelAdapter, OneDimRopeMixin
 
 
 class LlavaOV15Adapter(OneDimRopeMixin, ModelAdapter):
-    family = "llava_ov15"
     image_start_token = "<|vision_start|>"
     image_end_token = "<|vision_end|>"
     image_token = "<|image_pad|>"
     # the shared Qwen2.5-VL processor emits it; the OV-1.5 model does not take it
     drop_input_keys = ("mm_token_type_ids",)
-    lanes = family_lanes("llava_ov15")          # the hub code does not run on transformers 5.x
     def use_batched_vision(self) -> tuple[str, ...]:
         """The tiny stand-in's tower is transformers' Qwen2.5-VL tower: batched like Qwen2.5-VL's. The real
         model's RICE-ViT (hub code) is left as shipped."""

@@ -20,7 +20,6 @@ from .base import ModelAdapter, PrefillState
 
 
 class Qwen25VLAdapter(ModelAdapter):
-    family = "qwen2_5_vl"
     image_start_token = "<|vision_start|>"
     image_end_token = "<|vision_end|>"
     model_class = "Qwen2_5_VLForConditionalGeneration"  # native in transformers 4.53

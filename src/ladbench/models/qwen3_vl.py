@@ -9,15 +9,11 @@ hidden states. The vision tower is transformers' own (``models/vision.py`` is Qw
 """
 from __future__ import annotations
 
-from ladbench.families import family_lanes
-
 from .qwen2_5_vl import Qwen25VLAdapter
 
 
 class Qwen3VLAdapter(Qwen25VLAdapter):
-    family = "qwen3_vl"
     model_class = "Qwen3VLForConditionalGeneration"  # native in transformers 5.x
-    lanes = family_lanes("qwen3_vl")
 
     def use_batched_vision(self) -> tuple[str, ...]:
         return ()

@@ -20,7 +20,7 @@ from typing import Any, Sequence
 
 import torch
 
-from ladbench.families import FAMILIES  # each family has a tiny build
+from ladbench.families import TINY_FAMILIES, family_lanes
 from ladbench.provenance import METADATA_FILE, TINY_RANDOM
 
 from . import compat
@@ -294,11 +294,10 @@ def build_tiny_model(family: str, out_dir: str, *, seed: int = 0, preset: str = 
     only with ``trust_remote_code=True``, like the hub model.
     """
     if family not in _BUILDERS:
-        raise ValueError(f"unknown family {family!r}; choose one of {', '.join(FAMILIES)}")
+        raise ValueError(f"unknown family {family!r}; choose one of {', '.join(TINY_FAMILIES)}")
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
-    from . import adapter_class
-    compat.require_lane(family, adapter_class(family).lanes)       # e.g. Qwen3-VL needs transformers 5.x
+    compat.require_lane(family, family_lanes(family))       # e.g. Qwen3-VL needs transformers 5.x
     torch.manual_seed(seed)
     model, processor = _BUILDERS[family](PRESETS[preset])
     model.eval()

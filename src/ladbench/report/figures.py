@@ -22,7 +22,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from ladbench.atomic import atomic_path  # noqa: E402
+from ladbench.atomic import replacing_together  # noqa: E402
 from ladbench.metrics import confusion_matrix  # noqa: E402
 from ladbench.report.study import SETTING_NAMES  # noqa: E402
 from ladbench.report.tables import DISPLAY_NAMES  # noqa: E402
@@ -339,12 +339,22 @@ def divergence_figure(entries: Sequence[tuple[str, Mapping[str, np.ndarray], dic
 
 
 def save_figure(fig, outputs: Sequence[str | Path]) -> None:
-    """Write ``fig`` to every path (format from the suffix), then close it. A PDF carries no
+    """Write ``fig`` to every path (format from the suffix), then close it."""
+    save_figures([(fig, outputs)])
+
+
+def save_figures(figures: Sequence[tuple[object, Sequence[str | Path]]]) -> None:
+    """Write each figure to its paths (format from the suffix), all files replaced as one set
+    (a killed job never leaves old figures beside new ones), then close them. A PDF carries no
     creation date, so the same data give the same bytes (PNGs carry none already)."""
-    for path in outputs:
-        fmt = Path(path).suffix[1:]
-        metadata = {"CreationDate": None} if fmt == "pdf" else None
-        with atomic_path(path) as tmp:         # a reader never sees half a figure
-            fig.savefig(tmp, format=fmt, dpi=150, bbox_inches="tight", metadata=metadata)
-    plt.close(fig)
+    files = [(fig, path) for fig, outputs in figures for path in outputs]
+    try:
+        with replacing_together([path for _, path in files]) as temporaries:
+            for tmp, (fig, path) in zip(temporaries, files):
+                fmt = Path(path).suffix[1:]
+                metadata = {"CreationDate": None} if fmt == "pdf" else None
+                fig.savefig(tmp, format=fmt, dpi=150, bbox_inches="tight", metadata=metadata)
+    finally:
+        for fig, _ in figures:
+            plt.close(fig)
 

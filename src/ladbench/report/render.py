@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence, Union
 
-from ladbench.atomic import atomic_write_text
+from ladbench.atomic import replacing_together
 
 __all__ = ["MISSING", "Block", "Cell", "Table", "to_csv", "to_html", "to_latex", "to_markdown", "write_table"]
 
@@ -255,8 +255,18 @@ TABLE_FORMATS = tuple(suffix[1:] for suffix in RENDERERS)
 
 def write_table(table: Table, outputs: Sequence[str | Path]) -> None:
     """Write the table to each output, the format chosen by its suffix (.md, .csv, .tex, .html)."""
-    for path in outputs:
-        suffix = Path(path).suffix
-        if suffix not in RENDERERS:
-            raise ValueError(f"table output {path}: unknown format {suffix!r}; use one of {sorted(RENDERERS)}")
-        atomic_write_text(path, RENDERERS[suffix](table))
+    write_tables([(table, outputs)])
+
+
+def write_tables(tables: Sequence[tuple[Table, Sequence[str | Path]]]) -> None:
+    """Write each table to its outputs (format by suffix), all files replaced as one set
+    (:func:`ladbench.atomic.replacing_together`): a killed report never leaves old tables
+    beside new ones."""
+    files = [(path, table) for table, outputs in tables for path in outputs]
+    for path, _ in files:
+        if Path(path).suffix not in RENDERERS:
+            raise ValueError(f"table output {path}: unknown format {Path(path).suffix!r}; use one of "
+                             f"{sorted(RENDERERS)}")
+    with replacing_together([path for path, _ in files]) as temporaries:
+        for tmp, (path, table) in zip(temporaries, files):
+            tmp.write_text(RENDERERS[Path(path).suffix](table), encoding="utf-8")

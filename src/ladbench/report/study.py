@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-from ladbench.atomic import read_json
+from ladbench.atomic import read_signed_json
 from ladbench.config import benchmark_parts
 from ladbench.inference.cache import read_cache_attributes
 from ladbench.stages.inputs import MismatchError, check_made_from_caches
@@ -150,6 +150,18 @@ def _index(paths: Sequence[str | Path], load, fields: Sequence[str], what: str,
     return out
 
 
+def read_evaluation(path: str | Path) -> dict:
+    """An evaluation file (docs/formats.md §6), checked against its content digest."""
+    return read_signed_json(path, "evaluation file", "rebuild it with `ladbench evaluate` (or delete it and rerun "
+                            "the workflow)")
+
+
+def read_analysis(path: str | Path) -> dict:
+    """An analysis file (docs/formats.md §8), checked against its content digest."""
+    return read_signed_json(path, "analysis file", "rebuild it with `ladbench analyze` (or delete it and rerun "
+                            "the workflow)")
+
+
 def load_study(
     *,
     models: Sequence[str],
@@ -169,9 +181,9 @@ def load_study(
         models=list(models),
         benchmarks=list(benchmarks),
         variants=dict(variants),
-        evaluations=_index(evaluations, lambda p: read_json(p, "evaluation file not found"), EVALUATION_KEY,
+        evaluations=_index(evaluations, read_evaluation, EVALUATION_KEY,
                            "evaluation file"),
-        analyses=_index(analyses, lambda p: read_json(p, "analysis file not found"), ANALYSIS_KEY, "analysis file",
+        analyses=_index(analyses, read_analysis, ANALYSIS_KEY, "analysis file",
                         analysis_files),
         analysis_files=analysis_files,
         caches=_index(caches, read_cache_attributes, CACHE_KEY, "inference cache"),

@@ -10,7 +10,7 @@ import numpy as np
 
 from ladbench import analysis, metrics
 from ladbench.analysis import DEFAULT_DCAL_DRAWS, DEFAULT_DCAL_SIZES, DEFAULT_TAUS, analyze
-from ladbench.atomic import atomic_path, atomic_write_json
+from ladbench.atomic import atomic_path, atomic_write_json, signed
 from ladbench.cli import output_file
 from ladbench.inference.cache import read_cache_attributes
 from ladbench.stages.calibrate import add_fit_arguments
@@ -48,11 +48,11 @@ def run(args: argparse.Namespace) -> None:
     base = lad_settings(args, read_cache_attributes(args.cache))
     document, arrays = analyze(
         args.cache, base, n_cal=args.n_cal, seeds=args.seeds, score_average=args.score_average,
-        pride_original_logs=args.pride_original_logs,
+        pride_original_logs=args.pride_original_logs, empty_positions=args.empty_positions,
         dcal_sizes=args.dcal_sizes, dcal_draws=args.dcal_draws, taus=args.taus,
         boot=bootstrap_settings(args), progress=True,
     )
-    atomic_write_json(args.out, metrics.json_safe(document), indent=1)
+    atomic_write_json(args.out, signed(metrics.json_safe(document)), indent=1)
     npz = Path(args.out).with_suffix(".npz")
     with atomic_path(npz) as tmp:
         with open(tmp, "wb") as handle:

@@ -30,6 +30,7 @@ class CalibrationArrays:
     target_pos: np.ndarray  # [C, N(shift)]
     source: str = "pool"  # the benchmark's calibration_source: how |D_cal| instances are taken from the pool
     pride_original_logs: str = "floor"  # how the original PriDe's prior takes logs (a fit option, not cached)
+    empty_positions: str = "error"  # a position without rows: error, or a row of zeros (a fit option, not cached)
 
 
 def eval_arrays(cache: InferenceCache) -> EvalArrays:

@@ -11,8 +11,10 @@ from ladbench.atomic import atomic_write_text
 from ladbench.benchmark import (
     CALIBRATION_SOURCES,
     CATEGORY_RULES,
+    DRAWS,
     ORDERING_SCHEMES,
     SETTINGS,
+    SIMILARITY_DTYPES,
     BenchmarkError,
     build_benchmark,
     format_benchmark,
@@ -45,6 +47,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--calibration-source", choices=CALIBRATION_SOURCES, default=CALIBRATION_SOURCES[0],
                         help="pool (default): calibration instances disjoint from the evaluation set; "
                              "evaluation_head (the reference's): the first --n-calibration evaluation instances.")
+    parser.add_argument("--draw", choices=DRAWS, default=DRAWS[0],
+                        help="distinct (default): distinct targets shared by both settings and every N; reference: "
+                             "the reference's build_eval_dataset.py draw (Python's random, anchors may repeat, one "
+                             "stream for the random set, then the adversarial set).")
+    parser.add_argument("--similarity-dtype", choices=SIMILARITY_DTYPES, default=SIMILARITY_DTYPES[0],
+                        help="Adversarial: float32 (default) similarities, or float16 ones computed as numpy's "
+                             "float16 dot (the reference's, with its exact ties).")
     parser.add_argument("--dataset", default=None, help="Dataset name recorded in the file (default: the table's).")
     parser.add_argument("--out", required=True, type=output_file(".json"), help="Output benchmark JSON.")
     parser.set_defaults(func=run)
@@ -61,7 +70,7 @@ def run(args: argparse.Namespace) -> None:
     check_features_table(args.features, features["attrs"], args.images, table)
     doc = build_benchmark(table, features, args.setting, args.n_candidates, args.n_eval, args.n_calibration,
                           args.n_orderings, args.pool_size, args.seed, args.caption_sim_max, args.category_rule,
-                          args.dataset, args.orderings, args.calibration_source)
+                          args.dataset, args.orderings, args.calibration_source, args.draw, args.similarity_dtype)
     atomic_write_text(args.out, format_benchmark(doc))
     print(f"benchmark: {len(doc['eval'])} evaluation + {len(doc['calibration'])} calibration instances "
-          f"({args.setting}, N = {args.n_candidates}, pool {doc['pool_size']}) -> {args.out}")
+          f"({args.setting}, N = {args.n_candidates}, pool {doc['pool_size']}, {args.draw} draw) -> {args.out}")

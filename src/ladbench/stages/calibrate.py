@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import replace
 
-from ladbench.calibration import PRIDE_ORIGINAL_LOGS, SCORE_AVERAGES, fit_calibration
+from ladbench.calibration import EMPTY_POSITIONS, PRIDE_ORIGINAL_LOGS, SCORE_AVERAGES, fit_calibration
 from ladbench.cli import output_file
 from ladbench.inference.cache import read_cache
 from ladbench.stages.arrays import calibration_arrays
@@ -24,6 +24,9 @@ def add_fit_arguments(parser) -> None:
                         help="reference: average raw scores; paper: average probabilities, then log (Eqs. 1-3)")
     parser.add_argument("--pride-original-logs", choices=PRIDE_ORIGINAL_LOGS, default=PRIDE_ORIGINAL_LOGS[0],
                         help="pride_original: log(p + 1e-10) as the original code (floor, default) or exact logs")
+    parser.add_argument("--empty-positions", choices=EMPTY_POSITIONS, default=EMPTY_POSITIONS[0],
+                        help="a position where no calibration row has its ground truth: stop (error, default), or a "
+                             "row of zeros in L with a warning (zero, the reference's)")
 
 
 def register(subparsers) -> None:
@@ -41,10 +44,12 @@ def run(args: argparse.Namespace) -> None:
     calibration = fit_calibration(
         cal.scores, cal.attn, cal.target_pos, n_cal=args.n_cal, seed=args.seed, average=args.score_average,
         source=cal.source,  # from the benchmark, through the cache
-        pride_original_logs=args.pride_original_logs,
+        pride_original_logs=args.pride_original_logs, empty_positions=args.empty_positions,
     )
     replace(calibration, source=cache_identity(args.cache, cache.attrs)).to_npz(args.out)
     how = "the first" if cal.source == "evaluation_head" else f"seed {args.seed},"
     print(f"calibration from {args.n_cal} of {cal.scores.shape[0]} instances ({how} source {cal.source}): "
           f"k = {calibration.k:.4f}")
+    for warning in calibration.warnings:
+        print(f"warning: {warning}")
     print(f"wrote {args.out}")

@@ -16,7 +16,7 @@ import numpy as np
 
 from ladbench import methods, metrics
 from ladbench.analysis import summarize_predictions
-from ladbench.atomic import atomic_path, atomic_write_json
+from ladbench.atomic import atomic_path, atomic_write_json, signed
 from ladbench.calibration import Calibration
 from ladbench.cli import output_file
 from ladbench.stages.options import (add_bootstrap_arguments, add_lad_arguments, bootstrap_settings, lad_settings,
@@ -82,6 +82,23 @@ def unshifted(arrays: EvalArrays) -> EvalArrays:
                          for f in fields(arrays)})
 
 
+def evaluation_warnings(names, arrays: EvalArrays, settings: methods.LadSettings, boot,
+                        calibrations: list[Calibration]) -> list[str]:
+    """Where a rule of docs/method.md's table of choices decided something: the layer selection's
+    (lad.layer_ties, lad.k_beyond_range, lad.layers_beyond_depth), the reply parse
+    (evaluation.reply_parse), undefined statistics (evaluation.edge_statistics) and the
+    calibrations' fits (calibration.empty_positions)."""
+    warnings = []
+    if any(methods.method(name).selects_layers for name in names):
+        warnings += methods.selection_warnings(arrays.attn, settings)
+    if "vanilla_generate" in names:
+        warnings += methods.reply_parse_warnings(arrays, settings)
+    warnings += metrics.edge_statistics_warnings(arrays.target_pos, arrays.order.shape[-1], boot.edge_statistics)
+    for calibration in calibrations:
+        warnings += [warning for warning in calibration.warnings if warning not in warnings]
+    return warnings
+
+
 def run(args: argparse.Namespace) -> None:
     cache = read_cache(args.cache)
     arrays = eval_arrays(cache)
@@ -119,13 +136,11 @@ def run(args: argparse.Namespace) -> None:
         "n_orderings": int(arrays.scores.shape[1]),
         "n_candidates": int(n),
         "settings": {**settings.as_dict(), "bootstrap": boot.n_boot, "ci": boot.ci, "seed": boot.seed,
-                     "acc_ddof": boot.acc_ddof},
+                     "acc_ddof": boot.acc_ddof, "edge_statistics": boot.edge_statistics},
         "methods": summary,
-        # where the layer-selection rules (lad.layer_ties, lad.k_beyond_range) decided something
-        "warnings": (methods.selection_warnings(arrays.attn, settings)
-                     if any(methods.method(name).selects_layers for name in names) else []),
+        "warnings": evaluation_warnings(names, arrays, settings, boot, loaded),
     }
-    atomic_write_json(args.out, result, indent=1)
+    atomic_write_json(args.out, signed(result), indent=1)
     npz = Path(args.out).with_suffix(".npz")
     with atomic_path(npz) as tmp:
         with open(tmp, "wb") as handle:

@@ -67,7 +67,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     g.add_argument("--out", required=True, type=output_file(".h5"), help="cache HDF5 to write or resume (docs/formats.md §4)")
     g = p.add_argument_group("model")
     g.add_argument("--model-name", required=True, help="short model name stored in the cache (e.g. qwen2_5_vl_3b)")
-    g.add_argument("--family", required=True, choices=FAMILIES, help="model family (selects the adapter)")
+    g.add_argument("--family", default="auto", choices=FAMILIES,
+                   help="model family (selects the adapter; default auto: derived from the model, current lane)")
     g.add_argument("--model-path", required=True, help="hub id or local folder of the model")
     g.add_argument("--revision", default=None, help="hub revision (commit / tag) to pin")
     g.add_argument("--trust-remote-code", action="store_true",

@@ -10,21 +10,32 @@ from typing import Any, Mapping
 
 from ladbench.config import parse_layer_range
 from ladbench.families import REFERENCE_LAYER_RANGE, default_layer_range
-from ladbench.methods import K_BEYOND_RANGE, LAYER_TIES, LadSettings
-from ladbench.metrics import ACC_STD_DDOF, BOOTSTRAP_RESAMPLES
+from ladbench.methods import K_BEYOND_RANGE, LAYER_TIES, LAYERS_BEYOND_DEPTH, REPLY_PARSES, LadSettings
+from ladbench.metrics import ACC_STD_DDOF, BOOTSTRAP_RESAMPLES, EDGE_STATISTICS, MAX_BOOTSTRAP_RESAMPLES
 
 _LAD = LadSettings()
 
 
 @dataclass(frozen=True)
 class Bootstrap:
-    """Options of :func:`ladbench.metrics.summarize`: bootstrap resamples, level, seed, and
-    the ddof of Acc's std (every table row and sweep uses the same one)."""
+    """Options of :func:`ladbench.metrics.summarize`: bootstrap resamples, level, seed, the
+    ddof of Acc's std and what undefined statistics read (every table row and sweep uses the
+    same ones)."""
 
     n_boot: int = BOOTSTRAP_RESAMPLES
     ci: float = 0.95
     seed: int = 0
     acc_ddof: int = ACC_STD_DDOF
+    edge_statistics: str = EDGE_STATISTICS[0]
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.n_boot <= MAX_BOOTSTRAP_RESAMPLES:
+            raise ValueError(f"--bootstrap {self.n_boot}: give 0 to {MAX_BOOTSTRAP_RESAMPLES:,} resamples (each holds "
+                             "a count per instance in memory)")
+        if self.seed < 0:
+            raise ValueError(f"--seed {self.seed}: a seed is a non-negative integer")
+        if not 0 < self.ci < 1:
+            raise ValueError(f"--ci {self.ci}: a confidence level is between 0 and 1")
 
     def kwargs(self) -> dict[str, Any]:
         return asdict(self)
@@ -44,9 +55,16 @@ def add_lad_arguments(group) -> None:
     group.add_argument("--mixture", choices=["reference", "paper"], default=_LAD.mixture,
                        help="expected bias: mix B's rows in log space (reference) or probability space (paper, Eq. 13)")
     group.add_argument("--layer-ties", choices=LAYER_TIES, default=_LAD.layer_ties,
-                       help="layers of equal strength: keep the highest index (the reference) or the lowest")
+                       help="layers of equal strength: keep the highest index, the lowest, or the one numpy's "
+                       "default argsort puts last (the reference's call; depends on numpy's build)")
     group.add_argument("--k-beyond-range", choices=K_BEYOND_RANGE, default=_LAD.k_beyond_range,
                        help="K larger than the layer range: lower K to the range's size (the reference) or stop")
+    group.add_argument("--layers-beyond-depth", choices=LAYERS_BEYOND_DEPTH, default=_LAD.layers_beyond_depth,
+                       help="a layer range past the model's last layer: clip it, or absent: the missing layers take "
+                       "part with attention 0 and prior 0 (the reference's arithmetic)")
+    group.add_argument("--reply-parse", choices=REPLY_PARSES, default=_LAD.reply_parse,
+                       help="vanilla_generate: a digit run must spell an identifier (exact), or is read by int() "
+                       "(the reference: leading zeros and any Unicode decimal digit count)")
 
 
 def add_bootstrap_arguments(group) -> None:
@@ -58,10 +76,13 @@ def add_bootstrap_arguments(group) -> None:
     group.add_argument("--acc-ddof", type=int, choices=(0, 1), default=defaults.acc_ddof,
                        help=f"delta degrees of freedom of Acc's std over the T orderings (default {defaults.acc_ddof}, "
                        "the reference's sample std)")
+    group.add_argument("--edge-statistics", choices=EDGE_STATISTICS, default=defaults.edge_statistics,
+                       help="undefined statistics (Acc's std at T = 1, RStd with a position never holding the ground "
+                       "truth): null (undefined), or the reference's 0.0 and RStd over the positions seen")
 
 
 def bootstrap_settings(args: argparse.Namespace) -> Bootstrap:
-    return Bootstrap(args.bootstrap, args.ci, args.seed, args.acc_ddof)
+    return Bootstrap(args.bootstrap, args.ci, args.seed, args.acc_ddof, args.edge_statistics)
 
 
 def lad_settings(args: argparse.Namespace, cache_attrs: Mapping[str, Any]) -> LadSettings:
@@ -73,7 +94,7 @@ def lad_settings(args: argparse.Namespace, cache_attrs: Mapping[str, Any]) -> La
     return LadSettings(
         top_k=args.top_k, tau=args.tau, layer_range=layer_range,
         layer_mean=args.layer_mean, mixture=args.mixture, layer_ties=args.layer_ties,
-        k_beyond_range=args.k_beyond_range,
+        k_beyond_range=args.k_beyond_range, layers_beyond_depth=args.layers_beyond_depth, reply_parse=args.reply_parse,
     )
 
 

@@ -85,13 +85,14 @@ def _load(args: argparse.Namespace, caches=(), n_cal=None, dataset_sources=()):
 
 
 def run_tables(args: argparse.Namespace) -> None:
-    from ladbench.report.render import write_table
+    from ladbench.report.render import write_tables
     from ladbench.report.tables import build_tables
 
     study = _load(args, args.caches, args.n_cal, args.dataset_sources)
-    for name, table in build_tables(study).items():
-        outputs = [Path(args.out_dir) / f"{name}.{fmt}" for fmt in args.formats]
-        write_table(table, outputs)
+    tables = [(table, [Path(args.out_dir) / f"{name}.{fmt}" for fmt in args.formats])
+              for name, table in build_tables(study).items()]
+    write_tables(tables)                       # every file replaced as one set
+    for _, outputs in tables:
         print(f"wrote {', '.join(map(str, outputs))}")
 
 
@@ -112,23 +113,24 @@ def run_confusion(args: argparse.Namespace) -> None:
 
 
 def run_figures(args: argparse.Namespace) -> None:
-    from ladbench.atomic import read_json
     from ladbench.report.figures import (
         attention_vs_scores_figure,
         calibration_sweeps_figure,
-        save_figure,
+        save_figures,
         score_profile_figure,
     )
+    from ladbench.report.study import read_analysis
 
-    analysis = read_json(args.analysis, "analysis file not found (run `ladbench analyze`)")
+    analysis = read_analysis(args.analysis)
     arrays = _npz(Path(args.analysis).with_suffix(".npz"))
     kind = analysis.get("model_kind")
     prefix = f"{args.title}: " if args.title else ""
-    save_figure(score_profile_figure(arrays, title=title_with_kind(f"{prefix}candidate probabilities per ground-truth position", kind)),
-                args.profile)
-    save_figure(attention_vs_scores_figure(arrays, title=title_with_kind(f"{prefix}attention evidence vs scores per position", kind)),
-                args.attention)
-    save_figure(calibration_sweeps_figure(analysis, title=title_with_kind(f"{prefix}accuracy vs |D_cal| and vs τ", kind)), args.sweeps)
+    save_figures([
+        (score_profile_figure(arrays, title=title_with_kind(f"{prefix}candidate probabilities per ground-truth position", kind)),
+         args.profile),
+        (attention_vs_scores_figure(arrays, title=title_with_kind(f"{prefix}attention evidence vs scores per position", kind)),
+         args.attention),
+        (calibration_sweeps_figure(analysis, title=title_with_kind(f"{prefix}accuracy vs |D_cal| and vs τ", kind)), args.sweeps)])
     print("wrote " + ", ".join(args.profile + args.attention + args.sweeps))
 
 
@@ -148,19 +150,19 @@ def accuracy_by_n(study, model: str, methods=("vanilla", "pride", "lad")) -> dic
 
 
 def run_model_figures(args: argparse.Namespace) -> None:
-    from ladbench.report.figures import accuracy_vs_n_figure, divergence_figure, save_figure
+    from ladbench.report.figures import accuracy_vs_n_figure, divergence_figure, save_figures
 
     study = _load(args)
     if args.model not in study.models:
         raise ValueError(f"--model {args.model!r} is not one of --models {study.models}")
     kind = study.model_kinds().get(args.model)
-    save_figure(accuracy_vs_n_figure(accuracy_by_n(study, args.model), title=title_with_kind(f"{args.model}: accuracy versus N", kind)),
-                args.accuracy_vs_n)
+    accuracy = accuracy_vs_n_figure(accuracy_by_n(study, args.model), title=title_with_kind(f"{args.model}: accuracy versus N", kind))
     entries = []
     for (model, benchmark, variant), analysis in study.analyses.items():   # keyed by what each file records
         if model == args.model and benchmark in study.benchmarks:
             npz = study.analysis_files[(model, benchmark, variant)].with_suffix(".npz")
             entries.append((study.setting_label(benchmark), _npz(npz), analysis["divergence"]))
-    save_figure(divergence_figure(entries, title=title_with_kind(f"{args.model}: do logits and attention follow the image?", kind)),
-                args.divergence)
+    save_figures([(accuracy, args.accuracy_vs_n),
+                  (divergence_figure(entries, title=title_with_kind(f"{args.model}: do logits and attention follow the image?", kind)),
+                   args.divergence)])
     print("wrote " + ", ".join(args.accuracy_vs_n + args.divergence))

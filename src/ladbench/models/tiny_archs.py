@@ -1,0 +1,507 @@
+"""Tiny offline builds of image-text-to-text architectures that run through ``family: auto``.
+
+Test fixtures, like :mod:`ladbench.models.tiny`'s family builds: transformers' own config,
+model and processor classes at tiny sizes (the ``tiny`` preset), the project's offline BPE
+tokenizer with the architecture's special tokens, and a chat template that lays out images
+as the released checkpoint's template does (written here: no template can be downloaded;
+each builder names the checkpoint whose layout it follows). Each architecture states its
+sizes and tokens here and nowhere else; the auto adapter (``models/auto.py``) knows none of
+them. ``ladbench models`` reports an architecture built here as ``tested``: the current-lane
+tests (``tests/test_auto.py``) run every build through the checks every family passes.
+
+The weights are random: these models test code paths and equivalences, not answers.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from ladbench.provenance import TINY_RANDOM
+
+from .tiny import PRESETS, QWEN2_5_VL_CHAT_TEMPLATE, QWEN3_VL_CHAT_TEMPLATE, QWEN_SPECIAL_TOKENS, VOCAB_SIZE
+from .tiny import _ids, _text_config, build_tokenizer, save_model_folder
+
+
+@dataclass(frozen=True)
+class TinyArch:
+    """One architecture's tiny build: ``build(preset) -> (model, processor)``, which image
+    layout / decoder feature it covers (README's model table), and the first and last token
+    of each image's span in its layout (what the span test expects, stated from the released
+    model's layout, independently of how ``family: auto`` finds spans)."""
+
+    build: Callable[[dict[str, Any]], tuple[Any, Any]]
+    layout: str
+    span_ends: tuple[str, str]
+
+
+def _vision(p: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    """A small ViT-style vision config (SigLIP / CLIP keys)."""
+    return dict(hidden_size=p["vision_hidden"], intermediate_size=2 * p["vision_hidden"],
+                num_hidden_layers=p["vision_depth"], num_attention_heads=2, **extra)
+
+
+def _tokenizer(special: tuple[str, ...] = (), bos: str | None = None, **multimodal: str):
+    """The offline tiny tokenizer with ``special`` tokens, a BOS token (emitted by the template,
+    as in the released checkpoints) and the multimodal token names the processor reads."""
+    tok = build_tokenizer(special, **({"extra_special_tokens": multimodal} if multimodal else {}))
+    if bos:
+        tok.bos_token = bos
+    return tok
+
+
+#: the sliding window of the tiny builds' sliding-window layers: shorter than the prompts, so
+#: that the last token sees only part of the images there
+SLIDING_WINDOW = 64
+_NORM = dict(image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5])
+
+# llava-hf/llava-1.5-7b-hf: "USER: <image>\n... ASSISTANT:", images first, no end-of-turn token
+LLAVA_CHAT_TEMPLATE = (
+    "{% for message in messages %}{% if message['role'] != 'system' %}{{ message['role'].upper() + ': ' }}{% endif %}"
+    "{% for content in message['content'] | selectattr('type', 'equalto', 'image') %}{{ '<image>\n' }}{% endfor %}"
+    "{% for content in message['content'] | selectattr('type', 'equalto', 'text') %}{{ content['text'] + ' ' }}{% endfor %}"
+    "{% endfor %}{% if add_generation_prompt %}{{ 'ASSISTANT:' }}{% endif %}")
+
+
+def _build_llava(p):
+    """LLaVA-1.5: a CLIP tower, one run of ``<image>`` tokens per image (no markers)."""
+    from transformers import CLIPImageProcessor, LlavaConfig, LlavaForConditionalGeneration, LlavaProcessor
+    tok = _tokenizer(("<image>",), image_token="<image>")
+    side, patch = 28, 14
+    proc = LlavaProcessor(image_processor=CLIPImageProcessor(size={"shortest_edge": side},
+                                                             crop_size={"height": side, "width": side}, **_NORM),
+                          tokenizer=tok, patch_size=patch, vision_feature_select_strategy="default",
+                          num_additional_image_tokens=1, chat_template=LLAVA_CHAT_TEMPLATE)
+    ids = _ids(tok, QWEN_SPECIAL_TOKENS + ("<image>",))
+    cfg = LlavaConfig(text_config=dict(model_type="qwen2", **_text_config(p, ids)),
+                      vision_config=dict(model_type="clip_vision_model", image_size=side, patch_size=patch,
+                                         projection_dim=32, **_vision(p)),
+                      image_token_index=ids["<image>"], vision_feature_select_strategy="default",
+                      vision_feature_layer=-1, tie_word_embeddings=False)
+    return LlavaForConditionalGeneration(cfg), proc
+
+
+# llava-hf/llava-v1.6-mistral-7b-hf: "[INST] <image>\n... [/INST]"
+LLAVA_NEXT_CHAT_TEMPLATE = (
+    "{% for message in messages %}{% if message['role'] == 'user' %}{{ '[INST] ' }}"
+    "{% for content in message['content'] | selectattr('type', 'equalto', 'image') %}{{ '<image>\n' }}{% endfor %}"
+    "{% for content in message['content'] | selectattr('type', 'equalto', 'text') %}{{ content['text'] }}{% endfor %}"
+    "{{ ' [/INST]' }}{% elif message['role'] == 'assistant' %}"
+    "{{ ' ' + message['content'][0]['text'] + '<|im_end|>' }}{% endif %}{% endfor %}")
+
+
+def _build_llava_next(p):
+    """LLaVA-NeXT: anyres tiles, each image's features with one image_newline feature per row,
+    all in one run of ``<image>`` tokens (its length depends on the image's aspect ratio)."""
+    from transformers import LlavaNextConfig, LlavaNextForConditionalGeneration, LlavaNextImageProcessor, LlavaNextProcessor
+    tok = _tokenizer(("<image>",), image_token="<image>")
+    side, patch = 28, 14
+    grid = [[side * a, side * b] for a in (1, 2) for b in (1, 2)]
+    improc = LlavaNextImageProcessor(size={"shortest_edge": side}, crop_size={"height": side, "width": side},
+                                     image_grid_pinpoints=grid, **_NORM)
+    proc = LlavaNextProcessor(image_processor=improc, tokenizer=tok, patch_size=patch,
+                              vision_feature_select_strategy="default", num_additional_image_tokens=1,
+                              chat_template=LLAVA_NEXT_CHAT_TEMPLATE)
+    ids = _ids(tok, QWEN_SPECIAL_TOKENS + ("<image>",))
+    cfg = LlavaNextConfig(text_config=dict(model_type="mistral", **_text_config(p, ids, sliding_window=None)),
+                          vision_config=dict(model_type="clip_vision_model", image_size=side, patch_size=patch,
+                                             projection_dim=32, **_vision(p)),
+                          image_token_index=ids["<image>"], image_grid_pinpoints=grid,
+                          vision_feature_select_strategy="default", vision_feature_layer=-1, tie_word_embeddings=False)
+    return LlavaNextForConditionalGeneration(cfg), proc
+
+
+# mistralai/Mistral-Small-3.1-24B-Instruct-2503: "<s>[INST]" images as "[IMG]", then "[/INST]"
+MISTRAL3_CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}{% if message['role'] == 'user' %}[INST]"
+    "{% for content in message['content'] %}{% if content['type'] == 'image' %}[IMG]"
+    "{% elif content['type'] == 'text' %}{{ content['text'] }}{% endif %}{% endfor %}[/INST]"
+    "{% elif message['role'] == 'assistant' %}{{ message['content'][0]['text'] }}{{ eos_token }}{% endif %}{% endfor %}")
+
+
+def _build_mistral3(p):
+    """Mistral 3 (Pixtral tower): each image as rows of ``[IMG]`` tokens, ``[IMG_BREAK]`` after
+    each row and ``[IMG_END]`` after the last; no start marker."""
+    from transformers import Mistral3Config, Mistral3ForConditionalGeneration, PixtralImageProcessor, PixtralProcessor
+    special = ("[IMG]", "[IMG_BREAK]", "[IMG_END]", "[INST]", "[/INST]", "<s>")
+    tok = _tokenizer(special, bos="<s>", image_token="[IMG]")
+    patch, merge = 14, 2
+    proc = PixtralProcessor(image_processor=PixtralImageProcessor(size={"longest_edge": 112}, patch_size=patch, **_NORM),
+                            tokenizer=tok, patch_size=patch, spatial_merge_size=merge,
+                            chat_template=MISTRAL3_CHAT_TEMPLATE)
+    ids = _ids(tok, QWEN_SPECIAL_TOKENS + special)
+    head_dim = p["hidden"] // p["heads"]
+    cfg = Mistral3Config(text_config=dict(model_type="mistral", **_text_config(p, ids, head_dim=head_dim, sliding_window=None)),
+                         vision_config=dict(model_type="pixtral", head_dim=p["vision_hidden"] // 2, image_size=112,
+                                            patch_size=patch, **_vision(p)),
+                         image_token_index=ids["[IMG]"], spatial_merge_size=merge, tie_word_embeddings=False)
+    return Mistral3ForConditionalGeneration(cfg), proc
+
+
+# CohereForAI/aya-vision-8b: Cohere turn tokens; the processor expands "<image>" into
+# "<|START_OF_IMG|>", per tile "TILE_k" (plain text) and its patches, then "<|END_OF_IMG|>"
+AYA_VISION_CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}<|START_OF_TURN_TOKEN|>"
+    "{% if message['role'] == 'user' %}<|USER_TOKEN|>{% else %}<|CHATBOT_TOKEN|>{% endif %}"
+    "{% for content in message['content'] %}{% if content['type'] == 'image' %}<image>"
+    "{% elif content['type'] == 'text' %}{{ content['text'] }}{% endif %}{% endfor %}<|END_OF_TURN_TOKEN|>{% endfor %}"
+    "{% if add_generation_prompt %}<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>{% endif %}")
+
+
+def _build_aya_vision(p):
+    """Aya Vision: tiles (up to 2 + a global view) between start / end markers; a Cohere2
+    decoder with sliding-window layers interleaved with full ones."""
+    from transformers import AyaVisionConfig, AyaVisionForConditionalGeneration, AyaVisionProcessor, GotOcr2ImageProcessor
+    special = ("<image>", "<|START_OF_IMG|>", "<|END_OF_IMG|>", "<|IMG_PATCH|>", "<|IMG_LINE_BREAK|>", "<BOS_TOKEN>",
+               "<|START_OF_TURN_TOKEN|>", "<|END_OF_TURN_TOKEN|>", "<|USER_TOKEN|>", "<|CHATBOT_TOKEN|>")
+    tok = _tokenizer(special, bos="<BOS_TOKEN>", image_token="<image>")
+    side, patch, downsample = 56, 14, 2
+    improc = GotOcr2ImageProcessor(size={"height": side, "width": side}, crop_to_patches=True, min_patches=1,
+                                   max_patches=2, **_NORM)
+    proc = AyaVisionProcessor(image_processor=improc, tokenizer=tok, patch_size=patch, img_size=side,
+                              downsample_factor=downsample, chat_template=AYA_VISION_CHAT_TEMPLATE)
+    ids = _ids(tok, QWEN_SPECIAL_TOKENS + special)
+    text = _text_config(p, ids, head_dim=p["hidden"] // p["heads"], sliding_window=SLIDING_WINDOW,
+                        layer_types=["sliding_attention", "sliding_attention", "full_attention"][:p["layers"]])
+    cfg = AyaVisionConfig(text_config=dict(model_type="cohere2", **text),
+                          vision_config=dict(model_type="siglip_vision_model", image_size=side, patch_size=patch,
+                                             vision_use_head=False, **_vision(p)),
+                          image_token_index=ids["<|IMG_PATCH|>"], downsample_factor=downsample,
+                          vision_feature_select_strategy="full", tie_word_embeddings=False)
+    return AyaVisionForConditionalGeneration(cfg), proc
+
+
+# google/gemma-3-4b-it: "<start_of_image>" per image (the processor expands it to
+# "\n\n<start_of_image><image_soft_token>*k<end_of_image>\n\n"), turns end with <end_of_turn>
+GEMMA3_CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}<start_of_turn>{{ 'model' if message['role'] == 'assistant' else message['role'] }}\n"
+    "{% for content in message['content'] %}{% if content['type'] == 'image' %}<start_of_image>"
+    "{% elif content['type'] == 'text' %}{{ content['text'] }}{% endif %}{% endfor %}<end_of_turn>\n{% endfor %}"
+    "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}")
+
+
+def _build_gemma3(p):
+    """Gemma 3: a fixed number of soft tokens per image between markers, image tokens attend
+    to each other bidirectionally (``token_type_ids``); sliding-window layers interleaved with full ones."""
+    from transformers import Gemma3Config, Gemma3ForConditionalGeneration, Gemma3ImageProcessor, Gemma3Processor
+    special = ("<start_of_image>", "<end_of_image>", "<image_soft_token>", "<start_of_turn>", "<end_of_turn>", "<bos>")
+    tok = _tokenizer(special, bos="<bos>", boi_token="<start_of_image>", eoi_token="<end_of_image>",
+                     image_token="<image_soft_token>")
+    side, patch, tokens = 56, 14, 4
+    proc = Gemma3Processor(image_processor=Gemma3ImageProcessor(size={"height": side, "width": side}, **_NORM),
+                           tokenizer=tok, image_seq_length=tokens, chat_template=GEMMA3_CHAT_TEMPLATE)
+    ids = _ids(tok, QWEN_SPECIAL_TOKENS + special)
+    head_dim = p["hidden"] // p["heads"]
+    text = _text_config(p, ids, head_dim=head_dim, sliding_window=SLIDING_WINDOW, query_pre_attn_scalar=head_dim,
+                        layer_types=["sliding_attention", "sliding_attention", "full_attention"][:p["layers"]])
+    cfg = Gemma3Config(text_config=text, vision_config=dict(image_size=side, patch_size=patch, vision_use_head=False,
+                                                            **_vision(p)),
+                       mm_tokens_per_image=tokens, boi_token_index=ids["<start_of_image>"],
+                       eoi_token_index=ids["<end_of_image>"], image_token_index=ids["<image_soft_token>"],
+                       eos_token_id=[ids["<end_of_turn>"], ids["<|im_end|>"]])
+    model = Gemma3ForConditionalGeneration(cfg)
+    with torch.no_grad():         # transformers initialises the projection to zeros: every image would look alike
+        model.model.multi_modal_projector.mm_input_projection_weight.normal_(0, p["init_std"])
+    return model, proc
+
+
+# HuggingFaceM4/Idefics3-8B-Llama3: "User:<image>...<end_of_utterance>\nAssistant:"
+IDEFICS3_CHAT_TEMPLATE = (
+    "<|im_start|>{% for message in messages %}{{ message['role'] | capitalize }}"
+    "{% if message['content'][0]['type'] == 'image' %}{{ ':' }}{% else %}{{ ': ' }}{% endif %}"
+    "{% for line in message['content'] %}{% if line['type'] == 'text' %}{{ line['text'] }}"
+    "{% elif line['type'] == 'image' %}{{ '<image>' }}{% endif %}{% endfor %}<end_of_utterance>\n{% endfor %}"
+    "{% if add_generation_prompt %}{{ 'Assistant:' }}{% endif %}")
+
+
+def _build_idefics3(p):
+    """Idefics3: each image split into tiles, each ``<fake_token_around_image><row_r_col_c>``
+    + its tokens, then a global view ``<fake_token_around_image><global-img>`` + tokens, closed
+    by ``<fake_token_around_image>``; a Llama decoder at ``model.text_model``."""
+    from transformers import Idefics3Config, Idefics3ForConditionalGeneration, Idefics3ImageProcessor, Idefics3Processor
+    rows = tuple(f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7))
+    special = ("<image>", "<fake_token_around_image>", "<end_of_utterance>", "<global-img>") + rows
+    tok = build_tokenizer(special)
+    side, patch, scale = 56, 14, 2
+    improc = Idefics3ImageProcessor(size={"longest_edge": 2 * side}, max_image_size={"longest_edge": side},
+                                    do_image_splitting=True, **_NORM)
+    proc = Idefics3Processor(image_processor=improc, tokenizer=tok, image_seq_len=(side // patch) ** 2 // scale ** 2,
+                             chat_template=IDEFICS3_CHAT_TEMPLATE)
+    ids = _ids(proc.tokenizer, QWEN_SPECIAL_TOKENS + special)
+    cfg = Idefics3Config(text_config=dict(model_type="llama", **_text_config(p, ids)),
+                         vision_config=dict(image_size=side, patch_size=patch, **_vision(p)),
+                         scale_factor=scale, image_token_id=ids["<image>"], tie_word_embeddings=False,
+                         eos_token_id=ids["<end_of_utterance>"])
+    return Idefics3ForConditionalGeneration(cfg), proc
+
+
+# zai-org/GLM-4.1V-9B-Thinking: "[gMASK]<sop><|user|>\n" + "<|begin_of_image|><|image|><|end_of_image|>" per image
+GLM4V_CHAT_TEMPLATE = (
+    "[gMASK]<sop>{% for message in messages %}<|{{ message['role'] }}|>\n"
+    "{% for content in message['content'] %}{% if content['type'] == 'image' %}<|begin_of_image|><|image|><|end_of_image|>"
+    "{% elif content['type'] == 'text' %}{{ content['text'] }}{% endif %}{% endfor %}{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}")
+GLM4V_SPECIAL_TOKENS = ("<|image|>", "<|video|>", "<|begin_of_image|>", "<|end_of_image|>", "<|begin_of_video|>",
+                        "<|end_of_video|>", "[gMASK]", "<sop>", "<|user|>", "<|assistant|>", "<|system|>")
+
+
+def _glm4v_parts(p, rope_parameters):
+    from transformers import Glm4vImageProcessor, Glm4vProcessor, Glm4vVideoProcessor
+    tok = _tokenizer(GLM4V_SPECIAL_TOKENS, image_token="<|image|>", video_token="<|video|>")
+    sizes = dict(size={"shortest_edge": 56 * 56, "longest_edge": 112 * 112}, patch_size=14, temporal_patch_size=2,
+                 merge_size=2)
+    proc = Glm4vProcessor(image_processor=Glm4vImageProcessor(**sizes), video_processor=Glm4vVideoProcessor(**sizes),
+                          tokenizer=tok, chat_template=GLM4V_CHAT_TEMPLATE)
+    ids = _ids(tok, QWEN_SPECIAL_TOKENS + GLM4V_SPECIAL_TOKENS)
+    text = _text_config(p, ids)
+    text.pop("rope_theta")
+    text["eos_token_id"] = [ids["<|user|>"], ids["<|endoftext|>"]]        # GLM's turn ends at the next role tag
+    text["rope_parameters"] = rope_parameters
+    tokens = dict(image_token_id=ids["<|image|>"], video_token_id=ids["<|video|>"],
+                  image_start_token_id=ids["<|begin_of_image|>"], image_end_token_id=ids["<|end_of_image|>"],
+                  video_start_token_id=ids["<|begin_of_video|>"], video_end_token_id=ids["<|end_of_video|>"])
+    vision = dict(depth=p["vision_depth"], hidden_size=p["vision_hidden"], intermediate_size=2 * p["vision_hidden"],
+                  num_heads=2, out_hidden_size=p["hidden"], patch_size=14, spatial_merge_size=2, temporal_patch_size=2,
+                  image_size=56)
+    return text, vision, tokens, proc
+
+
+def _build_glm4v(p):
+    """GLM-4.1V: template markers around each image, 3-axis M-RoPE on half the head dimension."""
+    from transformers import Glm4vConfig, Glm4vForConditionalGeneration
+    text, vision, tokens, proc = _glm4v_parts(p, {"rope_type": "default", "rope_theta": 1e4, "mrope_section": [2, 1, 1],
+                                                 "partial_rotary_factor": 0.5})
+    return Glm4vForConditionalGeneration(Glm4vConfig(text_config=text, vision_config=vision, **tokens)), proc
+
+
+def _build_glm4v_moe(p):
+    """GLM-4.5V: GLM-4.1V's layout with a mixture-of-experts decoder (one dense layer first)."""
+    from transformers import Glm4vMoeConfig, Glm4vMoeForConditionalGeneration
+    text, vision, tokens, proc = _glm4v_parts(p, {"rope_type": "default", "rope_theta": 1e4, "mrope_section": [2, 1, 1],
+                                                 "partial_rotary_factor": 0.5})
+    text.update(n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1, moe_intermediate_size=32,
+                first_k_dense_replace=1, n_group=1, topk_group=1, head_dim=p["hidden"] // p["heads"])
+    return Glm4vMoeForConditionalGeneration(Glm4vMoeConfig(text_config=text, vision_config=vision, **tokens)), proc
+
+
+def _qwen2_vl_processor(tok, p):
+    from transformers import Qwen2VLImageProcessor, Qwen2VLProcessor, Qwen2VLVideoProcessor
+    sizes = dict(min_pixels=56 * 56, max_pixels=p["max_pixels"])
+    return Qwen2VLProcessor(image_processor=Qwen2VLImageProcessor(**sizes), video_processor=Qwen2VLVideoProcessor(**sizes),
+                            tokenizer=tok, chat_template=QWEN2_5_VL_CHAT_TEMPLATE)
+
+
+def _qwen_tokens(ids):
+    return dict(image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+                vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"])
+
+
+def _build_qwen2_vl(p):
+    """Qwen2-VL: template markers around each image, 3-axis M-RoPE."""
+    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
+    tok = build_tokenizer()
+    ids = _ids(tok, QWEN_SPECIAL_TOKENS)
+    text = _text_config(p, ids)
+    text.pop("rope_theta")
+    text["rope_parameters"] = {"rope_type": "default", "rope_theta": 1e6, "mrope_section": [2, 3, 3]}
+    cfg = Qwen2VLConfig(text_config=text, vision_config=dict(depth=p["vision_depth"], embed_dim=p["vision_hidden"],
+                                                             hidden_size=p["hidden"], num_heads=2, mlp_ratio=2,
+                                                             patch_size=14, spatial_merge_size=2, temporal_patch_size=2),
+                        **_qwen_tokens(ids))
+    return Qwen2VLForConditionalGeneration(cfg), _qwen2_vl_processor(tok, p)
+
+
+def _qwen3_vl_processor(tok, p):
+    from transformers import Qwen2VLImageProcessor, Qwen3VLProcessor, Qwen3VLVideoProcessor
+    norm = dict(patch_size=16, merge_size=2, **_NORM)
+    return Qwen3VLProcessor(image_processor=Qwen2VLImageProcessor(min_pixels=64 * 64, max_pixels=p["max_pixels"], **norm),
+                            video_processor=Qwen3VLVideoProcessor(**norm), tokenizer=tok,
+                            chat_template=QWEN3_VL_CHAT_TEMPLATE)
+
+
+def _qwen3_vision(p):
+    return dict(depth=p["vision_depth"], hidden_size=p["vision_hidden"], intermediate_size=2 * p["vision_hidden"],
+                num_heads=2, out_hidden_size=p["hidden"], patch_size=16, spatial_merge_size=2, temporal_patch_size=2,
+                num_position_embeddings=64)
+
+
+def _build_qwen3_5(p):
+    """Qwen3.5: a hybrid decoder, Gated DeltaNet linear-attention layers with a full-attention
+    layer every few (here the last of three); interleaved M-RoPE on a quarter of the head."""
+    from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
+    tok = build_tokenizer()
+    ids = _ids(tok, QWEN_SPECIAL_TOKENS)
+    head_dim = p["hidden"] // p["heads"]
+    text = _text_config(p, ids, head_dim=head_dim, linear_key_head_dim=head_dim, linear_value_head_dim=head_dim,
+                        linear_num_key_heads=2, linear_num_value_heads=4,
+                        layer_types=["linear_attention", "linear_attention", "full_attention"][-p["layers"]:])
+    text.pop("rope_theta")
+    text["rope_parameters"] = {"rope_type": "default", "rope_theta": 1e7, "mrope_section": [2, 1, 1],
+                               "mrope_interleaved": True, "partial_rotary_factor": 0.5}
+    cfg = Qwen3_5Config(text_config=text, vision_config=_qwen3_vision(p), **_qwen_tokens(ids))
+    return Qwen3_5ForConditionalGeneration(cfg), _qwen3_vl_processor(tok, p)
+
+
+def _build_qwen3_vl_moe(p):
+    """Qwen3-VL-MoE (e.g. Qwen3-VL-30B-A3B): Qwen3-VL's layout with a mixture-of-experts decoder."""
+    from transformers import Qwen3VLMoeConfig, Qwen3VLMoeForConditionalGeneration
+    tok = build_tokenizer()
+    ids = _ids(tok, QWEN_SPECIAL_TOKENS)
+    head_dim = p["hidden"] // p["heads"]
+    half = head_dim // 2
+    text = _text_config(p, ids, head_dim=head_dim, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                        decoder_sparse_step=1)
+    text.pop("rope_theta")
+    text["rope_parameters"] = {"rope_type": "default", "rope_theta": 5e6, "mrope_interleaved": True,
+                               "mrope_section": [half - 2 * (half * 5 // 16), half * 5 // 16, half * 5 // 16]}
+    cfg = Qwen3VLMoeConfig(text_config=text, vision_config=dict(deepstack_visual_indexes=[0], **_qwen3_vision(p)),
+                           **_qwen_tokens(ids))
+    return Qwen3VLMoeForConditionalGeneration(cfg), _qwen3_vl_processor(tok, p)
+
+
+# LiquidAI/LFM2-VL-1.6B: ChatML, "<image>" per image (the processor adds the markers)
+CHATML_IMAGE_TEMPLATE = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' }}"
+    "{% for content in message['content'] %}{% if content['type'] == 'image' %}{{ image_placeholder }}"
+    "{% elif content['type'] == 'text' %}{{ content['text'] }}{% endif %}{% endfor %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def _chatml(placeholder: str) -> str:
+    return CHATML_IMAGE_TEMPLATE.replace("{{ image_placeholder }}", placeholder)
+
+
+def _build_lfm2_vl(p):
+    """LFM2-VL: ``<|image_start|> <image>*k <|image_end|>`` per image; a hybrid decoder of
+    short-convolution blocks with attention in some layers only (here the middle one)."""
+    from transformers import Lfm2VlConfig, Lfm2VlForConditionalGeneration, Lfm2VlImageProcessor, Lfm2VlProcessor
+    special = ("<image>", "<|image_start|>", "<|image_end|>", "<|img_thumbnail|>") + tuple(
+        f"<|img_row_{r}_col_{c}|>" for r in range(1, 4) for c in range(1, 4))
+    tok = _tokenizer(special, image_token="<image>")
+    improc = Lfm2VlImageProcessor(do_image_splitting=False, min_image_tokens=4, max_image_tokens=16,
+                                  encoder_patch_size=16, tile_size=64, downsample_factor=2, **_NORM)
+    proc = Lfm2VlProcessor(image_processor=improc, tokenizer=tok, chat_template=_chatml("<image>"))
+    ids = _ids(tok, QWEN_SPECIAL_TOKENS + special)
+    text = _text_config(p, ids, layer_types=["conv", "full_attention", "conv"][:p["layers"]])
+    cfg = Lfm2VlConfig(text_config=dict(model_type="lfm2", **text),
+                       vision_config=dict(model_type="siglip2_vision_model", patch_size=16, num_patches=64,
+                                          vision_use_head=False, **_vision(p)),
+                       image_token_id=ids["<image>"], projector_hidden_size=64, downsample_factor=2,
+                       tie_word_embeddings=False)
+    return Lfm2VlForConditionalGeneration(cfg), proc
+
+
+def _build_perception_lm(p):
+    """PerceptionLM: a timm Perception Encoder tower, ``<|image|>*k`` per image with no markers
+    (adjacent images form one run); a Llama decoder."""
+    from transformers import (PerceptionLMConfig, PerceptionLMForConditionalGeneration, PerceptionLMImageProcessor,
+                              PerceptionLMProcessor, PerceptionLMVideoProcessor)
+    tok = _tokenizer(("<|image|>", "<|video|>"), image_token="<|image|>", video_token="<|video|>")
+    side, patch = 64, 16
+    proc = PerceptionLMProcessor(video_processor=PerceptionLMVideoProcessor(),
+                                 image_processor=PerceptionLMImageProcessor(tile_size=side, max_num_tiles=1,
+                                                                            vision_input_type="vanilla"),
+                                 tokenizer=tok, patch_size=patch, pooling_ratio=2, chat_template=_chatml("<|image|>"))
+    ids = _ids(tok, QWEN_SPECIAL_TOKENS + ("<|image|>", "<|video|>"))
+    cfg = PerceptionLMConfig(
+        vision_config=dict(model_type="timm_wrapper", architecture="vit_pe_core_tiny_patch16_384", num_classes=0,
+                           model_args=dict(embed_dim=p["vision_hidden"], depth=p["vision_depth"], num_heads=2,
+                                           img_size=(side, side))),
+        text_config=dict(model_type="llama", **_text_config(p, ids)), vision_use_cls_token=True,
+        projector_pooling_ratio=2, image_token_id=ids["<|image|>"], video_token_id=ids["<|video|>"],
+        tie_word_embeddings=False)
+    return PerceptionLMForConditionalGeneration(cfg), proc
+
+
+# google/gemma-4 instruction checkpoints: "<|turn>user\n" + "<|image|>" per image + text + "<turn|>\n"
+GEMMA4_CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}<|turn>{{ 'model' if message['role'] == 'assistant' else message['role'] }}\n"
+    "{% for content in message['content'] %}{% if content['type'] == 'image' %}<|image|>"
+    "{% elif content['type'] == 'text' %}{{ content['text'] }}{% endif %}{% endfor %}<turn|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|turn>model\n{% endif %}")
+
+
+def _build_gemma4(p):
+    """Gemma 4: ``<|image> <|image|>*k <image|>`` per image (k from the image's size, pooled
+    3 x 3), sliding-window layers interleaved with full ones, per-layer input embeddings."""
+    from transformers import (Gemma4AudioFeatureExtractor, Gemma4Config, Gemma4ForConditionalGeneration,
+                              Gemma4ImageProcessor, Gemma4Processor, Gemma4VideoProcessor)
+    special = ("<|image>", "<image|>", "<|image|>", "<|video|>", "<|turn>", "<turn|>", "<bos>", "<|audio|>", "<|audio>",
+               "<audio|>")
+    tok = _tokenizer(special, bos="<bos>", boi_token="<|image>", eoi_token="<image|>", image_token="<|image|>",
+                     audio_token="<|audio|>", boa_token="<|audio>", eoa_token="<audio|>")
+    vision = dict(patch_size=16, max_soft_tokens=70, pooling_kernel_size=3)
+    proc = Gemma4Processor(feature_extractor=Gemma4AudioFeatureExtractor(), image_processor=Gemma4ImageProcessor(**vision),
+                           tokenizer=tok, video_processor=Gemma4VideoProcessor(**vision), image_seq_length=70,
+                           chat_template=GEMMA4_CHAT_TEMPLATE)
+    ids = _ids(proc.tokenizer, QWEN_SPECIAL_TOKENS + special)
+    head_dim = p["hidden"] // p["heads"]
+    text = _text_config(p, ids, head_dim=head_dim, sliding_window=SLIDING_WINDOW, vocab_size_per_layer_input=VOCAB_SIZE,
+                        hidden_size_per_layer_input=8,
+                        layer_types=["sliding_attention", "sliding_attention", "full_attention"][:p["layers"]])
+    text["eos_token_id"] = [ids["<turn|>"], ids["<|im_end|>"]]
+    cfg = Gemma4Config(text_config=text,
+                       vision_config=dict(hidden_size=p["vision_hidden"], intermediate_size=2 * p["vision_hidden"],
+                                          num_hidden_layers=p["vision_depth"], num_attention_heads=2,
+                                          num_key_value_heads=2, head_dim=16, patch_size=16, pooling_kernel_size=3,
+                                          position_embedding_size=256),
+                       audio_config=None, boi_token_id=ids["<|image>"], eoi_token_id=ids["<image|>"],
+                       image_token_id=ids["<|image|>"], video_token_id=ids["<|video|>"], audio_token_id=ids["<|audio|>"],
+                       boa_token_id=ids["<|audio>"], eoa_token_index=ids["<audio|>"])
+    return Gemma4ForConditionalGeneration(cfg), proc
+
+
+#: The hand-written families whose tiny builds (``models/tiny.py``) auto runs too, in the
+#: tests, where it must write their adapters' caches; each build's model type is the family's name.
+FAMILY_BUILDS_AUTO_RUNS = ("qwen2_5_vl", "internvl", "llava_onevision", "qwen3_vl")
+
+#: Architectures with no tiny build here, and why (``ladbench models`` lists them as untested).
+NOT_BUILT = {
+    "smolvlm": "its processor imports num2words, which the lanes do not install (its layout is idefics3's)",
+}
+
+#: Every tiny architecture build, by transformers model type.
+BUILDS: dict[str, TinyArch] = {
+    "llava": TinyArch(_build_llava, "single span, no markers",
+                       ("<image>", "<image>")),
+    "llava_next": TinyArch(_build_llava_next, "anyres tiles with newline features, no markers",
+                       ("<image>", "<image>")),
+    "mistral3": TinyArch(_build_mistral3, "rows with break tokens, end marker",
+                       ("[IMG]", "[IMG_END]")),
+    "aya_vision": TinyArch(_build_aya_vision, "tiles with text separators between markers; sliding-window layers",
+                       ("<|START_OF_IMG|>", "<|END_OF_IMG|>")),
+    "gemma3": TinyArch(_build_gemma3, "single span between markers; bidirectional image attention, sliding-window layers",
+                       ("<start_of_image>", "<end_of_image>")),
+    "idefics3": TinyArch(_build_idefics3, "tiles with row/column tokens and a global view",
+                       ("<fake_token_around_image>", "<fake_token_around_image>")),
+    "glm4v": TinyArch(_build_glm4v, "single span between template markers; multi-axis RoPE",
+                       ("<|begin_of_image|>", "<|end_of_image|>")),
+    "glm4v_moe": TinyArch(_build_glm4v_moe, "single span between template markers; multi-axis RoPE, MoE decoder",
+                       ("<|begin_of_image|>", "<|end_of_image|>")),
+    "qwen2_vl": TinyArch(_build_qwen2_vl, "single span between template markers; multi-axis RoPE",
+                       ("<|vision_start|>", "<|vision_end|>")),
+    "qwen3_5": TinyArch(_build_qwen3_5, "single span between template markers; hybrid linear-attention decoder",
+                       ("<|vision_start|>", "<|vision_end|>")),
+    "qwen3_vl_moe": TinyArch(_build_qwen3_vl_moe, "single span between template markers; MoE decoder",
+                       ("<|vision_start|>", "<|vision_end|>")),
+    "lfm2_vl": TinyArch(_build_lfm2_vl, "single span between markers; hybrid convolution decoder",
+                       ("<|image_start|>", "<|image_end|>")),
+    "gemma4": TinyArch(_build_gemma4, "single span between markers, length from the image size; sliding-window layers",
+                       ("<|image>", "<image|>")),
+    "perception_lm": TinyArch(_build_perception_lm, "single span, no markers, adjacent images in one run",
+                       ("<|image|>", "<|image|>")),
+}
+
+
+def build_tiny_architecture(model_type: str, out_dir: str, *, seed: int = 0, preset: str = "tiny") -> str:
+    """Build a random tiny model of ``model_type`` (a key of :data:`BUILDS`) and save it like a
+    hub folder into ``out_dir`` (see ``tiny.save_model_folder``); returns ``out_dir``."""
+    if model_type not in BUILDS:
+        raise ValueError(f"no tiny build of architecture {model_type!r}; built: {', '.join(sorted(BUILDS))}")
+    torch.manual_seed(seed)
+    model, processor = BUILDS[model_type].build(PRESETS[preset])
+    model.eval()
+    return save_model_folder(out_dir, model, processor,
+                             {"architecture": model_type, "kind": TINY_RANDOM, "seed": seed, "preset": preset,
+                              "note": "random weights built offline by ladbench; answers are meaningless"})
