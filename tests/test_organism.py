@@ -157,20 +157,11 @@ def test_weights_do_not_depend_on_the_instruction_sets_this_machine_can_mask(tmp
 
 
 def qemu_or_skip() -> str:
-    """qemu-x86_64 (Debian's qemu-user), installed with apt where tests may change the machine."""
+    """qemu-x86_64 (Debian's qemu-user, which .ci/run installs), or skip saying so."""
     import shutil
 
-    from slurm.cluster import ClusterUnavailable, ensure_packages
-    from test_slurm import SYSTEM_TESTS
-
     if shutil.which("qemu-x86_64") is None:
-        if os.environ.get(SYSTEM_TESTS) != "1":
-            pytest.skip(f"needs qemu-x86_64 (Debian: apt-get install qemu-user); set {SYSTEM_TESTS}=1 to let the "
-                        "test install it (.ci/run does)")
-        try:
-            ensure_packages(("qemu-user",))
-        except ClusterUnavailable as reason:
-            pytest.skip(f"cannot install qemu-user: {reason}")
+        pytest.skip("needs qemu-x86_64 (Debian: apt-get install qemu-user; .ci/run installs it)")
     return shutil.which("qemu-x86_64")
 
 
@@ -187,45 +178,43 @@ def test_weights_are_the_same_bits_on_an_emulated_older_cpu(tmp_path):
 
 
 # ------------------------------------------------------------------ through the pipeline
-def organism_config(destination, model_spec: dict) -> "Path":
-    """The demo config with one model (the organism, or a folder given by path) and its vanilla
-    variant only: the demo's benchmarks, sizes and settings."""
+# The demo's organism (trained by the DAG from the demo's spec) and the same architecture with
+# its untrained initial weights, through the unchanged pipeline on the demo's four benchmarks,
+# in one DAG run (the benchmarks are built once, the two models run side by side).
+DEMO_ORGANISM = "organism_qwen2_5_vl"
+
+
+@pytest.fixture(scope="module")
+def pipeline_outcomes(tmp_path_factory) -> dict[str, dict[str, dict]]:
+    """model ("organism", "untrained") -> benchmark -> :func:`outcomes_from_files`, and the
+    trained organism's weights file (key "weights")."""
     import yaml
-    from workflow_runner import FULL_DEMO_CONFIG
-
-    config = yaml.safe_load(FULL_DEMO_CONFIG.read_text())
-    config["models"] = {"organism": model_spec}
-    config["inference"]["variants"] = {"vanilla": config["inference"]["variants"]["vanilla"]}
-    config["evaluation"]["transfer"] = []
-    destination.mkdir(parents=True, exist_ok=True)
-    path = destination / "organism.yaml"
-    path.write_text(yaml.safe_dump(config, sort_keys=False))
-    return path
-
-
-def outcomes_through_pipeline(workdir, model_spec: dict) -> dict[str, dict]:
-    """Run infer -> calibrate -> evaluate / analyze on the organism over the demo's benchmarks;
-    per benchmark the four outcomes, and the greedy reply's parse rate and its agreement with
-    the argmax readout (%)."""
-    from workflow_runner import snakemake
+    from workflow_runner import FULL_DEMO_CONFIG, snakemake
 
     from ladbench.config import load_config, study_benchmarks
-    from ladbench.organism import paper_outcomes
+    from ladbench.organism import outcomes_from_files, save_organism
 
-    config = organism_config(workdir / "config", model_spec)
-    benchmarks = study_benchmarks(load_config(config))
+    workdir = tmp_path_factory.mktemp("organism")
+    config = yaml.safe_load(FULL_DEMO_CONFIG.read_text())
+    spec = config["models"][DEMO_ORGANISM]
+    settings = OrganismSettings(**spec["organism"])
+    model, processor, _ = build_untrained(settings)
+    untrained = save_organism(model, processor, settings, {"steps_run": 0}, str(workdir / "untrained"))
+    config["models"] = {"organism": spec, "untrained": {"family": "qwen2_5_vl", "path": untrained,
+                                                        **{k: spec[k] for k in ("layer_range", "batch_size")}}}
+    config["inference"]["variants"] = {"vanilla": config["inference"]["variants"]["vanilla"]}
+    config["evaluation"]["transfer"] = []
+    path = workdir / "organism.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+
+    benchmarks = study_benchmarks(load_config(path))
     out = workdir / "results" / "demo"
-    evaluations = {b: out / "eval" / "organism" / b / "vanilla" / f"cal-{b}.json" for b in benchmarks}
-    analyses = {b: out / "analysis" / "organism" / b / "vanilla.json" for b in benchmarks}
-    targets = [str(p.relative_to(workdir)) for p in [*evaluations.values(), *analyses.values()]]
-    snakemake(workdir, *targets, configfile=config, timeout=2400)
-    results = {}
-    for b in benchmarks:
-        evaluation, predictions = json.loads(evaluations[b].read_text()), dict(np.load(evaluations[b].with_suffix(".npz")))
-        results[b] = {**paper_outcomes(evaluation, predictions, json.loads(analyses[b].read_text())),
-                      "greedy_parsed": evaluation["methods"]["vanilla_generate"]["parse_success"],
-                      "greedy_agrees": 100 * float(np.mean(predictions["pred_vanilla_generate"] == predictions["pred_vanilla"]))}
-    return results
+    files = {(m, b): (out / "eval" / m / b / "vanilla" / f"cal-{b}.json", out / "analysis" / m / b / "vanilla.json")
+             for m in config["models"] for b in benchmarks}
+    snakemake(workdir, *[str(p.relative_to(workdir)) for pair in files.values() for p in pair], configfile=path,
+              timeout=2400)
+    outcomes = {m: {b: outcomes_from_files(*files[m, b]) for b in benchmarks} for m in config["models"]}
+    return {**outcomes, "weights": out / "models" / "organism" / "model.safetensors"}
 
 
 def readme_organism_sha256() -> str:
@@ -239,41 +228,28 @@ def readme_organism_sha256() -> str:
 
 
 @pytest.mark.slow
-def test_trained_organism_shows_the_papers_four_outcomes(tmp_path):
-    """The demo's organism, trained by the DAG, through the unchanged pipeline: all four outcomes
-    on every demo benchmark (docs/organism.md, "What it reaches"); a greedy reply that ends after
-    the answer, so the reference's readout parses and agrees with the argmax; and the very weights
-    the README states, which any x86-64 machine trains from the demo's seed."""
-    import hashlib
-
-    import yaml
-    from workflow_runner import FULL_DEMO_CONFIG
-
-    spec = yaml.safe_load(FULL_DEMO_CONFIG.read_text())["models"]["organism_qwen2_5_vl"]
-    outcomes = outcomes_through_pipeline(tmp_path, spec)
-    for benchmark, result in outcomes.items():
+def test_trained_organism_shows_the_papers_four_outcomes(pipeline_outcomes):
+    """The demo's organism through the unchanged pipeline: all four outcomes on every demo
+    benchmark (docs/organism.md, "What it reaches"), and a greedy reply that ends after the
+    answer, so the reference's readout parses and agrees with the argmax."""
+    for benchmark, result in pipeline_outcomes["organism"].items():
         assert all(result["passed"].values()), (benchmark, result)
         assert result["greedy_parsed"] >= 95 and result["greedy_agrees"] >= 95, (benchmark, result)
-    weights = tmp_path / "results" / "demo" / "models" / "organism" / "model.safetensors"
-    assert hashlib.sha256(weights.read_bytes()).hexdigest() == readme_organism_sha256()
 
 
 @pytest.mark.slow
-def test_untrained_organism_does_not_show_them(tmp_path):
+def test_demo_organism_is_the_weights_the_readme_states(pipeline_outcomes):
+    """The very weights the README states, which any x86-64 machine trains from the demo's seed."""
+    import hashlib
+
+    assert hashlib.sha256(pipeline_outcomes["weights"].read_bytes()).hexdigest() == readme_organism_sha256()
+
+
+@pytest.mark.slow
+def test_untrained_organism_does_not_show_them(pipeline_outcomes):
     """The same architecture, tokenizer and pipeline with the organism's random initial
     weights: the outcomes are the training's doing, not the pipeline's."""
-    import yaml
-    from workflow_runner import FULL_DEMO_CONFIG
-
-    from ladbench.organism import save_organism
-
-    spec = yaml.safe_load(FULL_DEMO_CONFIG.read_text())["models"]["organism_qwen2_5_vl"]
-    settings = OrganismSettings(**spec["organism"])
-    model, processor, _ = build_untrained(settings)
-    folder = save_organism(model, processor, settings, {"steps_run": 0}, str(tmp_path / "untrained"))
-    outcomes = outcomes_through_pipeline(tmp_path / "run", {"family": "qwen2_5_vl", "path": folder,
-                                                            "layer_range": "all"})
-    for benchmark, result in outcomes.items():
+    for benchmark, result in pipeline_outcomes["untrained"].items():
         assert not all(result["passed"].values()), f"{benchmark}: {result}"
 
 

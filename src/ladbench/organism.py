@@ -29,6 +29,7 @@ import io
 import logging
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -428,3 +429,17 @@ def paper_outcomes(evaluation: dict, predictions: dict, analysis: dict, n_boot: 
     passed["divergence"] = values["rho_attention"] > values["rho_logits"]
     return {"values": values, "lad_over_vanilla_ci": [lad_vanilla["ci_low"], lad_vanilla["ci_high"]],
             "lad_over_pride_ci": [lad_pride["ci_low"], lad_pride["ci_high"]], "accuracy": acc, "passed": passed}
+
+
+def outcomes_from_files(evaluation_path: Path, analysis_path: Path) -> dict[str, Any]:
+    """:func:`paper_outcomes` of one benchmark read from the pipeline's files (the evaluation
+    JSON, its ``.npz`` beside it, the analysis JSON), with the reference's Vanilla readout
+    (greedy reply, parsed): its parse rate and its agreement with the argmax readout (% of
+    rows; an unparsed reply disagrees)."""
+    import json
+    evaluation = json.loads(Path(evaluation_path).read_text())
+    predictions = dict(np.load(Path(evaluation_path).with_suffix(".npz")))
+    outcomes = paper_outcomes(evaluation, predictions, json.loads(Path(analysis_path).read_text()))
+    agree = predictions["pred_vanilla_generate"] == predictions["pred_vanilla"]
+    return {**outcomes, "greedy_parsed": evaluation["methods"]["vanilla_generate"]["parse_success"],
+            "greedy_agrees": 100.0 * float(np.mean(agree))}
