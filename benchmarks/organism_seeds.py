@@ -32,6 +32,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 DEMO_CONFIG = ROOT / "workflow" / "demo" / "config.yaml"
 DEMO_ORGANISM = "organism_qwen2_5_vl"
+
+
 def sweep_config(out: Path, seeds: list[int]) -> tuple[Path, dict[int, str]]:
     """The demo config with one organism per seed (the demo's spec, its seed replaced), the
     vanilla variant only, no transfer; its path and seed -> model name."""
