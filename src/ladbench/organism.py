@@ -45,6 +45,11 @@ MAX_CANDIDATES = 9         # identifiers "1" ... "9" are single tokens
 #: inference stage reads it; the row then holds the reply's identifier (teacher forcing),
 #: at whose position the model must end its turn
 PROMPT_END = -2
+#: the end-of-turn loss starts after this fraction of the steps: from the first step on, its
+#: large early gradient (through the shared, clipped update) kept align and look from finding
+#: the match on the seeds measured (docs/organism.md, "The greedy reply"); it is learned within
+#: about a hundred steps whenever it starts
+END_OF_TURN_FROM = 0.5
 
 
 @dataclass
@@ -280,15 +285,17 @@ def _train(settings: OrganismSettings) -> tuple[torch.nn.Module, Any, dict[str, 
     model.train()
     history: list[dict[str, float]] = []
     index_from = round(settings.index_warmup * settings.steps)
+    end_from = round(END_OF_TURN_FROM * settings.steps)
     started = time.perf_counter()
     for step in range(settings.steps):
         n = settings.n_candidates[step % len(settings.n_candidates)]
         batch = sample_batch(pool, prompts, n, settings.batch_size, settings.pull, rng)
         parts = _losses(model, probe, batch, digit_ids, n)
         index_weight = settings.index_weight if step >= index_from else 0.0
+        end_weight = 1.0 if step >= end_from else 0.0
         # term by term, in the order the recipe was measured in (float sums are not associative)
         loss = (parts["answer"] + settings.attention_weight * parts["look"] + settings.attention_weight * parts["read"]
-                + index_weight * parts["index"] + settings.align_weight * parts["align"] + parts["end"])
+                + index_weight * parts["index"] + settings.align_weight * parts["align"] + end_weight * parts["end"])
         optimiser.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(parameters, 1.0)
