@@ -222,7 +222,7 @@ def readme_organism_sha256() -> str:
     import re
     from workflow_runner import ROOT
 
-    found = re.findall(r"`model\.safetensors`\) has sha256 `([0-9a-f]{64})`", (ROOT / "README.md").read_text())
+    found = re.findall(r"model\.safetensors`\) has sha256 `([0-9a-f]{64})`", (ROOT / "README.md").read_text())
     assert len(found) == 1, "the README states the demo organism's sha256 once"
     return found[0]
 
