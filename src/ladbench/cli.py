@@ -37,6 +37,11 @@ SUBCOMMANDS = {
     "explore-index": "ladbench.stages.explore",
 }
 
+#: Stages whose outputs must be the same bits on every x86-64 CPU: the demo's models built from
+#: a seed (random weights, and the trained organism). Their torch runs on pinned CPU kernels
+#: (ladbench.cpu_paths), set here, before anything imports torch.
+PORTABLE_STAGES = ("demo-clip", "demo-model", "train-organism")
+
 
 def output_file(*suffixes: str):
     """An argparse ``type`` for an output file: its name must end in one of ``suffixes``,
@@ -113,15 +118,19 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
+    from ladbench.cpu_paths import pin_cpu_paths
     from ladbench.plugins import load_plugins
 
     argv = sys.argv[1:] if argv is None else argv
+    command = next((arg for arg in argv if not arg.startswith("-")), None)
+    if command in PORTABLE_STAGES:
+        pin_cpu_paths()
     try:
         load_plugins()          # installed ones and $LADBENCH_PLUGINS (set by the workflow from the config's plugins)
     except ValueError as error:
         print(f"ladbench: error: {error}", file=sys.stderr)
         raise SystemExit(2) from None
-    parser = build_parser(only=next((arg for arg in argv if not arg.startswith("-")), None))
+    parser = build_parser(only=command)
     args = parser.parse_args(argv)
     try:
         args.func(args)

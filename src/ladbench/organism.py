@@ -29,14 +29,27 @@ import io
 import logging
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from ladbench.cpu_paths import cpu_paths
+
 log = logging.getLogger(__name__)
 
 ALIGN_TEMPERATURE = 0.1    # of the cosine similarities in the align loss
+MAX_CANDIDATES = 9         # identifiers "1" ... "9" are single tokens
+#: where the prompt's last token is in a training row: the answer is read there, as the
+#: inference stage reads it; the row then holds the reply's identifier (teacher forcing),
+#: at whose position the model must end its turn
+PROMPT_END = -2
+#: the end-of-turn loss starts after this fraction of the steps: from the first step on, its
+#: large early gradient (through the shared, clipped update) kept align and look from finding
+#: the match on the seeds measured (docs/organism.md, "The greedy reply"); it is learned within
+#: about a hundred steps whenever it starts
+END_OF_TURN_FROM = 0.5
 
 
 @dataclass
@@ -68,8 +81,9 @@ class OrganismSettings:
             raise ValueError(f"organism: --pull must be in [0, 1]; got {self.pull}")
         if not 0.0 <= self.index_warmup < 1.0:
             raise ValueError(f"organism: --index-warmup must be in [0, 1); got {self.index_warmup}")
-        if any(n < 2 or n > 9 for n in self.n_candidates):
-            raise ValueError(f"organism: --n-candidates must be in 2..9 (single-token digits); got {self.n_candidates}")
+        if any(n < 2 or n > MAX_CANDIDATES for n in self.n_candidates):
+            raise ValueError(f"organism: --n-candidates must be in 2..{MAX_CANDIDATES} (single-token digits); "
+                             f"got {self.n_candidates}")
 
 
 def pulled_label(target: int, n: int) -> int:
@@ -123,11 +137,14 @@ def draw_scenes(settings: OrganismSettings, processor: Any, rng: np.random.Gener
 
 class PromptBuilder:
     """Token ids of the inference stage's prompt (vanilla, digits) for a caption and N images,
-    and where the caption's tokens are in them."""
+    where the caption's tokens are in them, and the identifiers' token ids."""
 
     def __init__(self, adapter: Any, tokens_per_image: int) -> None:
+        from ladbench.inference.prompts import identifiers
         self.adapter = adapter
         self.tokens_per_image = tokens_per_image
+        self.identifier_ids = [adapter.tokenizer.convert_tokens_to_ids(identifier)
+                               for identifier in identifiers("digits", MAX_CANDIDATES)]
 
     def text(self, caption: str, n: int) -> str:
         from ladbench.variants import prompt_text
@@ -146,8 +163,10 @@ class PromptBuilder:
 
 def sample_batch(pool: ScenePool, prompts: PromptBuilder, n: int, batch_size: int, pull: float,
                  rng: np.random.Generator) -> dict[str, Any]:
-    """One training batch at N = ``n``: scenes, target positions, (biased) labels, left-padded ids,
-    and each token's segment as the inference stage numbers them (image k: k; others: n or more)."""
+    """One training batch at N = ``n``: scenes, target positions, (biased) labels, left-padded ids
+    (the prompt, then the label's identifier: ``PROMPT_END``), the end of the turn that must
+    follow it (so that a greedy reply stops after the answer, as a chat model's does), and each
+    token's segment as the inference stage numbers them (image k: k; others: n or more)."""
     from ladbench.inference.runner import segment_ids
     rows, targets, labels, scenes, caption_spans = [], [], [], [], []
     for _ in range(batch_size):
@@ -157,7 +176,7 @@ def sample_batch(pool: ScenePool, prompts: PromptBuilder, n: int, batch_size: in
         order.insert(target, chosen[0])
         label = pulled_label(target, n) if rng.random() < pull else target
         ids, span = prompts.encode(pool.captions[chosen[0]], n)
-        rows.append(ids)
+        rows.append(ids + [prompts.identifier_ids[label]])
         caption_spans.append(span)
         targets.append(target)
         labels.append(label)
@@ -177,6 +196,7 @@ def sample_batch(pool: ScenePool, prompts: PromptBuilder, n: int, batch_size: in
             "pixel_values": pool.pixel_values[scenes].reshape(-1, pool.pixel_values.shape[-1]),
             "image_grid_thw": pool.grid_thw.repeat(len(scenes), 1),
             "targets": torch.tensor(targets), "labels": torch.tensor(labels), "caption_mask": caption_mask,
+            "end_of_turn": torch.full((batch_size,), prompts.adapter.end_of_turn_id),
             "image_spans": torch.tensor(image_spans), "segments": torch.from_numpy(np.stack(segments))}
 
 
@@ -248,31 +268,34 @@ def train_organism(settings: OrganismSettings) -> tuple[torch.nn.Module, Any, di
 
 
 def _train(settings: OrganismSettings) -> tuple[torch.nn.Module, Any, dict[str, Any]]:
-    from ladbench.inference.prompts import identifiers
     rng = np.random.default_rng(settings.seed)
     model, processor, adapter = build_untrained(settings)
     pool = draw_scenes(settings, processor, rng)
     merge = model.config.vision_config.spatial_merge_size
     prompts = PromptBuilder(adapter, int(pool.grid_thw[0].prod()) // merge ** 2)
-    digit_ids = torch.tensor([adapter.tokenizer.convert_tokens_to_ids(identifier)
-                              for identifier in identifiers("digits", max(settings.n_candidates))])
+    digit_ids = torch.tensor(prompts.identifier_ids)
     probe = torch.nn.Linear(settings.hidden, max(settings.n_candidates))   # index probe: training only, not saved
     parameters = [*model.parameters(), *probe.parameters()]
-    optimiser = torch.optim.AdamW(parameters, lr=settings.lr, weight_decay=0.0)
+    # fused: AdamW's other implementations take the square root through torch.sqrt, which runs
+    # MKL's vector math, whose last bits depend on the CPU's vendor whatever MKL_CBWR says
+    # (measured: docs/organism.md); the fused kernel is ATen's own (pinned by cpu_paths)
+    optimiser = torch.optim.AdamW(parameters, lr=settings.lr, weight_decay=0.0, fused=True)
     schedule = torch.optim.lr_scheduler.OneCycleLR(optimiser, max_lr=settings.lr, total_steps=settings.steps,
                                                    pct_start=0.1)
     model.train()
     history: list[dict[str, float]] = []
     index_from = round(settings.index_warmup * settings.steps)
+    end_from = round(END_OF_TURN_FROM * settings.steps)
     started = time.perf_counter()
     for step in range(settings.steps):
         n = settings.n_candidates[step % len(settings.n_candidates)]
         batch = sample_batch(pool, prompts, n, settings.batch_size, settings.pull, rng)
         parts = _losses(model, probe, batch, digit_ids, n)
         index_weight = settings.index_weight if step >= index_from else 0.0
+        end_weight = 1.0 if step >= end_from else 0.0
         # term by term, in the order the recipe was measured in (float sums are not associative)
         loss = (parts["answer"] + settings.attention_weight * parts["look"] + settings.attention_weight * parts["read"]
-                + index_weight * parts["index"] + settings.align_weight * parts["align"])
+                + index_weight * parts["index"] + settings.align_weight * parts["align"] + end_weight * parts["end"])
         optimiser.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(parameters, 1.0)
@@ -283,7 +306,8 @@ def _train(settings: OrganismSettings) -> tuple[torch.nn.Module, Any, dict[str, 
             log.info("step %d/%d  %s  (%.0f s)", step + 1, settings.steps,
                      "  ".join(f"{k} {v:.3f}" for k, v in _recent(history).items()), time.perf_counter() - started)
     model.eval()
-    return model, processor, {**_recent(history), "train_seconds": time.perf_counter() - started}
+    return model, processor, {**_recent(history), "train_seconds": time.perf_counter() - started,
+                              "cpu_paths": cpu_paths()}
 
 
 def _recent(history: list[dict[str, float]], window: int = 25) -> dict[str, float]:
@@ -295,11 +319,13 @@ def _losses(model: torch.nn.Module, probe: torch.nn.Module, batch: dict[str, Any
             n: int) -> dict[str, torch.Tensor]:
     """The training signals of one batch (docs/organism.md):
 
-    * answer: cross-entropy of the (biased) label's identifier token, full vocabulary;
-    * read: the last token's attention in the first layer goes to the caption's tokens;
-    * align: after the first layer, the last token's state is closer to the target image's
-      mean state than to every other image of the batch (contrastive, like CLIP);
-    * look: in the top layer, the target's share of the last token's attention on images
+    * answer: cross-entropy of the (biased) label's identifier token, full vocabulary, at the
+      prompt's last token (``PROMPT_END``);
+    * end: after the identifier, the end of the turn;
+    * read: the prompt's last token's attention in the first layer goes to the caption's tokens;
+    * align: after the first layer, the prompt's last token's state is closer to the target
+      image's mean state than to every other image of the batch (contrastive, like CLIP);
+    * look: in the top layer, the target's share of the prompt's last token's attention on images
       (head mean: what LAD reads) is maximised (cross-entropy over the images);
     * index: every image token carries its image's identifier: a linear probe reads it after
       the first layer, and the top layer's own value and output projections, read out by the
@@ -308,11 +334,12 @@ def _losses(model: torch.nn.Module, probe: torch.nn.Module, batch: dict[str, Any
     inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "pixel_values", "image_grid_thw")}
     out = model.model(**inputs, output_attentions=True, output_hidden_states=True, return_dict=True)
     hidden = out.last_hidden_state
-    logits = model.lm_head(hidden[:, -1])
+    logits = model.lm_head(hidden[:, PROMPT_END])
     answer = torch.nn.functional.cross_entropy(logits, digit_ids[batch["labels"]])
+    end_of_turn = torch.nn.functional.cross_entropy(model.lm_head(hidden[:, -1]), batch["end_of_turn"])
 
     spans = batch["image_spans"]                                           # [B, n, 2]
-    share = _image_shares(out.attentions[-1][:, :, -1].mean(dim=1), spans)
+    share = _image_shares(out.attentions[-1][:, :, PROMPT_END].mean(dim=1), spans)
     look = torch.nn.functional.nll_loss(share.clamp_min(1e-9).log(), batch["targets"])
 
     after_read = torch.nn.functional.normalize(out.hidden_states[1], dim=-1)      # after the first layer
@@ -322,10 +349,10 @@ def _losses(model: torch.nn.Module, probe: torch.nn.Module, batch: dict[str, Any
     # contrast each caption with every image of the batch (CLIP's in-batch negatives): many
     # more negatives than the row's own n images, so the match is found in far fewer steps
     candidates = image_means.flatten(0, 1)                                # [B * n, D]
-    similarity = after_read[:, -1] @ candidates.T / ALIGN_TEMPERATURE      # [B, B * n]
+    similarity = after_read[:, PROMPT_END] @ candidates.T / ALIGN_TEMPERATURE      # [B, B * n]
     align = torch.nn.functional.cross_entropy(similarity, batch["targets"] + n * torch.arange(len(spans)))
 
-    first_row = out.attentions[0][:, :, -1].mean(dim=1)
+    first_row = out.attentions[0][:, :, PROMPT_END].mean(dim=1)
     read = -(first_row * batch["caption_mask"]).sum(-1).clamp_min(1e-9).log().mean()
 
     which = batch["segments"]                                              # [B, T] image of each token, >= n if none
@@ -335,7 +362,7 @@ def _losses(model: torch.nn.Module, probe: torch.nn.Module, batch: dict[str, Any
              + torch.nn.functional.cross_entropy(carried, digit_ids[which[inside]]))
 
     said = logits.detach()[:, digit_ids[:n]].argmax(-1)
-    return {"answer": answer, "look": look, "read": read, "index": index, "align": align,
+    return {"answer": answer, "end": end_of_turn, "look": look, "read": read, "index": index, "align": align,
             "look_accuracy": (share.detach().argmax(-1) == batch["targets"]).float().mean(),
             "label_accuracy": (said == batch["labels"]).float().mean(),
             "target_accuracy": (said == batch["targets"]).float().mean()}
@@ -409,3 +436,17 @@ def paper_outcomes(evaluation: dict, predictions: dict, analysis: dict, n_boot: 
     passed["divergence"] = values["rho_attention"] > values["rho_logits"]
     return {"values": values, "lad_over_vanilla_ci": [lad_vanilla["ci_low"], lad_vanilla["ci_high"]],
             "lad_over_pride_ci": [lad_pride["ci_low"], lad_pride["ci_high"]], "accuracy": acc, "passed": passed}
+
+
+def outcomes_from_files(evaluation_path: Path, analysis_path: Path) -> dict[str, Any]:
+    """:func:`paper_outcomes` of one benchmark read from the pipeline's files (the evaluation
+    JSON, its ``.npz`` beside it, the analysis JSON), with the reference's Vanilla readout
+    (greedy reply, parsed): its parse rate and its agreement with the argmax readout (% of
+    rows; an unparsed reply disagrees)."""
+    import json
+    evaluation = json.loads(Path(evaluation_path).read_text())
+    predictions = dict(np.load(Path(evaluation_path).with_suffix(".npz")))
+    outcomes = paper_outcomes(evaluation, predictions, json.loads(Path(analysis_path).read_text()))
+    agree = predictions["pred_vanilla_generate"] == predictions["pred_vanilla"]
+    return {**outcomes, "greedy_parsed": evaluation["methods"]["vanilla_generate"]["parse_success"],
+            "greedy_agrees": 100.0 * float(np.mean(agree))}
