@@ -123,8 +123,10 @@ def main(argv: list[str] | None = None) -> None:
 
     argv = sys.argv[1:] if argv is None else argv
     command = next((arg for arg in argv if not arg.startswith("-")), None)
-    if command in PORTABLE_STAGES:
-        pin_cpu_paths()
+    if command in PORTABLE_STAGES and not pin_cpu_paths():
+        print(f"ladbench {command}: warning: torch was loaded before this call, so its CPU kernels are not pinned "
+              "to the portable paths (ladbench.cpu_paths): these weights may differ in the last bits on another CPU",
+              file=sys.stderr)
     try:
         load_plugins()          # installed ones and $LADBENCH_PLUGINS (set by the workflow from the config's plugins)
     except ValueError as error:

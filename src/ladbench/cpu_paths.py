@@ -27,14 +27,16 @@ PORTABLE_CPU_ENV = {
 }
 
 
-def pin_cpu_paths() -> None:
-    """Put :data:`PORTABLE_CPU_ENV` into this process's environment (and so its children's).
-
-    Too late once torch is loaded with other settings: that is a programming error, raised."""
+def pin_cpu_paths() -> bool:
+    """Put :data:`PORTABLE_CPU_ENV` into this process's environment (and so its children's);
+    False, changing nothing, when torch is already loaded with other settings (a stage called
+    in-process by a program that imported torch first): its libraries read the switches once,
+    so the caller's process runs unpinned, which it must say (the model's metadata records the
+    paths it ran: :func:`cpu_paths`)."""
     if "torch" in sys.modules and not cpu_paths_pinned():
-        raise RuntimeError("pin_cpu_paths() must run before torch is imported: "
-                           "its libraries read their CPU switches once, at start-up")
+        return False
     os.environ.update(PORTABLE_CPU_ENV)
+    return True
 
 
 def cpu_paths_pinned() -> bool:
