@@ -369,14 +369,14 @@ class UtilisationSampler:
 
 
 def infer_throughput(model_dir: str, n: int, batch: int, rows: int, image_size: int, device: str,
-                     workers: int | None = None) -> dict:
+                     workers: int | None = None, family: str | None = None) -> dict:
     """``ladbench infer`` end to end (its own process): rows/s from the cache and mean GPU utilisation."""
     import h5py
     folder = tempfile.mkdtemp(prefix="bench_infer_")
     bench_path, images_path = _demo_inputs(folder, n, n_eval=rows, n_images=4 * n)
     out = os.path.join(folder, "cache.h5")
     cmd = [sys.executable, "-m", "ladbench", "infer", "--benchmark", bench_path, "--images", images_path, "--out", out,
-           "--model-name", "bench", "--family", _family(model_dir), "--model-path", model_dir, "--device", device,
+           "--model-name", "bench", "--family", family or _family(model_dir), "--model-path", model_dir, "--device", device,
            "--image-size", str(image_size), "--batch-size", str(batch), "--chunk-size", str(max(64, batch))]
     if workers is not None:
         cmd += ["--workers", str(workers)]
@@ -549,7 +549,7 @@ def gpu(args: argparse.Namespace) -> dict:
         for n in args.n:
             for batch in args.batches if "throughput" in args.gpu_parts else ():
                 r["throughput"].append(infer_throughput(model_dir, n, batch, args.gpu_rows, args.image_size, args.device,
-                                                       args.workers))
+                                                       args.workers, args.family))
                 print(arch, r["throughput"][-1], file=sys.stderr)
             if "split" in args.gpu_parts:
                 r["split"] += _run_worker("split", n, args, model_dir=model_dir, extra=("--batch", str(args.proxy_batch)))
@@ -592,7 +592,8 @@ def main() -> None:
     p.add_argument("--proxy-batch", "--batch", dest="proxy_batch", type=int, default=8,
                    help="batch size of the proxies and of the GPU split (8)")
     p.add_argument("--vision", default="batched", help=argparse.SUPPRESS)
-    p.add_argument("--family", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--family", default=None,
+                   help="GPU part: the family infer runs (auto: current lane; default: the architecture's own)")
     p.add_argument("--architectures", nargs="+", default=[], metavar="ARCH",
                    help="current lane: only count the proxies of family auto on these tiny architecture builds "
                         "(models/tiny_archs.py; 'all' for every one), e.g. --n 8 --architectures all; the README's "
