@@ -5,9 +5,10 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from scipy.stats import spearmanr
+from scipy.stats import rankdata, spearmanr
 
 from ladbench.divergence import (
+    average_ranks,
     divergence_summary,
     mean_pairwise_spearman,
     profiles,
@@ -29,6 +30,15 @@ def test_spearman_handles_ties_with_average_ranks():
     # ranks [1.5, 1.5, 3] vs [1, 2, 3]: centred (-0.5, -0.5, 1) . (-1, 0, 1) = 1.5; norms sqrt(1.5) sqrt(2)
     values = np.array([[[1, 1, 2], [1, 2, 3]]], dtype=float)
     np.testing.assert_allclose(mean_pairwise_spearman(values), [1.5 / np.sqrt(3.0)])
+
+
+def test_average_ranks_equal_scipys_rankdata():
+    """Ties (values drawn from a few levels), NaN slices and N from 2 to 16 as scipy ranks them."""
+    rng = np.random.default_rng(0)
+    for n in (2, 3, 8, 16):
+        values = rng.integers(0, 4, size=(50, 5, n)).astype(float)
+        values[3, 1, 0] = np.nan
+        np.testing.assert_array_equal(average_ranks(values), rankdata(values, axis=-1))
 
 
 def test_constant_vectors_are_skipped_and_counted():

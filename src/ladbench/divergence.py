@@ -24,7 +24,6 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 import numpy as np
-from scipy.stats import rankdata
 
 from ladbench.methods import LadSettings, identity_indexed, purified_attention, raw_attention
 from ladbench.metrics import BOOTSTRAP_RESAMPLES, InstanceMetric, bootstrap_ci, json_safe
@@ -38,6 +37,17 @@ __all__ = [
 ]
 
 
+def average_ranks(values: np.ndarray) -> np.ndarray:
+    """Ranks 1..N along the last axis, ties given the mean of the ranks they share (scipy's
+    ``rankdata``, method "average"); a slice holding a NaN is all NaN. Pairwise comparisons:
+    N is a number of candidates (at most 16), so [..., N, N] stays small."""
+    below = (values[..., None, :] < values[..., :, None]).sum(-1)
+    tied = (values[..., None, :] == values[..., :, None]).sum(-1)
+    ranks = below + (tied + 1) / 2.0
+    ranks[np.isnan(values).any(axis=-1)] = np.nan
+    return ranks
+
+
 def mean_pairwise_spearman(identity_values: np.ndarray) -> np.ndarray:
     """Per instance [I]: mean Spearman correlation over all pairs of orderings.
 
@@ -47,7 +57,7 @@ def mean_pairwise_spearman(identity_values: np.ndarray) -> np.ndarray:
     values = np.asarray(identity_values, dtype=np.float64)
     if values.ndim != 3 or values.shape[1] < 2:
         raise ValueError(f"need [I, T, N] values with T >= 2 orderings, got shape {values.shape}")
-    ranks = rankdata(values, axis=-1)  # average ranks for ties
+    ranks = average_ranks(values)
     centred = ranks - ranks.mean(axis=-1, keepdims=True)
     norms = np.sqrt((centred**2).sum(axis=-1))  # [I, T]; 0 for a constant vector
     gram = np.einsum("itn,isn->its", centred, centred)
