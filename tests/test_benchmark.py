@@ -295,7 +295,7 @@ def test_evaluation_head_calibration_copies_the_first_evaluation_instances(toy):
     (dict(n_candidates=4, n_eval=250, n_calibration=100), "distinct target images"),
     (dict(n_candidates=4, pool_size=3), "fewer than N = 4"),
     (dict(n_candidates=4, setting="hard"), "--setting"),
-    (dict(n_candidates=4, category_rule="loose"), "--category-rule"),
+    (dict(n_candidates=4, category_rule="loose"), "category_rule must be one of"),
 ])
 def test_bad_requests_raise_clear_errors(toy, kwargs, message):
     table, features = toy
@@ -308,7 +308,7 @@ def test_bad_requests_raise_clear_errors(toy, kwargs, message):
 def test_too_few_hard_negatives_names_the_target(toy):
     table, features = toy
     with pytest.raises(bm.BenchmarkError, match=r"target image id \d+ has only"):
-        bm.build_benchmark(table, features, "adversarial", 4, n_eval=10, n_calibration=0, pool_size=100,
+        bm.build_benchmark(table, features, "adversarial", 4, n_eval=10, n_calibration=1, pool_size=100,
                            caption_sim_max=-1.0)
 
 

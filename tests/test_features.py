@@ -21,6 +21,7 @@ from PIL import Image  # noqa: E402
 from ladbench.atomic import file_digest  # noqa: E402
 from ladbench import features as ft  # noqa: E402
 from ladbench.cli import build_parser  # noqa: E402
+from ladbench.clip import ClipSettings  # noqa: E402
 from ladbench.hdf5 import ResumableFile, attributes, partial_path  # noqa: E402
 from ladbench.data import coco, synthetic  # noqa: E402
 
@@ -37,11 +38,15 @@ def tiny(tmp_path_factory):
     return {"base": base, "manifest": manifest, "images": base / "images.json", "table": table}
 
 
+def clip_of(manifest, **kwargs) -> ClipSettings:
+    """The tiny CLIP of ``manifest`` on the CPU, inline, batches of 4 (``kwargs`` change that)."""
+    options = dict(model=manifest["model"], pretrained=manifest["pretrained"], batch_size=4, workers=0, device="cpu")
+    return ClipSettings(**{**options, **kwargs})
+
+
 def run(tiny, out, **kwargs):
     m = tiny["manifest"]
-    options = dict(batch_size=4, workers=0, device="cpu")
-    options.update(kwargs)
-    return ft.compute_features(tiny["images"], out, m["model"], m["pretrained"], m["model_config"], **options)
+    return ft.compute_features(tiny["images"], out, clip_of(m, **kwargs), m["model_config"])
 
 
 @pytest.fixture(scope="module")
@@ -180,10 +185,8 @@ def test_corrupt_image_is_named_or_skipped(tiny, tmp_path):
     coco.write_image_table(table, images)
     m = tiny["manifest"]
     with pytest.raises(ft.FeatureError, match=f"cannot read image .*{victim}"):
-        ft.compute_features(images, tmp_path / "f.h5", m["model"], m["pretrained"], m["model_config"],
-                            batch_size=4, workers=0, device="cpu")
-    out = ft.compute_features(images, tmp_path / "f.h5", m["model"], m["pretrained"], m["model_config"],
-                              batch_size=4, workers=0, device="cpu", skip_bad_images=True)
+        ft.compute_features(images, tmp_path / "f.h5", clip_of(m), m["model_config"])
+    out = ft.compute_features(images, tmp_path / "f.h5", clip_of(m), m["model_config"], skip_bad_images=True)
     data = ft.load_features(out)
     assert np.isnan(data["image_emb"][4].astype(np.float32)).all()
     assert np.isfinite(np.delete(data["image_emb"], 4, axis=0).astype(np.float32)).all()

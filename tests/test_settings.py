@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ladbench.settings import Settings, check_section, command_options, schema_properties, setting
+from ladbench.settings import Settings, check_section, command_options, option_name, schema_properties, setting
 from ladbench.stages.options import add_arguments, from_args
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -93,7 +93,7 @@ def test_every_section_carrier_reads_the_configs_values_back_unchanged():
             expected = {f: tuple(v) if isinstance(v, list) else v for f, v in config[section].items()}
             got = from_args(carrier, args)
             for key, value in command_options(carrier, expected).items():
-                name = next(f for f in carrier.__dataclass_fields__.values() if (f.metadata.get("key") or f.name) == key)
+                name = next(f for f in carrier.__dataclass_fields__.values() if option_name(f) == key)
                 assert getattr(got, name.name) == value, (section, key)
 
 

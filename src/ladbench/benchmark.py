@@ -72,6 +72,7 @@ import os
 import random
 import sys
 from pathlib import PurePosixPath
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 import numpy as np
@@ -79,6 +80,7 @@ from tqdm import tqdm
 
 from ladbench.atomic import json_one_item_per_line, read_signed_json, signed
 from ladbench.data.coco import table_fingerprint
+from ladbench.settings import Settings, setting
 
 SETTINGS = ("random", "adversarial")
 CATEGORY_RULES = ("reference", "paper")
@@ -381,29 +383,64 @@ def _listed(items: list[str], shown: int = 3) -> str:
 
 # --- assembly ---------------------------------------------------------------------------
 
-def build_benchmark(table: dict, features: dict, setting: str, n_candidates: int, n_eval: int = 1000,
-                    n_calibration: int = 100, n_orderings: int = 5, pool_size: int = 20000, seed: int = 42,
-                    caption_sim_max: float = 0.9, category_rule: str = "reference",
-                    dataset: str | None = None, orderings: str = ORDERING_SCHEMES[0],
-                    calibration_source: str = CALIBRATION_SOURCES[0], draw: str = DRAWS[0],
-                    similarity_dtype: str = SIMILARITY_DTYPES[0]) -> dict:
+@dataclass(frozen=True)
+class BenchmarkSettings(Settings):
+    """How a benchmark is drawn (config ``benchmarks``; the setting and N are the job's)."""
+
+    section = "benchmarks"
+
+    n_eval: int = setting(1000, "Evaluation instances per benchmark.", minimum=1)
+    n_calibration: int = setting(
+        100, "Calibration instances per benchmark, disjoint from the evaluation ones; |D_cal| instances are drawn "
+        "from them (0: none; the config's calibration.n_cal needs at least that many).", minimum=0,
+        key="n_calibration_pool", option="n_calibration")
+    n_orderings: int = setting(5, "T: orderings per evaluation instance (identity first).", minimum=1)
+    orderings: str = setting(
+        ORDERING_SCHEMES[0], "shared (the reference implementation's protocol): one list of T orderings (the "
+        "identity, then distinct permutations from Python's random seeded with the seed, as the reference's "
+        "build_shuffles) applied to every instance, so Acc's std is the spread over T fixed reorderings; "
+        "per_instance: each instance draws its own T orderings.", choices=ORDERING_SCHEMES)
+    pool_size: int = setting(20000, "Images drawn (with categories) to build instances from.", minimum=2)
+    caption_sim_max: float = setting(
+        0.9, "Adversarial setting: a distractor's caption cosine similarity to the anchor's must be below this.")
+    category_rule: str = setting(
+        CATEGORY_RULES[0], "Adversarial setting: reference = skip a candidate whose category set contains the "
+        "anchor's; paper = skip only an identical category set.", choices=CATEGORY_RULES)
+    seed: int = setting(42, "Seed; the same seed gives a byte-identical file.", minimum=0)
+    draw: str = setting(
+        DRAWS[0], "distinct: distinct targets drawn with numpy, shared by both settings and every N (paired "
+        "comparisons across settings and N); reference: the reference's data/build_eval_dataset.py draw, instance "
+        "for instance (Python's random seeded with the seed, anchors may repeat, one stream for the random set and "
+        "then the adversarial set). docs/method.md explains both.", choices=DRAWS)
+    similarity_dtype: str = setting(
+        SIMILARITY_DTYPES[0], "Adversarial mining's similarities: float32, or float16 computed as numpy's float16 "
+        "dot product (the reference's arithmetic on its float16 CLIP features, with its exact ties broken by pool "
+        "order).", choices=SIMILARITY_DTYPES)
+    # the config's calibration.source: where the calibration instances come from
+    calibration_source: str = setting(
+        CALIBRATION_SOURCES[0], "pool: calibration instances disjoint from the evaluation set; evaluation_head (the "
+        "reference's): the first n_calibration evaluation instances.", choices=CALIBRATION_SOURCES, config=False)
+
+
+def build_benchmark(table: dict, features: dict, setting: str, n_candidates: int,
+                    settings: BenchmarkSettings | None = None, *, dataset: str | None = None,
+                    **changes: Any) -> dict:
     """Build one benchmark document (docs/formats.md §3) from an image table and its features.
 
     ``features`` holds ``image_id``, ``image_emb``, ``text_emb`` arrays aligned with
-    ``table["images"]`` (see :func:`ladbench.features.load_features`) and optional ``attrs``.
+    ``table["images"]`` (see :func:`ladbench.features.load_features`) and optional ``attrs``;
+    ``changes`` replace fields of ``settings`` (default :class:`BenchmarkSettings`).
     """
     if setting not in SETTINGS:
         raise BenchmarkError(f"--setting must be one of {SETTINGS}, got {setting!r}")
-    if category_rule not in CATEGORY_RULES:
-        raise BenchmarkError(f"--category-rule must be one of {CATEGORY_RULES}, got {category_rule!r}")
-    if orderings not in ORDERING_SCHEMES:
-        raise BenchmarkError(f"--orderings must be one of {ORDERING_SCHEMES}, got {orderings!r}")
-    if calibration_source not in CALIBRATION_SOURCES:
-        raise BenchmarkError(f"--calibration-source must be one of {CALIBRATION_SOURCES}, got {calibration_source!r}")
-    if draw not in DRAWS:
-        raise BenchmarkError(f"--draw must be one of {DRAWS}, got {draw!r}")
-    if similarity_dtype not in SIMILARITY_DTYPES:
-        raise BenchmarkError(f"--similarity-dtype must be one of {SIMILARITY_DTYPES}, got {similarity_dtype!r}")
+    try:
+        chosen = replace(settings or BenchmarkSettings(), **changes)
+    except ValueError as error:
+        raise BenchmarkError(str(error)) from None
+    n_eval, n_calibration, n_orderings = chosen.n_eval, chosen.n_calibration, chosen.n_orderings
+    pool_size, seed, caption_sim_max, draw = chosen.pool_size, chosen.seed, chosen.caption_sim_max, chosen.draw
+    category_rule, orderings, similarity_dtype = chosen.category_rule, chosen.orderings, chosen.similarity_dtype
+    calibration_source = chosen.calibration_source
     if calibration_source == "evaluation_head" and n_calibration > n_eval:
         raise BenchmarkError(f"--calibration-source evaluation_head takes the first --n-calibration ({n_calibration}) "
                              f"evaluation instances, but there are only --n-eval = {n_eval}")

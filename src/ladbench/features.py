@@ -41,13 +41,11 @@ from PIL import Image
 from tqdm import tqdm
 
 from ladbench.atomic import atomic_path, atomic_write_json, file_digest
+from ladbench.clip import TINY_CLIP_NAME, ClipSettings
 from ladbench.data.coco import load_image_table, table_fingerprint
 from ladbench.hdf5 import (ResumableFile, RowDataset, attributes, check_digest, discard_work, is_complete, reading,
                            writing)
 
-DEFAULT_MODEL = "ViT-L-14-quickgelu"
-DEFAULT_PRETRAINED = "openai"
-TINY_CLIP_NAME = "ladbench-tiny-clip"
 # Small enough to build and run in a second on a CPU; the text tower keeps open_clip's
 # BPE vocabulary (49,408 tokens) because the stock tokenizer emits those ids.
 TINY_CLIP_CONFIG: dict[str, Any] = {
@@ -260,18 +258,19 @@ def _warn(message: str) -> None:
     print(f"features: {message}", file=sys.stderr)
 
 
-def compute_features(images_json: str | os.PathLike, out: str | os.PathLike, model_name: str = DEFAULT_MODEL,
-                     pretrained: str = DEFAULT_PRETRAINED, model_config: str | os.PathLike | None = None,
-                     batch_size: int = 64, workers: int = 4, device: str = "auto",
-                     skip_bad_images: bool = False, cache_dir: str | None = None) -> Path:
-    """Embed every image and caption of an image table into ``out`` (docs/formats.md §2).
+def compute_features(images_json: str | os.PathLike, out: str | os.PathLike, clip: ClipSettings | None = None,
+                     model_config: str | os.PathLike | None = None, *, skip_bad_images: bool = False,
+                     cache_dir: str | None = None) -> Path:
+    """Embed every image and caption of an image table into ``out`` (docs/formats.md §2) with
+    ``clip``'s model, weights and execution (``model_config``: a custom architecture's JSON).
 
     Resumes a previous interrupted run of the same model, weights and table. Returns
     ``out`` as a Path. One process at a time writes ``out``: a second refuses at once.
     """
+    clip = clip or ClipSettings()
     with writing(out, "features file"):
-        return _compute_features(images_json, out, model_name, pretrained, model_config, batch_size, workers, device,
-                                 skip_bad_images, cache_dir)
+        return _compute_features(images_json, out, clip.model, clip.pretrained, model_config, clip.batch_size,
+                                 clip.workers, clip.device, skip_bad_images, cache_dir)
 
 
 def _compute_features(images_json, out, model_name, pretrained, model_config, batch_size, workers, device,

@@ -12,9 +12,10 @@ Everything else derives from the fields, so that a new setting is one field:
   check calls per key (:func:`check_section`).
 
 A field's config key and flag are its name (``top_k``: ``lad.top_k``, ``--top-k``) unless
-``key`` says otherwise; ``config=False`` keeps it out of the config's section (a setting given
-elsewhere, such as a model's layer range), ``flag=False`` off the command line (a setting
-that only the code varies, such as an ablation's switch).
+``key`` says otherwise (``option``: the flag's, where the two differ); ``config=False`` keeps
+it out of the config's section (a setting given elsewhere, such as a model's layer range),
+``flag=False`` off the command line (a setting that only the code varies, such as an
+ablation's switch).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import dataclasses
 from dataclasses import MISSING, field, fields
 from typing import Any, ClassVar, Iterator, Mapping
 
-__all__ = ["Settings", "check_section", "command_options", "config_key", "is_sequence", "kind", "plain",
+__all__ = ["Settings", "check_section", "command_options", "config_key", "is_sequence", "kind", "option_name", "plain",
            "schema_properties", "setting", "setting_fields"]
 
 _JSON_TYPES = {bool: "boolean", int: "integer", float: "number", str: "string"}
@@ -31,15 +32,16 @@ _JSON_TYPES = {bool: "boolean", int: "integer", float: "number", str: "string"}
 
 def setting(default: Any, help: str, *, choices: tuple | None = None, minimum: float | None = None,
             maximum: float | None = None, above: float | None = None, below: float | None = None,
-            kind: type | None = None, key: str | None = None, config: bool = True, flag: bool = True,
-            **extra: Any) -> Any:
+            kind: type | None = None, key: str | None = None, option: str | None = None, config: bool = True,
+            flag: bool = True, **extra: Any) -> Any:
     """A field of a settings dataclass: its ``default`` and ``help``; the ``choices`` it allows;
     its bounds (``minimum``/``maximum`` inclusive, ``above``/``below`` exclusive); ``kind``, the
     type of its value or, for a tuple, of its items (default: the default's); ``key``, its config
-    key and flag name when not the field's name; whether it is a key of the config's section
-    (``config``) and a flag (``flag``). ``extra`` is kept in the metadata (e.g. ``hashed``)."""
+    key and flag name when not the field's name (``option``: the flag's name where it is not the
+    config key); whether it is a key of the config's section (``config``) and a flag (``flag``).
+    ``extra`` is kept in the metadata (e.g. ``hashed``)."""
     metadata = {"help": help, "choices": choices, "minimum": minimum, "maximum": maximum, "above": above,
-                "below": below, "kind": kind, "key": key, "config": config, "flag": flag, **extra}
+                "below": below, "kind": kind, "key": key, "option": option, "config": config, "flag": flag, **extra}
     return field(default=default, metadata=metadata)
 
 
@@ -69,6 +71,11 @@ def setting_fields(cls: type) -> Iterator[dataclasses.Field]:
 
 def config_key(f: dataclasses.Field) -> str:
     return f.metadata.get("key") or f.name
+
+
+def option_name(f: dataclasses.Field) -> str:
+    """The flag's name (``--<name>`` with dashes): the config key unless ``option`` says otherwise."""
+    return f.metadata.get("option") or config_key(f)
 
 
 def kind(f: dataclasses.Field) -> type:
@@ -144,7 +151,7 @@ def command_options(cls: type, values: Mapping[str, Any]) -> dict[str, Any]:
         if not (f.metadata["config"] and f.metadata["flag"] and key in values):
             continue
         if values[key] is False and f.default is True:
-            options[f"no_{key}"] = True          # the flag's negative form (--no-<key>)
+            options[f"no_{option_name(f)}"] = True          # the flag's negative form (--no-<key>)
         else:
-            options[key] = values[key]
+            options[option_name(f)] = values[key]
     return options

@@ -17,7 +17,9 @@ import sys
 from typing import Any, Callable, Iterable, Sequence
 
 from ladbench.analysis import SweepSettings
+from ladbench.benchmark import BenchmarkSettings
 from ladbench.calibration import FitSettings
+from ladbench.clip import TINY_CLIP_NAME, ClipSettings
 from ladbench.config import (benchmark_parts, check_environment, layer_range_arg, load_schema, model_layer_range,
                              read_yaml, startup_warnings, study_benchmarks, validate_config)
 from ladbench.data.reference_tables import CAPTIONS_FILE, CATEGORIES_FILE
@@ -220,15 +222,12 @@ class Study:
         return [self.tiny_clip_dir] if self.config["clip"]["tiny"] else []
 
     def clip_flags(self) -> str:
-        clip = self.config["clip"]
-        if clip["tiny"]:
+        options = self.settings_options(ClipSettings)
+        if self.config["clip"]["tiny"]:
             # `ladbench demo-clip` writes this config and checkpoint; they load like a real model.
-            model, pretrained = "ladbench-tiny-clip", f"{self.tiny_clip_dir}/ladbench-tiny-clip.pt"
-            model_config = f"{self.tiny_clip_dir}/ladbench-tiny-clip.json"
-        else:
-            model, pretrained, model_config = clip["model"], clip["pretrained"], None
-        return flags(model=model, pretrained=pretrained, model_config=model_config, batch_size=clip["batch_size"],
-                     workers=clip["workers"], device=clip["device"])
+            stem = f"{self.tiny_clip_dir}/{TINY_CLIP_NAME}"
+            options.update(model=TINY_CLIP_NAME, pretrained=f"{stem}.pt", model_config=f"{stem}.json")
+        return flags(**options)
 
     # ---- models ---------------------------------------------------------------------------
     def tiny_model_dir(self, model: str) -> str:
@@ -259,14 +258,8 @@ class Study:
         return {"images": self.image_table(wildcards.dataset), "features": self.features_file(wildcards.dataset)}
 
     def benchmark_flags(self, wildcards) -> str:
-        bench = self.config["benchmarks"]
-        return flags(
-            n_eval=bench["n_eval"], n_calibration=bench["n_calibration_pool"],
-            n_orderings=bench["n_orderings"], pool_size=bench["pool_size"], seed=bench["seed"],
-            caption_sim_max=bench["caption_sim_max"], category_rule=bench["category_rule"],
-            orderings=bench["orderings"], calibration_source=self.config["calibration"]["source"],
-            draw=bench["draw"], similarity_dtype=bench["similarity_dtype"],
-        )
+        return flags(**self.settings_options(BenchmarkSettings),
+                     calibration_source=self.config["calibration"]["source"])
 
     def benchmark_images(self, wildcards) -> str:
         """The image table of a benchmark's dataset."""

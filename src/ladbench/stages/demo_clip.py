@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import argparse
 
-from ladbench.features import TINY_CLIP_NAME, build_tiny_clip
+from ladbench.clip import TINY_CLIP_NAME
+from ladbench.features import build_tiny_clip
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

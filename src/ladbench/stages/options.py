@@ -11,7 +11,7 @@ from typing import Any, Mapping
 from ladbench.families import layer_range_for
 from ladbench.methods import LadSettings, MethodSettings, ReadoutSettings
 from ladbench.metrics import Bootstrap
-from ladbench.settings import config_key, is_sequence, kind, plain, setting_fields
+from ladbench.settings import is_sequence, kind, option_name, plain, setting_fields
 
 
 def add_arguments(parser, cls: type, **flag_defaults: Any) -> None:
@@ -20,7 +20,7 @@ def add_arguments(parser, cls: type, **flag_defaults: Any) -> None:
     for f in setting_fields(cls):
         if not f.metadata["flag"]:
             continue
-        name = f"--{config_key(f).replace('_', '-')}"
+        name = f"--{option_name(f).replace('_', '-')}"
         default = flag_defaults.get(f.name, f.default)
         shown = f" (default {_shown(f.default)})" if f.name not in flag_defaults else ""
         options: dict[str, Any] = {"dest": f.name, "help": f"{f.metadata['help']}{shown}"}
