@@ -40,13 +40,14 @@ def tiny(tmp_path_factory):
 
 def clip_of(manifest, **kwargs) -> ClipSettings:
     """The tiny CLIP of ``manifest`` on the CPU, inline, batches of 4 (``kwargs`` change that)."""
-    options = dict(model=manifest["model"], pretrained=manifest["pretrained"], batch_size=4, workers=0, device="cpu")
+    options = dict(model=manifest["model"], pretrained=manifest["pretrained"], model_config=manifest["model_config"],
+                   batch_size=4, workers=0, device="cpu")
     return ClipSettings(**{**options, **kwargs})
 
 
 def run(tiny, out, **kwargs):
     m = tiny["manifest"]
-    return ft.compute_features(tiny["images"], out, clip_of(m, **kwargs), m["model_config"])
+    return ft.compute_features(tiny["images"], out, clip_of(m, **kwargs))
 
 
 @pytest.fixture(scope="module")
@@ -185,8 +186,8 @@ def test_corrupt_image_is_named_or_skipped(tiny, tmp_path):
     coco.write_image_table(table, images)
     m = tiny["manifest"]
     with pytest.raises(ft.FeatureError, match=f"cannot read image .*{victim}"):
-        ft.compute_features(images, tmp_path / "f.h5", clip_of(m), m["model_config"])
-    out = ft.compute_features(images, tmp_path / "f.h5", clip_of(m), m["model_config"], skip_bad_images=True)
+        ft.compute_features(images, tmp_path / "f.h5", clip_of(m))
+    out = ft.compute_features(images, tmp_path / "f.h5", clip_of(m), skip_bad_images=True)
     data = ft.load_features(out)
     assert np.isnan(data["image_emb"][4].astype(np.float32)).all()
     assert np.isfinite(np.delete(data["image_emb"], 4, axis=0).astype(np.float32)).all()

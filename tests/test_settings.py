@@ -10,7 +10,7 @@ import shlex
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 
 import pytest
@@ -91,7 +91,8 @@ def test_every_section_carrier_reads_the_configs_values_back_unchanged():
             add_arguments(parser, carrier)
             args = parser.parse_args(shlex.split(flags(**command_options(carrier, config[section]))))
             expected = {f: tuple(v) if isinstance(v, list) else v for f, v in config[section].items()}
-            got = from_args(carrier, args)
+            inputs = {f.name: "x" for f in fields(carrier) if f.default is MISSING}   # InferenceSettings' paths
+            got = from_args(carrier, args, **inputs)
             for key, value in command_options(carrier, expected).items():
                 name = next(f for f in carrier.__dataclass_fields__.values() if option_name(f) == key)
                 assert getattr(got, name.name) == value, (section, key)

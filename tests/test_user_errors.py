@@ -45,7 +45,7 @@ def _set(section, key, value):
 @pytest.mark.parametrize("edit, text, expected", [
     (_set("lad", "tau", float("inf")), None, "lad.tau: inf is not a finite number"),
     (_set("evaluation", "bootstrap", 10_000_000), None, "evaluation.bootstrap: bootstrap must be <= 100,000, got 10000000"),
-    (_set("benchmarks", "seed", -1), None, "benchmarks.seed: -1 is less than the minimum of 0"),
+    (_set("benchmarks", "seed", -1), None, "benchmarks.seed: seed must be >= 0, got -1"),
     (_set("calibration", "seeds", [0, -3]), None, "calibration.seeds[1]: -3 is less than the minimum"),
     (_set("lad", "top_k", list(range(5000))), None, "lad.top_k: [0, 1, 2, 3, ...] is not of type 'integer'"),
     (None, ALIAS_BOMB, "more than 100,000 values once its YAML aliases (*name) are expanded"),

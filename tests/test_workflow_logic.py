@@ -93,8 +93,10 @@ def test_every_rule_hands_its_stage_flags_the_stage_knows(paper, demo):
         parsed("train-organism", demo.organism_flags(SimpleNamespace(model=model)), "--out o")
 
 
-# The sections without a settings carrier, checked key by key: config key -> the stage's
-# argument (dest), for every key of the schema's section (a new key fails here until mapped).
+# The sections whose carriers hold required inputs or whose keys the workflow also reads itself
+# (inference: shards, a model's batch size; clip: a tiny model), checked key by key: config key
+# -> the stage's argument (dest), for every key of the schema's section (a new key fails here
+# until mapped).
 HAND_OVER = {
     "inference": ("infer", {"image_size": "image_size", "batch_size": "batch_size", "workers": "workers",
                             "group_by_length": "group_by_length", "vision_tower": "vision_tower",
@@ -113,7 +115,7 @@ HAND_OVER = {
 
 
 @pytest.mark.parametrize("section", HAND_OVER)
-def test_every_key_of_a_section_without_a_carrier_reaches_its_stage(section, tmp_path):
+def test_every_key_of_these_sections_reaches_its_stage(section, tmp_path):
     """Each key, set to a value other than its default, arrives in the stage's parsed arguments."""
     from ladbench.config import load_schema
 

@@ -395,18 +395,22 @@ class BenchmarkSettings(Settings):
         "from them (0: none; the config's calibration.n_cal needs at least that many).", minimum=0,
         key="n_calibration_pool", option="n_calibration")
     n_orderings: int = setting(5, "T: orderings per evaluation instance (identity first).", minimum=1)
-    orderings: str = setting(
-        ORDERING_SCHEMES[0], "shared (the reference implementation's protocol): one list of T orderings (the "
-        "identity, then distinct permutations from Python's random seeded with the seed, as the reference's "
-        "build_shuffles) applied to every instance, so Acc's std is the spread over T fixed reorderings; "
-        "per_instance: each instance draws its own T orderings.", choices=ORDERING_SCHEMES)
     pool_size: int = setting(20000, "Images drawn (with categories) to build instances from.", minimum=2)
+    seed: int = setting(42, "Seed; the same seed gives a byte-identical file.", minimum=0)
     caption_sim_max: float = setting(
         0.9, "Adversarial setting: a distractor's caption cosine similarity to the anchor's must be below this.")
     category_rule: str = setting(
         CATEGORY_RULES[0], "Adversarial setting: reference = skip a candidate whose category set contains the "
         "anchor's; paper = skip only an identical category set.", choices=CATEGORY_RULES)
-    seed: int = setting(42, "Seed; the same seed gives a byte-identical file.", minimum=0)
+    orderings: str = setting(
+        ORDERING_SCHEMES[0], "shared (the reference implementation's protocol): one list of T orderings (the "
+        "identity, then distinct permutations from Python's random seeded with the seed, as the reference's "
+        "build_shuffles) applied to every instance, so Acc's std is the spread over T fixed reorderings; "
+        "per_instance: each instance draws its own T orderings.", choices=ORDERING_SCHEMES)
+    # the config's calibration.source: where the calibration instances come from
+    calibration_source: str = setting(
+        CALIBRATION_SOURCES[0], "pool: calibration instances disjoint from the evaluation set; evaluation_head (the "
+        "reference's): the first n_calibration evaluation instances.", choices=CALIBRATION_SOURCES, config=False)
     draw: str = setting(
         DRAWS[0], "distinct: distinct targets drawn with numpy, shared by both settings and every N (paired "
         "comparisons across settings and N); reference: the reference's data/build_eval_dataset.py draw, instance "
@@ -416,10 +420,6 @@ class BenchmarkSettings(Settings):
         SIMILARITY_DTYPES[0], "Adversarial mining's similarities: float32, or float16 computed as numpy's float16 "
         "dot product (the reference's arithmetic on its float16 CLIP features, with its exact ties broken by pool "
         "order).", choices=SIMILARITY_DTYPES)
-    # the config's calibration.source: where the calibration instances come from
-    calibration_source: str = setting(
-        CALIBRATION_SOURCES[0], "pool: calibration instances disjoint from the evaluation set; evaluation_head (the "
-        "reference's): the first n_calibration evaluation instances.", choices=CALIBRATION_SOURCES, config=False)
 
 
 def build_benchmark(table: dict, features: dict, setting: str, n_candidates: int,

@@ -24,6 +24,8 @@ class ClipSettings(Settings):
 
     model: str = setting("ViT-L-14-quickgelu", "open_clip model name. The OpenAI weights need the -quickgelu variant.")
     pretrained: str = setting("openai", "open_clip pretrained tag (e.g. openai) or a local checkpoint file.")
+    model_config: str | None = setting(None, "JSON config of a custom open_clip architecture; its file stem must "
+                                       "equal the model's name.", kind=str, config=False)
     tiny: bool = setting(False, "Build a tiny random open_clip model locally (demo) instead of using model and "
                          "pretrained.", flag=False)
     batch_size: int = setting(64, "Images per batch.", minimum=1)

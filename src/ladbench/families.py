@@ -15,6 +15,14 @@ REFERENCE_LAYER_RANGE = (21, 35, 36)
 #: The transformers lanes (README "Which lane for what"): the paper's (4.53.x) and the current (5.x).
 LANES = ("paper", "current")
 
+#: How the vision tower runs (``models/vision.py``): every image of a batch together
+#: (Qwen2.5-VL-style towers), or transformers' own code (for comparison).
+VISION_TOWERS = ("batched", "native")
+#: A model's weights dtype (``models/base.resolve_dtype``); auto: bfloat16 on a GPU, float32 on the CPU.
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+#: Where a model runs: a GPU when one is visible (auto), the CPU, or a (numbered) GPU.
+DEVICE_PATTERN = r"auto|cpu|cuda(:\d+)?"
+
 
 @dataclass(frozen=True)
 class Family:

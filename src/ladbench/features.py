@@ -258,18 +258,17 @@ def _warn(message: str) -> None:
     print(f"features: {message}", file=sys.stderr)
 
 
-def compute_features(images_json: str | os.PathLike, out: str | os.PathLike, clip: ClipSettings | None = None,
-                     model_config: str | os.PathLike | None = None, *, skip_bad_images: bool = False,
-                     cache_dir: str | None = None) -> Path:
+def compute_features(images_json: str | os.PathLike, out: str | os.PathLike, clip: ClipSettings | None = None, *,
+                     skip_bad_images: bool = False, cache_dir: str | None = None) -> Path:
     """Embed every image and caption of an image table into ``out`` (docs/formats.md §2) with
-    ``clip``'s model, weights and execution (``model_config``: a custom architecture's JSON).
+    ``clip``'s model, weights and execution.
 
     Resumes a previous interrupted run of the same model, weights and table. Returns
     ``out`` as a Path. One process at a time writes ``out``: a second refuses at once.
     """
     clip = clip or ClipSettings()
     with writing(out, "features file"):
-        return _compute_features(images_json, out, clip.model, clip.pretrained, model_config, clip.batch_size,
+        return _compute_features(images_json, out, clip.model, clip.pretrained, clip.model_config, clip.batch_size,
                                  clip.workers, clip.device, skip_bad_images, cache_dir)
 
 

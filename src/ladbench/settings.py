@@ -21,6 +21,7 @@ ablation's switch).
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import MISSING, field, fields
 from typing import Any, ClassVar, Iterator, Mapping
 
@@ -30,18 +31,21 @@ __all__ = ["Settings", "check_section", "command_options", "config_key", "is_seq
 _JSON_TYPES = {bool: "boolean", int: "integer", float: "number", str: "string"}
 
 
-def setting(default: Any, help: str, *, choices: tuple | None = None, minimum: float | None = None,
-            maximum: float | None = None, above: float | None = None, below: float | None = None,
-            kind: type | None = None, key: str | None = None, option: str | None = None, config: bool = True,
-            flag: bool = True, **extra: Any) -> Any:
-    """A field of a settings dataclass: its ``default`` and ``help``; the ``choices`` it allows;
+def setting(default: Any, help: str, *, choices: tuple | None = None, pattern: str | None = None,
+            minimum: float | None = None, maximum: float | None = None, above: float | None = None,
+            below: float | None = None, kind: type | None = None, key: str | None = None, option: str | None = None,
+            config: bool = True, flag: bool = True, group: str | None = None, **extra: Any) -> Any:
+    """A field of a settings dataclass: its ``default`` (None: unset, no default in the schema)
+    and ``help``; the ``choices`` it allows, or the regular expression ``pattern`` its text matches;
     its bounds (``minimum``/``maximum`` inclusive, ``above``/``below`` exclusive); ``kind``, the
     type of its value or, for a tuple, of its items (default: the default's); ``key``, its config
     key and flag name when not the field's name (``option``: the flag's name where it is not the
-    config key); whether it is a key of the config's section (``config``) and a flag (``flag``).
-    ``extra`` is kept in the metadata (e.g. ``hashed``)."""
-    metadata = {"help": help, "choices": choices, "minimum": minimum, "maximum": maximum, "above": above,
-                "below": below, "kind": kind, "key": key, "option": option, "config": config, "flag": flag, **extra}
+    config key); whether it is a key of the config's section (``config``) and a flag (``flag``);
+    ``group``, the title of the command's help section its flag is listed under. ``extra`` is kept
+    in the metadata (e.g. ``hashed``)."""
+    metadata = {"help": help, "choices": choices, "pattern": pattern, "minimum": minimum, "maximum": maximum,
+                "above": above, "below": below, "kind": kind, "key": key, "option": option, "config": config,
+                "flag": flag, "group": group, **extra}
     return field(default=default, metadata=metadata)
 
 
@@ -100,6 +104,8 @@ def _check_value(f: dataclasses.Field, value: Any) -> None:
             continue
         if meta.get("choices") is not None and item not in meta["choices"]:
             raise ValueError(f"{config_key(f)} must be one of {tuple(meta['choices'])}, got {item!r}")
+        if meta.get("pattern") is not None and not re.fullmatch(meta["pattern"], str(item)):
+            raise ValueError(f"{config_key(f)} must match {meta['pattern']}, got {item!r}")
         bounds = [(meta.get("minimum"), ">=", lambda v, b: v >= b), (meta.get("maximum"), "<=", lambda v, b: v <= b),
                   (meta.get("above"), ">", lambda v, b: v > b), (meta.get("below"), "<", lambda v, b: v < b)]
         for bound, sign, holds in bounds:
@@ -121,8 +127,10 @@ def schema_properties(cls: type) -> dict[str, dict]:
         item: dict[str, Any] = {"type": _JSON_TYPES[kind(f)]}
         if f.metadata.get("choices") is not None:
             item["enum"] = list(f.metadata["choices"])
+        if f.metadata.get("pattern") is not None:
+            item["pattern"] = f"^(?:{f.metadata['pattern']})$"
         entry = {"type": "array", "items": item, "minItems": 1} if is_sequence(f) else dict(item)
-        if f.default is not MISSING:
+        if f.default not in (MISSING, None):
             entry["default"] = plain(f.default)
         entry["description"] = f.metadata["help"]
         properties[config_key(f)] = entry
@@ -132,26 +140,40 @@ def schema_properties(cls: type) -> dict[str, dict]:
 def check_section(cls: type, values: Mapping[str, Any], where: str) -> None:
     """Each of ``values`` (a config section) that ``cls`` carries, checked by ``cls`` alone;
     a ValueError names ``<where>.<key>``."""
+    # a carrier that also holds required inputs (InferenceSettings) cannot be made from one
+    # setting: its fields' own checks stand alone there
+    whole = all(f.default is not MISSING or f.default_factory is not MISSING for f in fields(cls))
     for f in setting_fields(cls):
         key = config_key(f)
         if key in values:
             value = values[key]
             try:
-                cls(**{f.name: tuple(value) if isinstance(value, list) else value})
+                _check_value(f, value)
+                if whole:
+                    cls(**{f.name: tuple(value) if isinstance(value, list) else value})
             except ValueError as error:
                 raise ValueError(f"{where}.{key}: {error}") from None
 
 
-def command_options(cls: type, values: Mapping[str, Any]) -> dict[str, Any]:
+def command_options(cls: type, values: Mapping[str, Any], **given: Any) -> dict[str, Any]:
     """The config section's values of ``cls``'s keys as a command's options, keyed by flag name
-    (the workflow writes them as ``--<key> <value>``)."""
+    (the workflow writes them as ``--<key> <value>``), in the fields' order; ``given`` adds the
+    values of fields the section does not hold (``config=False``), in their place. A switch at
+    its default True is left out (the flag's default says it); set to False, its ``--no-`` form."""
     options = {}
     for f in setting_fields(cls):
         key = config_key(f)
+        if f.name in given:
+            options[option_name(f)] = given[f.name]
+            continue
         if not (f.metadata["config"] and f.metadata["flag"] and key in values):
             continue
-        if values[key] is False and f.default is True:
-            options[f"no_{option_name(f)}"] = True          # the flag's negative form (--no-<key>)
+        if f.default is True and values[key] in (True, False):
+            if values[key] is False:
+                options[f"no_{option_name(f)}"] = True          # the flag's negative form (--no-<key>)
         else:
             options[option_name(f)] = values[key]
+    unknown = set(given) - {f.name for f in setting_fields(cls)}
+    if unknown:
+        raise TypeError(f"{cls.__name__} has no settings {sorted(unknown)}")
     return options

@@ -24,6 +24,7 @@ from ladbench.config import (benchmark_parts, check_environment, layer_range_arg
                              read_yaml, startup_warnings, study_benchmarks, validate_config)
 from ladbench.data.reference_tables import CAPTIONS_FILE, CATEGORIES_FILE
 from ladbench.evaluation import default_methods
+from ladbench.inference.runner import InferenceSettings
 from ladbench.methods import METHODS, LadSettings, ReadoutSettings
 from ladbench.metrics import Bootstrap
 from ladbench.plan import benchmark_path, cache_path
@@ -135,10 +136,11 @@ class Study:
         keep_caches_under(f"{self.out}/.cache")
 
     # ---- settings handed to the stages ---------------------------------------------------
-    def settings_options(self, *carriers: type) -> dict[str, Any]:
-        """The config's values of the carriers' keys, as a stage's options (ladbench.settings)."""
+    def settings_options(self, *carriers: type, **given: Any) -> dict[str, Any]:
+        """The config's values of the carriers' keys, as a stage's options (ladbench.settings);
+        ``given``: the values of a (single) carrier's fields that its section does not hold."""
         return {key: value for carrier in carriers
-                for key, value in command_options(carrier, self.config[carrier.section]).items()}
+                for key, value in command_options(carrier, self.config[carrier.section], **given).items()}
 
     def prompt(self, variant: str) -> str:
         return self.config["inference"]["variants"][variant]["prompt"]
@@ -222,12 +224,12 @@ class Study:
         return [self.tiny_clip_dir] if self.config["clip"]["tiny"] else []
 
     def clip_flags(self) -> str:
-        options = self.settings_options(ClipSettings)
-        if self.config["clip"]["tiny"]:
-            # `ladbench demo-clip` writes this config and checkpoint; they load like a real model.
-            stem = f"{self.tiny_clip_dir}/{TINY_CLIP_NAME}"
-            options.update(model=TINY_CLIP_NAME, pretrained=f"{stem}.pt", model_config=f"{stem}.json")
-        return flags(**options)
+        if not self.config["clip"]["tiny"]:
+            return flags(**self.settings_options(ClipSettings))
+        # `ladbench demo-clip` writes this config and checkpoint; they load like a real model.
+        stem = f"{self.tiny_clip_dir}/{TINY_CLIP_NAME}"
+        return flags(**self.settings_options(ClipSettings, model=TINY_CLIP_NAME, pretrained=f"{stem}.pt",
+                                             model_config=f"{stem}.json"))
 
     # ---- models ---------------------------------------------------------------------------
     def tiny_model_dir(self, model: str) -> str:
@@ -258,8 +260,7 @@ class Study:
         return {"images": self.image_table(wildcards.dataset), "features": self.features_file(wildcards.dataset)}
 
     def benchmark_flags(self, wildcards) -> str:
-        return flags(**self.settings_options(BenchmarkSettings),
-                     calibration_source=self.config["calibration"]["source"])
+        return flags(**self.settings_options(BenchmarkSettings, calibration_source=self.config["calibration"]["source"]))
 
     def benchmark_images(self, wildcards) -> str:
         """The image table of a benchmark's dataset."""
@@ -303,21 +304,15 @@ class Study:
 
     def infer_flags(self, wildcards) -> str:
         model = self.config["models"][wildcards.model]
-        inference = self.config["inference"]
-        variant = inference["variants"][wildcards.variant]
+        variant = self.config["inference"]["variants"][wildcards.variant]
+        options = self.settings_options(InferenceSettings)
+        if "batch_size" in model:
+            options["batch_size"] = model["batch_size"]         # a model's own batch size wins
         return flags(
             model_name=wildcards.model, variant_name=wildcards.variant, family=model["family"],
-            model_path=self.model_dir(wildcards.model),
-            revision=None if model["tiny"] else model["revision"],
-            trust_remote_code=model["trust_remote_code"],
-            prompt=variant["prompt"], identifiers=variant["identifiers"],
-            score_mode=inference["score_mode"], image_size=inference["image_size"],
-            batch_size=model.get("batch_size", inference["batch_size"]), chunk_size=inference["chunk_size"],
-            workers=inference.get("workers"), vision_tower=inference["vision_tower"],
-            group_by_length=inference["group_by_length"],
-            dtype=inference["dtype"], device=inference["device"],
-            store_head_attention=inference["store_head_attention"], no_greedy_reply=not inference["greedy_reply"],
-            shard_index=getattr(wildcards, "shard", None), shard_count=self.shards if self.shards > 1 else None,
+            model_path=self.model_dir(wildcards.model), revision=None if model["tiny"] else model["revision"],
+            trust_remote_code=model["trust_remote_code"], prompt=variant["prompt"], identifiers=variant["identifiers"],
+            **options, shard_index=getattr(wildcards, "shard", None), shard_count=self.shards if self.shards > 1 else None,
             **self.prompt_setting_options(variant["prompt"]),
         )
 

@@ -31,8 +31,9 @@ import numpy as np
 from ladbench.atomic import atomic_path, file_digest, sampled_digest
 from ladbench.benchmark import load_benchmark
 from ladbench.data.coco import caption_problem, image_paths, load_image_table, table_fingerprint
-from ladbench.families import FAMILIES
+from ladbench.families import DEVICE_PATTERN, DTYPES, FAMILIES, VISION_TOWERS
 from ladbench.inputs import check_benchmark_table
+from ladbench.settings import Settings, setting
 from ladbench.variants import PromptVariant, prompt_sha256, prompt_text, variant, variant_names
 
 from .cache import CACHE_FORMAT, CacheLayout, CacheWriter, RowPlan, is_complete_for, plan_rows
@@ -46,10 +47,21 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+#: most DataLoader workers used by default on a GPU (the processor of one N = 8 batch of 8
+#: takes about 0.5 s of one core; a GPU step of it about 60 ms)
+GPU_WORKERS = 8
+#: the infer command's help sections of the settings' flags
+PROMPT_GROUP, EXECUTION_GROUP = "prompt and scoring", "execution"
+
 
 @dataclass
-class InferenceSettings:
-    """Everything the stage needs; one field per CLI flag."""
+class InferenceSettings(Settings):
+    """Everything the stage needs: the inputs and the model (plain fields, the command's
+    required flags), then one carrier field per setting (:mod:`ladbench.settings`); those of
+    the config's ``inference`` section are its keys, the others (``config=False``) come from a
+    model's or a variant's entry or only from the command line."""
+
+    section = "inference"
 
     benchmark: str
     images: str
@@ -57,28 +69,60 @@ class InferenceSettings:
     model_name: str
     family: str
     model_path: str
-    revision: str | None = None
-    trust_remote_code: bool = False
-    dtype: str = "auto"
-    device: str = "auto"
-    prompt: str = "vanilla"
-    variant_name: str | None = None      # the config's name of this cache variant (default: the prompt)
-    identifiers: str = "digits"
-    score_mode: str = "reference"
-    image_size: int = 336
-    batch_size: int = 1
-    chunk_size: int = 64
-    store_head_attention: bool = False
-    greedy_reply: bool = True
-    limit_rows: int | None = None
+    revision: str | None = setting(None, "hub revision (commit / tag) to pin", kind=str, config=False, group="model")
+    trust_remote_code: bool = setting(
+        False, "allow model code shipped with the checkpoint (needed by llava_ov15; only for trusted models)",
+        config=False, group="model")
+    prompt: str = "vanilla"              # its flag lists the registry's variants, plugins' included (stages/infer.py)
+    variant_name: str | None = setting(
+        None, "the config's name of this cache variant, recorded in the cache (default: the prompt)", kind=str,
+        config=False, group=PROMPT_GROUP)
+    identifiers: str = setting("digits", "candidate identifier format", choices=IDENTIFIER_FORMATS, config=False,
+                               group=PROMPT_GROUP)
+    score_mode: str = setting(
+        "reference", "reference: raw first-step logits when every identifier is one token, else joint restricted "
+        "log-probs (the published numbers); joint: always joint restricted log-probs", choices=SCORE_MODES,
+        group=PROMPT_GROUP)
+    image_size: int = setting(336, "every image is resized to this square (bicubic) first", minimum=28,
+                              group=PROMPT_GROUP)
+    batch_size: int = setting(
+        1, "rows per forward pass (left padded); a batch that runs out of GPU memory is halved and retried, and the "
+        "size that ran is recorded in the cache (batch_size_used); in the config, a model's own batch_size wins",
+        minimum=1, group=EXECUTION_GROUP)
+    chunk_size: int = setting(64, "rows per flushed chunk of the cache (at most this many are lost on a kill)",
+                              minimum=1, group=EXECUTION_GROUP)
+    workers: int | None = setting(
+        None, f"DataLoader workers preparing batches (image decoding, square resize, processor) ahead of the model; "
+        f"0 = in the main process; unset: 0 on the CPU, up to {GPU_WORKERS} on a GPU (one CPU of the job left to the "
+        f"main process)", kind=int, minimum=0, group=EXECUTION_GROUP)
+    vision_tower: str = setting(
+        "batched", "batched: all images of a batch through the vision tower together (Qwen2.5-VL-style towers; "
+        "the same features); native: transformers' own, for comparison", choices=VISION_TOWERS, group=EXECUTION_GROUP)
+    group_by_length: bool = setting(
+        False, "sort the rows of each chunk by prompt length before batching (less padding; results equal up to "
+        "float rounding)",
+        group=EXECUTION_GROUP)
+    dtype: str = setting("auto", "weights dtype; auto = bfloat16 on a GPU, float32 on the CPU", choices=DTYPES,
+                         group="model")
+    device: str = setting("auto", "auto (a GPU when one is visible), cpu, cuda or cuda:<i>; on a GPU the weights are "
+                          "placed with device_map=auto", pattern=DEVICE_PATTERN, group="model")
+    store_head_attention: bool = setting(False, "also store per-head attention (attn_heads)", group=PROMPT_GROUP)
+    greedy_reply: bool = setting(
+        True, "store each row's two greedy reply tokens and their text (the reference's Vanilla readout, method "
+        "vanilla_generate; one KV-cache continuation step per batch)", group=PROMPT_GROUP)
+    limit_rows: int | None = setting(
+        None, "debugging: process at most this many pending rows, leave the cache incomplete", kind=int, minimum=1,
+        config=False, group=EXECUTION_GROUP)
     # the prompt variant's own settings (its dataclass, ladbench.variants); None: its defaults
     options: Any = None
-    seed: int = 0                  # generative variants: the sampling seed
-    workers: int | None = None
-    vision_tower: str = "batched"
-    group_by_length: bool = False
-    shard_index: int = 0
-    shard_count: int = 1
+    seed: int = setting(
+        0, "self-consistency: sampling seed (each sample is keyed by the seed, its row and its index: see "
+        "inference/sampling.py)", config=False, group="generation (generative variants)")
+    shard_index: int = setting(0, "run only shard i (0-based) of --shard-count", minimum=0, config=False,
+                               group=EXECUTION_GROUP)
+    shard_count: int = setting(
+        1, "split the rows into this many contiguous shards (each its own cache; `ladbench merge-shards` joins them)",
+        minimum=1, config=False, group=EXECUTION_GROUP)
 
     # fields that do not change any stored number (only speed / how much runs now), and the
     # input paths, whose contents are hashed instead (the same inputs elsewhere give the same hash);
@@ -88,6 +132,7 @@ class InferenceSettings:
                    "options")           # hashed through its variant (PromptVariant.hashed_settings)
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.options is None and self.prompt in variant_names():
             self.options = variant(self.prompt).options()
 
@@ -96,21 +141,15 @@ class InferenceSettings:
         return variant(self.prompt)
 
     def validate(self) -> None:
-        from ladbench.models.vision import VISION_TOWERS
-        checks = [("family", self.family, FAMILIES), ("prompt", self.prompt, variant_names()),
-                  ("vision_tower", self.vision_tower, VISION_TOWERS),
-                  ("identifiers", self.identifiers, IDENTIFIER_FORMATS), ("score_mode", self.score_mode, SCORE_MODES)]
+        """What the fields cannot check on construction: the registries, which plugins extend
+        (the fields' choices and bounds are checked by :class:`~ladbench.settings.Settings`)."""
+        checks = [("family", self.family, FAMILIES), ("prompt", self.prompt, variant_names())]
         for name, value, allowed in checks:
             if value not in allowed:
                 raise ValueError(f"--{name.replace('_', '-')} {value!r} is not one of {', '.join(allowed)}")
         if not isinstance(self.options, self.variant.settings):
             raise ValueError(f"--prompt {self.prompt}: its settings must be a {self.variant.settings.__name__}, "
                              f"got {type(self.options).__name__}")
-        for name in ("image_size", "batch_size", "chunk_size", "shard_count"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"--{name.replace('_', '-')} must be >= 1; got {getattr(self, name)}")
-        if self.workers is not None and self.workers < 0:
-            raise ValueError(f"--workers must be >= 0; got {self.workers}")
 
     def hashed_fields(self) -> dict[str, Any]:
         """Settings that change the cache content (for ``config_sha256``); variant-irrelevant ones dropped."""
@@ -131,9 +170,6 @@ class InferenceSettings:
         return max(1, min(GPU_WORKERS, cpus - 1))
 
 
-#: most DataLoader workers used by default on a GPU (the processor of one N = 8 batch of 8
-#: takes about 0.5 s of one core; a GPU step of it about 60 ms)
-GPU_WORKERS = 8
 
 
 # --------------------------------------------------------------------------- inputs

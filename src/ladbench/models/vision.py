@@ -38,8 +38,7 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
-#: vision tower implementations an adapter can run: ours, or transformers' own (for comparison)
-VISION_TOWERS = ("batched", "native")
+from ladbench.families import VISION_TOWERS  # noqa: F401  (the implementations an adapter can run)
 
 _PLANS_ATTR = "_ladbench_batch_plans"
 _MAX_CACHED_PLANS = 64            # distinct batch compositions kept (a study usually has one)

@@ -18,9 +18,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "table (docs/formats.md §2); resumable after an interruption.")
     parser.add_argument("--images", required=True, help="Image table (images.json from `ladbench captions`).")
     parser.add_argument("--out", required=True, type=output_file(".h5"), help="Output HDF5 file.")
-    add_arguments(parser, ClipSettings)               # --model, --pretrained, --batch-size, --workers, --device
-    parser.add_argument("--model-config", default=None,
-                        help="JSON config of a custom open_clip architecture; its file stem must equal --model.")
+    add_arguments(parser, ClipSettings)      # --model, --pretrained, --model-config, --batch-size, --workers, --device
     parser.add_argument("--skip-bad-images", action="store_true",
                         help="Record unreadable images (NaN embedding, count in the file) instead of stopping.")
     parser.add_argument("--cache-dir", default=None, help="open_clip weights cache folder (default: the library's).")
@@ -28,6 +26,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    out = compute_features(args.images, args.out, from_args(ClipSettings, args), args.model_config,
-                           skip_bad_images=args.skip_bad_images, cache_dir=args.cache_dir)
+    out = compute_features(args.images, args.out, from_args(ClipSettings, args), skip_bad_images=args.skip_bad_images,
+                           cache_dir=args.cache_dir)
     print(f"features: {out}")

@@ -11,10 +11,9 @@ from typing import Any
 
 from ladbench.cli import output_file
 from ladbench.inference import runner
-from ladbench.inference.prompts import IDENTIFIER_FORMATS
 from ladbench.families import FAMILIES
-from ladbench.inference.runner import GPU_WORKERS, InferenceSettings, run_inference
-from ladbench.inference.scoring import SCORE_MODES
+from ladbench.inference.runner import EXECUTION_GROUP, PROMPT_GROUP, InferenceSettings, run_inference
+from ladbench.stages.options import add_arguments, argument_section, from_args
 from ladbench.variants import VARIANTS, variant, variant_names
 
 log = logging.getLogger(runner.__name__)
@@ -40,9 +39,9 @@ def options_from_args(name: str, args: argparse.Namespace) -> Any:
 
 
 def _settings_from_args(args: argparse.Namespace) -> InferenceSettings:
-    names = InferenceSettings.__dataclass_fields__
-    return InferenceSettings(**{k: getattr(args, k) for k in names if k != "options" and hasattr(args, k)},
-                             options=options_from_args(args.prompt, args))
+    given = ("benchmark", "images", "out", "model_name", "family", "model_path", "prompt")
+    return from_args(InferenceSettings, args, **{name: getattr(args, name) for name in given},
+                     options=options_from_args(args.prompt, args))
 
 
 def run(args: argparse.Namespace) -> None:
@@ -70,51 +69,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     g.add_argument("--family", default="auto", choices=FAMILIES,
                    help="model family (selects the adapter; default auto: derived from the model, current lane)")
     g.add_argument("--model-path", required=True, help="hub id or local folder of the model")
-    g.add_argument("--revision", default=None, help="hub revision (commit / tag) to pin")
-    g.add_argument("--trust-remote-code", action="store_true",
-                   help="allow model code shipped with the checkpoint (needed by llava_ov15; only for trusted models)")
-    g.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
-                   help="weights dtype; auto = bfloat16 on GPU, float32 on CPU")
-    g.add_argument("--device", default="auto", help="auto, cpu or cuda (GPU: weights placed with device_map=auto)")
-    g = p.add_argument_group("prompt and scoring")
-    g.add_argument("--prompt", default="vanilla", choices=variant_names(),
+    g = p.add_argument_group(PROMPT_GROUP)
+    g.add_argument("--prompt", default=InferenceSettings.prompt, choices=variant_names(),
                    help="prompt / cache variant (the registry ladbench.variants)")
-    g.add_argument("--variant-name", default=None,
-                   help="the config's name of this cache variant, recorded in the cache (default: the prompt)")
-    g.add_argument("--identifiers", default="digits", choices=IDENTIFIER_FORMATS, help="candidate identifier format")
-    g.add_argument("--score-mode", default="reference", choices=SCORE_MODES,
-                   help="reference: raw logits when every identifier is one token, else joint restricted "
-                        "log-probs (published numbers); joint: always joint restricted log-probs")
-    g.add_argument("--image-size", type=int, default=336, help="images are resized to this square, bicubic (336)")
-    g.add_argument("--store-head-attention", action="store_true", help="also store per-head attention (attn_heads)")
-    g.add_argument("--no-greedy-reply", dest="greedy_reply", action="store_false",
-                   help="do not store the two greedy reply tokens and their text (the reference's Vanilla readout, "
-                        "method vanilla_generate; costs one KV-cache continuation step per batch)")
+    add_arguments(p, InferenceSettings)    # each field under its group: model, prompt and scoring, execution...
     add_variant_arguments(p)          # each variant's own settings: --sofa-sigma, --sc-samples, ...
-    g = p.add_argument_group("generation (generative variants)")
-    g.add_argument("--seed", type=int, default=0,
-                   help="self-consistency: sampling seed (each sample is keyed by the seed, its row and its "
-                        "index: see inference/sampling.py)")
-    g = p.add_argument_group("execution")
-    g.add_argument("--gpus", type=int, default=0,
-                   help="claim this many GPUs no other ladbench job on this machine holds and show CUDA only "
-                        "those (0: no claim; a CUDA_VISIBLE_DEVICES already set for the job is respected)")
-    g.add_argument("--batch-size", type=int, default=1,
-                   help="rows per forward pass (left padded); halved on running out of GPU memory")
-    g.add_argument("--workers", type=int, default=None,
-                   help=f"DataLoader workers preparing batches (images, processor) ahead of the model; "
-                        f"0 = inline; default: 0 on the CPU, up to {GPU_WORKERS} on a GPU")
-    g.add_argument("--group-by-length", action="store_true",
-                   help="sort the rows of each chunk by prompt length before batching (less padding)")
-    g.add_argument("--vision-tower", default="batched", choices=("batched", "native"),
-                   help="batched: all images of a batch through the vision tower together (Qwen2.5-VL-style "
-                        "towers); native: transformers' own (for comparison)")
-    g.add_argument("--chunk-size", type=int, default=InferenceSettings.chunk_size,
-                   help="rows per write to the cache (the most a kill can lose)")
-    g.add_argument("--shard-index", type=int, default=0, help="run only shard i (0-based) of --shard-count")
-    g.add_argument("--shard-count", type=int, default=1,
-                   help="split the rows into this many contiguous shards (each its own cache; "
-                        "`ladbench merge-shards` joins them)")
-    g.add_argument("--limit-rows", type=int, default=None,
-                   help="debugging: process at most this many pending rows, leave the cache incomplete")
+    argument_section(p, EXECUTION_GROUP).add_argument(
+        "--gpus", type=int, default=0,
+        help="claim this many GPUs no other ladbench job on this machine holds and show CUDA only those (0: no claim; "
+             "a CUDA_VISIBLE_DEVICES already set for the job is respected)")
     p.set_defaults(func=run)

@@ -16,23 +16,35 @@ from ladbench.settings import is_sequence, kind, option_name, plain, setting_fie
 
 def add_arguments(parser, cls: type, **flag_defaults: Any) -> None:
     """One flag per field of ``cls`` (``--<key>``), with the field's default, type, choices and
-    help; ``flag_defaults`` replace a flag's default (e.g. None: "decided later")."""
+    help, listed under its ``group`` (the parser's section of that title, made if missing);
+    ``flag_defaults`` replace a flag's default (e.g. None: "decided later")."""
     for f in setting_fields(cls):
         if not f.metadata["flag"]:
             continue
+        target = argument_section(parser, f.metadata.get("group"))
         name = f"--{option_name(f).replace('_', '-')}"
         default = flag_defaults.get(f.name, f.default)
-        shown = f" (default {_shown(f.default)})" if f.name not in flag_defaults else ""
+        shown = f" (default {_shown(f.default)})" if f.name not in flag_defaults and f.default is not None else ""
         options: dict[str, Any] = {"dest": f.name, "help": f"{f.metadata['help']}{shown}"}
         if kind(f) is bool and not is_sequence(f):
-            parser.add_argument(name, action=argparse.BooleanOptionalAction, default=default, **options)
+            target.add_argument(name, action=argparse.BooleanOptionalAction, default=default, **options)
             continue
         if f.metadata.get("choices") is not None:
             options["choices"] = f.metadata["choices"]
         if is_sequence(f):
             options["nargs"] = "+"
             default = plain(default)
-        parser.add_argument(name, type=kind(f), default=default, **options)
+        target.add_argument(name, type=kind(f), default=default, **options)
+
+
+def argument_section(parser, title: str | None):
+    """The parser's argument group called ``title`` (made if missing); the parser itself for None."""
+    if title is None:
+        return parser
+    for group in getattr(parser, "_action_groups", ()):     # argparse keeps its sections there
+        if group.title == title:
+            return group
+    return parser.add_argument_group(title)
 
 
 def _shown(value: Any) -> str:
