@@ -30,6 +30,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Mapping
 
 from ladbench.inference import prompts
+from ladbench.registry import Registry
 
 __all__ = ["PromptVariant", "VARIANTS", "prompt_sha256", "prompt_text", "register_variant",
            "setting", "variant", "variant_names"]
@@ -156,24 +157,18 @@ class PromptVariant:
         return self.samples_per_row(options) * int(options.max_new_tokens)
 
 
-VARIANTS: dict[str, PromptVariant] = {}
+VARIANTS: Registry[PromptVariant] = Registry("prompt variant")
 
 
 def register_variant(entry: PromptVariant) -> PromptVariant:
     """Add ``entry`` to the registry (a plugin module calls this at import)."""
-    if entry.name in VARIANTS:
-        raise ValueError(f"prompt variant {entry.name!r} is already registered")
     if not dataclasses.is_dataclass(entry.settings):
         raise ValueError(f"variant {entry.name!r}: settings must be a dataclass")
-    VARIANTS[entry.name] = entry
-    return entry
+    return VARIANTS.register(entry.name, entry)
 
 
 def variant(name: str) -> PromptVariant:
-    try:
-        return VARIANTS[name]
-    except KeyError:
-        raise ValueError(f"unknown prompt variant {name!r}; choose one of {', '.join(VARIANTS)}") from None
+    return VARIANTS.lookup(name)
 
 
 def variant_names() -> tuple[str, ...]:

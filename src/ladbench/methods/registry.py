@@ -16,6 +16,7 @@ from ladbench.methods.kernels import (CalibrationLike, EvalArraysLike, check_com
                                       permutation_average, predict, predict_identity_under_orderings, pride,
                                       purified_attention, raw_attention, vanilla)
 from ladbench.methods.settings import MethodSettings
+from ladbench.registry import Registry
 
 __all__ = ["METHODS", "Method", "MethodFn", "method", "register_method"]
 
@@ -111,7 +112,7 @@ class Method:
         return self.predict(arrays, calibration, settings)
 
 
-METHODS: dict[str, Method] = {
+METHODS: Registry[Method] = Registry("method", {
     "vanilla": Method(_vanilla_method, "Vanilla", place=1),
     "vanilla_generate": Method(_vanilla_generate_method, "Vanilla (greedy reply, parsed)", place=7),
     "pride": Method(_pride_method, "PriDe", needs_calibration=True, place=4),
@@ -123,20 +124,14 @@ METHODS: dict[str, Method] = {
     "permutation_average": Method(_permutation_average_method, "Permutation averaging", reads="permavg",
                                   reads_shifts=True),
     "generated": Method(_generated_method, "Generated answer", reads=None),
-}
+})
 
 
 def register_method(name: str, method: Method) -> Method:
     """Add a method to the registry (a plugin module calls this at import)."""
-    if name in METHODS:
-        raise ValueError(f"method {name!r} is already registered")
-    METHODS[name] = method
-    return method
+    return METHODS.register(name, method)
 
 
 def method(name: str) -> Method:
-    try:
-        return METHODS[name]
-    except KeyError:
-        raise ValueError(f"unknown method {name!r}; known: {', '.join(sorted(METHODS))}") from None
+    return METHODS.lookup(name)
 
