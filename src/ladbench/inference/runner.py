@@ -22,7 +22,7 @@ import resource
 import shutil
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field, fields
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
@@ -50,6 +50,10 @@ log = logging.getLogger(__name__)
 #: most DataLoader workers used by default on a GPU (the processor of one N = 8 batch of 8
 #: takes about 0.5 s of one core; a GPU step of it about 60 ms)
 GPU_WORKERS = 8
+#: a field that does not change any stored number (only speed, how much runs now, names), so
+#: not part of the cache's identity (config_sha256); a shard's rows are identified by its cache's
+#: own config_sha256 (merge.select_shard)
+UNHASHED = {"hashed": False}
 #: the infer command's help sections of the settings' flags
 PROMPT_GROUP, EXECUTION_GROUP = "prompt and scoring", "execution"
 
@@ -63,10 +67,12 @@ class InferenceSettings(Settings):
 
     section = "inference"
 
-    benchmark: str
-    images: str
-    out: str
-    model_name: str
+    # not hashed: the input files' contents are (the same inputs elsewhere give the same hash);
+    # where the cache goes and what it is called change no number
+    benchmark: str = field(metadata=UNHASHED)
+    images: str = field(metadata=UNHASHED)
+    out: str = field(metadata=UNHASHED)
+    model_name: str = field(metadata=UNHASHED)
     family: str
     model_path: str
     revision: str | None = setting(None, "hub revision (commit / tag) to pin", kind=str, config=False, group="model")
@@ -76,7 +82,7 @@ class InferenceSettings(Settings):
     prompt: str = "vanilla"              # its flag lists the registry's variants, plugins' included (stages/infer.py)
     variant_name: str | None = setting(
         None, "the config's name of this cache variant, recorded in the cache (default: the prompt)", kind=str,
-        config=False, group=PROMPT_GROUP)
+        config=False, group=PROMPT_GROUP, hashed=False)
     identifiers: str = setting("digits", "candidate identifier format", choices=IDENTIFIER_FORMATS, config=False,
                                group=PROMPT_GROUP)
     score_mode: str = setting(
@@ -88,20 +94,21 @@ class InferenceSettings(Settings):
     batch_size: int = setting(
         1, "rows per forward pass (left padded); a batch that runs out of GPU memory is halved and retried, and the "
         "size that ran is recorded in the cache (batch_size_used); in the config, a model's own batch_size wins",
-        minimum=1, group=EXECUTION_GROUP)
+        minimum=1, group=EXECUTION_GROUP, hashed=False)
     chunk_size: int = setting(64, "rows per flushed chunk of the cache (at most this many are lost on a kill)",
-                              minimum=1, group=EXECUTION_GROUP)
+                              minimum=1, group=EXECUTION_GROUP, hashed=False)
     workers: int | None = setting(
         None, f"DataLoader workers preparing batches (image decoding, square resize, processor) ahead of the model; "
         f"0 = in the main process; unset: 0 on the CPU, up to {GPU_WORKERS} on a GPU (one CPU of the job left to the "
-        f"main process)", kind=int, minimum=0, group=EXECUTION_GROUP)
+        f"main process)", kind=int, minimum=0, group=EXECUTION_GROUP, hashed=False)
     vision_tower: str = setting(
         "batched", "batched: all images of a batch through the vision tower together (Qwen2.5-VL-style towers; "
-        "the same features); native: transformers' own, for comparison", choices=VISION_TOWERS, group=EXECUTION_GROUP)
+        "the same features); native: transformers' own, for comparison", choices=VISION_TOWERS, group=EXECUTION_GROUP,
+        hashed=False)
     group_by_length: bool = setting(
         False, "sort the rows of each chunk by prompt length before batching (less padding; results equal up to "
         "float rounding)",
-        group=EXECUTION_GROUP)
+        group=EXECUTION_GROUP, hashed=False)
     dtype: str = setting("auto", "weights dtype; auto = bfloat16 on a GPU, float32 on the CPU", choices=DTYPES,
                          group="model")
     device: str = setting("auto", "auto (a GPU when one is visible), cpu, cuda or cuda:<i>; on a GPU the weights are "
@@ -112,24 +119,17 @@ class InferenceSettings(Settings):
         "vanilla_generate; one KV-cache continuation step per batch)", group=PROMPT_GROUP)
     limit_rows: int | None = setting(
         None, "debugging: process at most this many pending rows, leave the cache incomplete", kind=int, minimum=1,
-        config=False, group=EXECUTION_GROUP)
+        config=False, group=EXECUTION_GROUP, hashed=False)
     # the prompt variant's own settings (its dataclass, ladbench.variants); None: its defaults
-    options: Any = None
+    options: Any = field(default=None, metadata=UNHASHED)      # hashed through its variant (hashed_settings)
     seed: int = setting(
         0, "self-consistency: sampling seed (each sample is keyed by the seed, its row and its index: see "
         "inference/sampling.py)", config=False, group="generation (generative variants)")
     shard_index: int = setting(0, "run only shard i (0-based) of --shard-count", minimum=0, config=False,
-                               group=EXECUTION_GROUP)
+                               group=EXECUTION_GROUP, hashed=False)
     shard_count: int = setting(
         1, "split the rows into this many contiguous shards (each its own cache; `ladbench merge-shards` joins them)",
-        minimum=1, config=False, group=EXECUTION_GROUP)
-
-    # fields that do not change any stored number (only speed / how much runs now), and the
-    # input paths, whose contents are hashed instead (the same inputs elsewhere give the same hash);
-    # a shard's rows are identified by its cache's own config_sha256, see merge.select_shard
-    _NOT_HASHED = ("out", "batch_size", "chunk_size", "limit_rows", "model_name", "variant_name", "workers",
-                   "vision_tower", "group_by_length", "shard_index", "shard_count", "benchmark", "images",
-                   "options")           # hashed through its variant (PromptVariant.hashed_settings)
+        minimum=1, config=False, group=EXECUTION_GROUP, hashed=False)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -153,7 +153,7 @@ class InferenceSettings(Settings):
 
     def hashed_fields(self) -> dict[str, Any]:
         """Settings that change the cache content (for ``config_sha256``); variant-irrelevant ones dropped."""
-        d = {k: v for k, v in asdict(self).items() if k not in self._NOT_HASHED}
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.metadata.get("hashed", True)}
         if os.path.isdir(self.model_path):
             d.pop("model_path")                          # a local folder: its files are hashed
         d.pop("greedy_reply" if self.variant.generative else "seed")
