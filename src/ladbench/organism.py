@@ -41,7 +41,6 @@ log = logging.getLogger(__name__)
 
 ALIGN_TEMPERATURE = 0.1    # of the cosine similarities in the align loss
 MAX_CANDIDATES = 9         # identifiers "1" ... "9" are single tokens
-NEAREST = 39               # a hard row's distractors are drawn from the target's this many nearest scenes
 #: where the prompt's last token is in a training row: the answer is read there, as the
 #: inference stage reads it; the row then holds the reply's identifier (teacher forcing),
 #: at whose position the model must end its turn
@@ -70,7 +69,6 @@ class OrganismSettings:
     index_weight: float = 1.0       # weight of the index losses (each image token carries its identifier)
     index_warmup: float = 0.15      # fraction of the steps before the index losses start (align and look first)
     align_weight: float = 1.0       # weight of the align loss (caption read by the last token ~ target image)
-    hard_negatives: float = 0.5     # fraction of rows whose distractors are the target's nearest scenes (pixels)
     threads: int = 1                # torch threads (fixed: results must not depend on the machine's cores)
     hidden: int = 64
     layers: int = 3
@@ -81,8 +79,6 @@ class OrganismSettings:
             raise ValueError("organism: --steps and --batch-size must be >= 1 and --n-scenes >= 16")
         if not 0.0 <= self.pull <= 1.0:
             raise ValueError(f"organism: --pull must be in [0, 1]; got {self.pull}")
-        if not 0.0 <= self.hard_negatives <= 1.0:
-            raise ValueError(f"organism: --hard-negatives must be in [0, 1]; got {self.hard_negatives}")
         if not 0.0 <= self.index_warmup < 1.0:
             raise ValueError(f"organism: --index-warmup must be in [0, 1); got {self.index_warmup}")
         if any(n < 2 or n > MAX_CANDIDATES for n in self.n_candidates):
@@ -115,7 +111,6 @@ class ScenePool:
     grid_thw: torch.Tensor          # [1, 3] the same grid for every scene
     captions: list[str]
     objects: list[frozenset]
-    nearest: np.ndarray             # [S, NEAREST] each scene's nearest other scenes by mean patch, nearest first
 
 
 def draw_scenes(settings: OrganismSettings, processor: Any, rng: np.random.Generator) -> ScenePool:
@@ -137,18 +132,7 @@ def draw_scenes(settings: OrganismSettings, processor: Any, rng: np.random.Gener
     out = processor.image_processor(images=images, return_tensors="pt")
     grid = out["image_grid_thw"]
     patches = int(grid[0].prod())
-    pixel_values = out["pixel_values"].view(len(images), patches, -1)
-    return ScenePool(pixel_values, grid[:1], captions, objects, nearest_scenes(pixel_values))
-
-
-def nearest_scenes(pixel_values: torch.Tensor) -> np.ndarray:
-    """Each scene's NEAREST other scenes by the cosine of their mean patches, nearest first: what
-    a random image encoder (the demo's tiny CLIP, which mines the adversarial benchmarks'
-    distractors) sees as alike, colours and layout. In float64 with a stable sort, so that
-    rounding does not reorder near ties across CPUs."""
-    means = torch.nn.functional.normalize(pixel_values.double().mean(1), dim=-1)
-    similarity = (means @ means.T).fill_diagonal_(-2.0).numpy()
-    return np.argsort(-similarity, axis=1, kind="stable")[:, :NEAREST]
+    return ScenePool(out["pixel_values"].view(len(images), patches, -1), grid[:1], captions, objects)
 
 
 class PromptBuilder:
@@ -178,7 +162,7 @@ class PromptBuilder:
 
 
 def sample_batch(pool: ScenePool, prompts: PromptBuilder, n: int, batch_size: int, pull: float,
-                 rng: np.random.Generator, hard_negatives: float = 0.0) -> dict[str, Any]:
+                 rng: np.random.Generator) -> dict[str, Any]:
     """One training batch at N = ``n``: scenes, target positions, (biased) labels, left-padded ids
     (the prompt, then the label's identifier: ``PROMPT_END``), the end of the turn that must
     follow it (so that a greedy reply stops after the answer, as a chat model's does), and each
@@ -186,7 +170,7 @@ def sample_batch(pool: ScenePool, prompts: PromptBuilder, n: int, batch_size: in
     from ladbench.inference.runner import segment_ids
     rows, targets, labels, scenes, caption_spans = [], [], [], [], []
     for _ in range(batch_size):
-        chosen = _distinct_scenes(pool, n, rng, hard=rng.random() < hard_negatives)
+        chosen = _distinct_scenes(pool, n, rng)
         target = int(rng.integers(n))
         order = chosen[1:]
         order.insert(target, chosen[0])
@@ -216,16 +200,12 @@ def sample_batch(pool: ScenePool, prompts: PromptBuilder, n: int, batch_size: in
             "image_spans": torch.tensor(image_spans), "segments": torch.from_numpy(np.stack(segments))}
 
 
-def _distinct_scenes(pool: ScenePool, n: int, rng: np.random.Generator, hard: bool = False) -> list[int]:
-    """A target scene and n - 1 distractors whose object sets differ from the target's; ``hard``:
-    drawn from the target's nearest scenes (hard negatives, as the adversarial benchmarks' are)."""
+def _distinct_scenes(pool: ScenePool, n: int, rng: np.random.Generator) -> list[int]:
+    """A target scene and n - 1 distractors whose object sets differ from the target's."""
     target = int(rng.integers(len(pool.captions)))
     chosen = [target]
-    nearest = iter(rng.permutation(pool.nearest[target]).tolist() if hard else ())
     while len(chosen) < n:
-        candidate = next(nearest, None)
-        if candidate is None:
-            candidate = int(rng.integers(len(pool.captions)))
+        candidate = int(rng.integers(len(pool.captions)))
         if candidate not in chosen and pool.objects[candidate] != pool.objects[target]:
             chosen.append(candidate)
     return chosen
@@ -309,7 +289,7 @@ def _train(settings: OrganismSettings) -> tuple[torch.nn.Module, Any, dict[str, 
     started = time.perf_counter()
     for step in range(settings.steps):
         n = settings.n_candidates[step % len(settings.n_candidates)]
-        batch = sample_batch(pool, prompts, n, settings.batch_size, settings.pull, rng, settings.hard_negatives)
+        batch = sample_batch(pool, prompts, n, settings.batch_size, settings.pull, rng)
         parts = _losses(model, probe, batch, digit_ids, n)
         index_weight = settings.index_weight if step >= index_from else 0.0
         end_weight = 1.0 if step >= end_from else 0.0
