@@ -148,9 +148,10 @@ def check_section(cls: type, values: Mapping[str, Any], where: str) -> None:
         if key in values:
             value = values[key]
             try:
-                _check_value(f, value)
                 if whole:
                     cls(**{f.name: tuple(value) if isinstance(value, list) else value})
+                else:
+                    _check_value(f, value)
             except ValueError as error:
                 raise ValueError(f"{where}.{key}: {error}") from None
 

@@ -13,13 +13,14 @@ The hand-written families use a ChatML-style template (``<|im_start|>`` /
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, ClassVar, Sequence
 
 import torch
 from PIL import Image
 
-from ladbench.families import family_lanes
+from ladbench.families import DEVICE_PATTERN, family_lanes
 from ladbench.inference.attention import CAPTURE_ATTENTION, register_capture_attention
 
 from . import compat
@@ -47,7 +48,7 @@ def resolve_device(device: str) -> str:
     """Map ``auto`` to ``cuda`` when a GPU is visible, else ``cpu``; validate the rest."""
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
-    if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
+    if not re.fullmatch(DEVICE_PATTERN, device):
         raise ValueError(f"--device must be auto, cpu or cuda[:i]; got {device!r}")
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"--device {device!r} asked for, but torch sees no CUDA device")

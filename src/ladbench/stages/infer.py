@@ -39,9 +39,7 @@ def options_from_args(name: str, args: argparse.Namespace) -> Any:
 
 
 def _settings_from_args(args: argparse.Namespace) -> InferenceSettings:
-    given = ("benchmark", "images", "out", "model_name", "family", "model_path", "prompt")
-    return from_args(InferenceSettings, args, **{name: getattr(args, name) for name in given},
-                     options=options_from_args(args.prompt, args))
+    return from_args(InferenceSettings, args, options=options_from_args(args.prompt, args))
 
 
 def run(args: argparse.Namespace) -> None:

@@ -6,6 +6,7 @@ stages that run methods on a cache (evaluate, analyze): :class:`ladbench.methods
 from __future__ import annotations
 
 import argparse
+from dataclasses import fields
 from typing import Any, Mapping
 
 from ladbench.families import layer_range_for
@@ -52,9 +53,12 @@ def _shown(value: Any) -> str:
 
 
 def from_args(cls: type, args: argparse.Namespace, **values: Any) -> Any:
-    """``cls`` from the flags of :func:`add_arguments`; ``values`` are given by the caller
+    """``cls`` from the flags of :func:`add_arguments` and from the command's own flags of its
+    other fields (the same name: InferenceSettings' inputs); ``values`` are given by the caller
     (settings without a flag, or flags whose meaning depends on the inputs)."""
-    given = {f.name: getattr(args, f.name) for f in setting_fields(cls) if f.metadata["flag"] and f.name not in values}
+    flagged = {f.name for f in setting_fields(cls) if f.metadata["flag"]}
+    inputs = {f.name for f in fields(cls) if hasattr(args, f.name)} - {f.name for f in setting_fields(cls)}
+    given = {name: getattr(args, name) for name in flagged | inputs if name not in values}
     given = {name: tuple(value) if isinstance(value, list) else value for name, value in given.items()}
     return cls(**given, **values)
 
