@@ -9,6 +9,8 @@ VENV   ?= .venv
 BIN    := $(abspath $(VENV))/bin
 STAMP  := $(VENV)/.installed
 CORES  ?= 2
+# the suite runs on CORES workers, whole test files each (pytest-xdist; conftest.py orders them)
+PYTEST_WORKERS ?= -n $(CORES) --dist loadfile
 DEMO_CONFIG := workflow/demo/config.yaml
 SMK    := PATH="$(BIN):$$PATH" $(BIN)/snakemake
 
@@ -39,10 +41,10 @@ demo: install
 	@PATH="$(BIN):$$PATH" ladbench where --configfile $(DEMO_CONFIG)
 
 test: install
-	PATH="$(BIN):$$PATH" $(BIN)/pytest
+	PATH="$(BIN):$$PATH" $(BIN)/pytest $(PYTEST_WORKERS)
 
 test-current: install-current
-	PATH="$(CURRENT_BIN):$$PATH" $(CURRENT_BIN)/pytest -m "lanes and not slurm"
+	PATH="$(CURRENT_BIN):$$PATH" $(CURRENT_BIN)/pytest $(PYTEST_WORKERS) -m "lanes and not slurm"
 
 # The workflow's own checks and its layout (snakefmt: [tool.snakefmt]), then ruff over the
 # Python (rules: [tool.ruff] in pyproject.toml).

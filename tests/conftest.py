@@ -23,9 +23,31 @@ from conftest_models import auto_adapter, hf_offline, tiny_adapter, tiny_arch_mo
 
 @pytest.fixture(scope="session")
 def demo_run(tmp_path_factory) -> Path:
-    """One full run of the demo DAG, shared by the workflow tests (copy it before changing it)."""
+    """One full run of the demo DAG, shared by the workflow tests (copy it before changing it).
+    Under pytest-xdist (``make test``) the workers share one run: the first to need it builds
+    it while the others wait on a lock, instead of each building its own."""
+    from filelock import FileLock
     from workflow_runner import snakemake
 
-    workdir = tmp_path_factory.mktemp("demo")
-    snakemake(workdir)
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent  # the folder above every worker's own
+    workdir, done = shared / "demo", shared / "demo.done"
+    with FileLock(str(shared / "demo.lock")):
+        if not done.exists():
+            workdir.mkdir(exist_ok=True)
+            snakemake(workdir)
+            done.touch()
     return workdir
+
+
+#: the test files that take longest (minutes each), run first: ``make test`` hands whole files
+#: to its workers (pytest-xdist ``--dist loadfile``) in collection order, so the long ones
+#: start at once and the many short files fill the other worker meanwhile
+LONGEST_FIRST = ("test_organism.py", "test_slurm.py", "test_shards.py", "test_safe_paths.py", "test_benchmarks.py",
+                 "test_variants.py", "test_generation.py")
+
+
+def pytest_collection_modifyitems(items: list) -> None:
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
