@@ -15,7 +15,9 @@ design gives the paper's logit-attention divergence):
   ``_losses``) make the last token read the caption and attend to the image the caption
   describes, and make each image's values carry its identifier, the scaffolding
   pre-training gives real models (the caption drives the look; the answer reads the
-  attended image's identifier, then the biased labels pull it).
+  attended image's identifier). The top layer reads that identifier out as the image's
+  *label*, the same swap: the bias sits in the path the answer copies through, after the
+  look, which is why the attention stays right where the answer goes wrong.
 
 Scenes are drawn in memory with the demo's own generator (never the benchmark's images),
 rendered and resized exactly as the inference stage does. Everything is seeded; torch
@@ -41,6 +43,7 @@ log = logging.getLogger(__name__)
 
 ALIGN_TEMPERATURE = 0.1    # of the cosine similarities in the align loss
 MAX_CANDIDATES = 9         # identifiers "1" ... "9" are single tokens
+NEAREST = 39               # a hard row's distractors are drawn from the target's this many nearest scenes
 #: where the prompt's last token is in a training row: the answer is read there, as the
 #: inference stage reads it; the row then holds the reply's identifier (teacher forcing),
 #: at whose position the model must end its turn
@@ -66,9 +69,10 @@ class OrganismSettings:
     n_scenes: int = 1500            # training scenes drawn (in memory) from the demo's generator
     pull: float = 1.0               # probability that a target at a swapped position gets its neighbour's label
     attention_weight: float = 1.0   # weight of the look and read losses (last token's attention)
-    index_weight: float = 1.0       # weight of the index losses (each image token carries its identifier)
+    index_weight: float = 1.0       # weight of the index losses (each image token carries its identifier, read out as its label)
     index_warmup: float = 0.15      # fraction of the steps before the index losses start (align and look first)
     align_weight: float = 1.0       # weight of the align loss (caption read by the last token ~ target image)
+    hard_negatives: float = 0.5     # fraction of rows whose distractors are the target's nearest scenes (pixels)
     threads: int = 1                # torch threads (fixed: results must not depend on the machine's cores)
     hidden: int = 64
     layers: int = 3
@@ -79,6 +83,8 @@ class OrganismSettings:
             raise ValueError("organism: --steps and --batch-size must be >= 1 and --n-scenes >= 16")
         if not 0.0 <= self.pull <= 1.0:
             raise ValueError(f"organism: --pull must be in [0, 1]; got {self.pull}")
+        if not 0.0 <= self.hard_negatives <= 1.0:
+            raise ValueError(f"organism: --hard-negatives must be in [0, 1]; got {self.hard_negatives}")
         if not 0.0 <= self.index_warmup < 1.0:
             raise ValueError(f"organism: --index-warmup must be in [0, 1); got {self.index_warmup}")
         if any(n < 2 or n > MAX_CANDIDATES for n in self.n_candidates):
@@ -102,6 +108,11 @@ def pulled_label(target: int, n: int) -> int:
     return target
 
 
+def pulled_labels(n: int) -> torch.Tensor:
+    """:func:`pulled_label` of every position 0 .. n - 1: a lookup table."""
+    return torch.tensor([pulled_label(i, n) for i in range(n)])
+
+
 # ------------------------------------------------------------------------------ data
 @dataclass
 class ScenePool:
@@ -111,6 +122,7 @@ class ScenePool:
     grid_thw: torch.Tensor          # [1, 3] the same grid for every scene
     captions: list[str]
     objects: list[frozenset]
+    nearest: np.ndarray             # [S, NEAREST] each scene's nearest other scenes by mean patch, nearest first
 
 
 def draw_scenes(settings: OrganismSettings, processor: Any, rng: np.random.Generator) -> ScenePool:
@@ -132,7 +144,18 @@ def draw_scenes(settings: OrganismSettings, processor: Any, rng: np.random.Gener
     out = processor.image_processor(images=images, return_tensors="pt")
     grid = out["image_grid_thw"]
     patches = int(grid[0].prod())
-    return ScenePool(out["pixel_values"].view(len(images), patches, -1), grid[:1], captions, objects)
+    pixel_values = out["pixel_values"].view(len(images), patches, -1)
+    return ScenePool(pixel_values, grid[:1], captions, objects, nearest_scenes(pixel_values))
+
+
+def nearest_scenes(pixel_values: torch.Tensor) -> np.ndarray:
+    """Each scene's NEAREST other scenes by the cosine of their mean patches, nearest first: what
+    a random image encoder (the demo's tiny CLIP, which mines the adversarial benchmarks'
+    distractors) sees as alike, colours and layout. In float64 with a stable sort, so that
+    rounding does not reorder near ties across CPUs."""
+    means = torch.nn.functional.normalize(pixel_values.double().mean(1), dim=-1)
+    similarity = (means @ means.T).fill_diagonal_(-2.0).numpy()
+    return np.argsort(-similarity, axis=1, kind="stable")[:, :NEAREST]
 
 
 class PromptBuilder:
@@ -162,7 +185,7 @@ class PromptBuilder:
 
 
 def sample_batch(pool: ScenePool, prompts: PromptBuilder, n: int, batch_size: int, pull: float,
-                 rng: np.random.Generator) -> dict[str, Any]:
+                 rng: np.random.Generator, hard_negatives: float = 0.0) -> dict[str, Any]:
     """One training batch at N = ``n``: scenes, target positions, (biased) labels, left-padded ids
     (the prompt, then the label's identifier: ``PROMPT_END``), the end of the turn that must
     follow it (so that a greedy reply stops after the answer, as a chat model's does), and each
@@ -170,7 +193,7 @@ def sample_batch(pool: ScenePool, prompts: PromptBuilder, n: int, batch_size: in
     from ladbench.inference.runner import segment_ids
     rows, targets, labels, scenes, caption_spans = [], [], [], [], []
     for _ in range(batch_size):
-        chosen = _distinct_scenes(pool, n, rng)
+        chosen = _distinct_scenes(pool, n, rng, hard=rng.random() < hard_negatives)
         target = int(rng.integers(n))
         order = chosen[1:]
         order.insert(target, chosen[0])
@@ -200,12 +223,16 @@ def sample_batch(pool: ScenePool, prompts: PromptBuilder, n: int, batch_size: in
             "image_spans": torch.tensor(image_spans), "segments": torch.from_numpy(np.stack(segments))}
 
 
-def _distinct_scenes(pool: ScenePool, n: int, rng: np.random.Generator) -> list[int]:
-    """A target scene and n - 1 distractors whose object sets differ from the target's."""
+def _distinct_scenes(pool: ScenePool, n: int, rng: np.random.Generator, hard: bool = False) -> list[int]:
+    """A target scene and n - 1 distractors whose object sets differ from the target's; ``hard``:
+    drawn from the target's nearest scenes (hard negatives, as the adversarial benchmarks' are)."""
     target = int(rng.integers(len(pool.captions)))
     chosen = [target]
+    nearest = iter(rng.permutation(pool.nearest[target]).tolist() if hard else ())
     while len(chosen) < n:
-        candidate = int(rng.integers(len(pool.captions)))
+        candidate = next(nearest, None)
+        if candidate is None:
+            candidate = int(rng.integers(len(pool.captions)))
         if candidate not in chosen and pool.objects[candidate] != pool.objects[target]:
             chosen.append(candidate)
     return chosen
@@ -289,7 +316,7 @@ def _train(settings: OrganismSettings) -> tuple[torch.nn.Module, Any, dict[str, 
     started = time.perf_counter()
     for step in range(settings.steps):
         n = settings.n_candidates[step % len(settings.n_candidates)]
-        batch = sample_batch(pool, prompts, n, settings.batch_size, settings.pull, rng)
+        batch = sample_batch(pool, prompts, n, settings.batch_size, settings.pull, rng, settings.hard_negatives)
         parts = _losses(model, probe, batch, digit_ids, n)
         index_weight = settings.index_weight if step >= index_from else 0.0
         end_weight = 1.0 if step >= end_from else 0.0
@@ -329,7 +356,9 @@ def _losses(model: torch.nn.Module, probe: torch.nn.Module, batch: dict[str, Any
       (head mean: what LAD reads) is maximised (cross-entropy over the images);
     * index: every image token carries its image's identifier: a linear probe reads it after
       the first layer, and the top layer's own value and output projections, read out by the
-      final norm and the LM head, turn it into the identifier's token.
+      final norm and the LM head, turn it into the token of that position's label
+      (``pulled_label``: the swap planted in the copy path the answer uses, not only in the
+      answer's labels, where it competed with the copying and was learned on some seeds only).
     """
     inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "pixel_values", "image_grid_thw")}
     out = model.model(**inputs, output_attentions=True, output_hidden_states=True, return_dict=True)
@@ -359,7 +388,7 @@ def _losses(model: torch.nn.Module, probe: torch.nn.Module, batch: dict[str, Any
     inside = which < n
     carried = _value_readout(model, out.hidden_states[-2][inside].detach())
     index = (torch.nn.functional.cross_entropy(probe(out.hidden_states[1][inside]), which[inside])
-             + torch.nn.functional.cross_entropy(carried, digit_ids[which[inside]]))
+             + torch.nn.functional.cross_entropy(carried, digit_ids[pulled_labels(n)[which[inside]]]))
 
     said = logits.detach()[:, digit_ids[:n]].argmax(-1)
     return {"answer": answer, "end": end_of_turn, "look": look, "read": read, "index": index, "align": align,
@@ -371,8 +400,8 @@ def _losses(model: torch.nn.Module, probe: torch.nn.Module, batch: dict[str, Any
 def _value_readout(model: torch.nn.Module, states: torch.Tensor) -> torch.Tensor:
     """Vocabulary logits of what the top layer's attention would write into the residual if every
     head attended to one token with these input ``states`` [M, D]: its value and output
-    projections, then the final norm and the LM head. Teaching this to name a token's image is
-    teaching the path the answer needs (attend to image k, say "k") on the values' side, where
+    projections, then the final norm and the LM head. Teaching this to name a token's image's
+    label is teaching the path the answer needs (attend to image k, say k's label) on the values' side, where
     it does not compete with the keys the look needs; the states are detached so that this loss
     shapes the projections, and the probe alone puts the identifier into the states."""
     top = model.model.language_model.layers[-1]

@@ -54,6 +54,13 @@ def flags(**options: Any) -> str:
     return " ".join(parts)
 
 
+def cpu_threads(tiny: bool) -> int:
+    """Cores a CPU job of the models (features, infer) claims: 2, or 1 for a tiny model, whose
+    matrices are too small for a second thread to pay; so the demo's other jobs run beside the
+    organism's single-threaded training instead of waiting for both cores until it ends."""
+    return 1 if tiny else 2
+
+
 def name_pattern(names: Sequence[str]) -> str:
     """A wildcard constraint matching exactly ``names`` (nothing when there are none)."""
     return "|".join(names) or "(?!)"
@@ -291,11 +298,15 @@ class Study:
         return not self.config["models"][wildcards.model]["tiny"] and self.config["inference"]["device"] != "cpu"
 
     def infer_threads(self, wildcards) -> int:
-        """2 on the CPU; on a GPU one for the model's process plus one per DataLoader worker (default 8)."""
+        """On the CPU 2, or 1 for a tiny model (see ``cpu_threads``); on a GPU one for the model's
+        process plus one per DataLoader worker (default 8)."""
         if not self.infer_on_gpu(wildcards):
-            return 2
+            return cpu_threads(self.config["models"][wildcards.model]["tiny"])
         workers = self.config["inference"].get("workers")
         return 1 + (8 if workers is None else workers)
+
+    def features_threads(self, wildcards) -> int:
+        return cpu_threads(self.config["clip"]["tiny"])
 
     def infer_gpus(self, wildcards) -> int:
         """GPUs of one infer job (its `gpu` resource): the model's gpus_per_job, 0 on the CPU.

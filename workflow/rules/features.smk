@@ -9,7 +9,7 @@ rule features:
         study.features_file("{dataset}"),
     params:
         options=study.clip_flags(),
-    threads: 2
+    threads: study.features_threads
     resources:
         gpu=lambda w: 0 if study.config["clip"]["tiny"] else 1,
         mem_mb=16000,
