@@ -255,3 +255,15 @@ def test_the_jobs_inherit_the_plugins_the_ladbench_and_the_caches_folder(tmp_pat
 def test_flags_spell_the_options():
     assert flags(tau=5, top_k=None, transfer=False, verbose=True, seeds=[0, 1], title="a b") == \
         "--tau 5 --verbose --seeds 0 1 --title 'a b'"
+
+
+def test_tiny_models_cpu_jobs_claim_one_core_so_the_demo_runs_beside_the_organisms_training(paper, demo, tmp_path):
+    """The organism's training holds one core for minutes; a CPU job claiming two could not
+    start beside it (the demo's other core idled for the whole training before)."""
+    for model in demo.models:
+        assert demo.infer_threads(SimpleNamespace(model=model)) == 1, model
+    assert demo.features_threads(SimpleNamespace(dataset="scenes")) == 1
+    on_cpu = study_of(PAPER, lambda c: c["inference"].update(device="cpu"), tmp_path)
+    assert {on_cpu.infer_threads(SimpleNamespace(model=m)) for m in on_cpu.models} == {2}   # real models, CPU
+    assert paper.features_threads(SimpleNamespace(dataset="coco")) == 2
+    assert {paper.infer_threads(SimpleNamespace(model=m)) for m in paper.models} == {9}    # GPU: 1 + 8 workers
