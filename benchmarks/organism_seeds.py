@@ -13,6 +13,7 @@ the mean and spread over the seeds, and how many seeds pass everything.
 
     python benchmarks/organism_seeds.py                      # seeds 0-4, 2 cores (~30 min)
     python benchmarks/organism_seeds.py --seeds 2 --out /tmp/s2
+    python benchmarks/organism_seeds.py --set steps=900 hard_negatives=0.75   # a variant of the recipe
 
 Reruns reuse what the folder already holds (Snakemake). ``--json`` writes every number.
 """
@@ -34,13 +35,15 @@ DEMO_CONFIG = ROOT / "workflow" / "demo" / "config.yaml"
 DEMO_ORGANISM = "organism_qwen2_5_vl"
 
 
-def sweep_config(out: Path, seeds: list[int]) -> tuple[Path, dict[int, str]]:
-    """The demo config with one organism per seed (the demo's spec, its seed replaced), the
-    vanilla variant only, no transfer; its path and seed -> model name."""
+def sweep_config(out: Path, seeds: list[int], changes: dict | None = None) -> tuple[Path, dict[int, str]]:
+    """The demo config with one organism per seed (the demo's spec, its seed replaced and
+    ``changes`` to its settings applied), the vanilla variant only, no transfer; its path and
+    seed -> model name."""
     config = yaml.safe_load(DEMO_CONFIG.read_text())
     spec = config["models"][DEMO_ORGANISM]
     names = {seed: f"organism_seed{seed}" for seed in seeds}
-    config["models"] = {name: {**spec, "organism": {**spec["organism"], "seed": seed}} for seed, name in names.items()}
+    organism = {**spec["organism"], **(changes or {})}
+    config["models"] = {name: {**spec, "organism": {**organism, "seed": seed}} for seed, name in names.items()}
     config["inference"]["variants"] = {"vanilla": config["inference"]["variants"]["vanilla"]}
     config["evaluation"]["transfer"] = []
     config["output_dir"] = "results"
@@ -50,11 +53,11 @@ def sweep_config(out: Path, seeds: list[int]) -> tuple[Path, dict[int, str]]:
     return path, names
 
 
-def run_sweep(out: Path, seeds: list[int], cores: int) -> dict[int, dict[str, dict]]:
+def run_sweep(out: Path, seeds: list[int], cores: int, changes: dict | None = None) -> dict[int, dict[str, dict]]:
     from ladbench.config import load_config, study_benchmarks
     from ladbench.organism import outcomes_from_files
 
-    config_path, names = sweep_config(out, seeds)
+    config_path, names = sweep_config(out, seeds, changes)
     benchmarks = study_benchmarks(load_config(config_path))
     files = {(seed, b): (out / "results" / "eval" / name / b / "vanilla" / f"cal-{b}.json",
                          out / "results" / "analysis" / name / b / "vanilla.json")
@@ -66,6 +69,14 @@ def run_sweep(out: Path, seeds: list[int], cores: int) -> dict[int, dict[str, di
                     "--configfile", str(config_path), "--cores", str(cores), "--rerun-incomplete", *targets],
                    check=True, env=env)
     return {seed: {b: outcomes_from_files(*files[seed, b]) for b in benchmarks} for seed in seeds}
+
+
+def setting(text: str) -> tuple[str, object]:
+    """``KEY=VALUE`` -> (key, value parsed as YAML: 900 -> int, 0.75 -> float)."""
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"--set takes KEY=VALUE; got {text!r}")
+    return key, yaml.safe_load(value)
 
 
 def spread(xs: list[float]) -> str:
@@ -114,8 +125,11 @@ def main() -> None:
                         help="working folder (default: results/organism-seeds)")
     parser.add_argument("--cores", type=int, default=2)
     parser.add_argument("--json", type=Path, help="also write every number here")
+    parser.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE", type=setting,
+                        help="change the recipe: OrganismSettings fields (ladbench train-organism --help), "
+                             "e.g. steps=900; checked by the config's schema")
     args = parser.parse_args()
-    results = run_sweep(args.out.resolve(), args.seeds, args.cores)
+    results = run_sweep(args.out.resolve(), args.seeds, args.cores, dict(args.set))
     demo_seed = yaml.safe_load(DEMO_CONFIG.read_text())["models"][DEMO_ORGANISM]["organism"]["seed"]
     print_table(results, demo_seed)
     if args.json:

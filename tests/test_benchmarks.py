@@ -145,3 +145,26 @@ def test_bench_scaleout_runs_on_the_tiny_model():
         assert 0 < int(tokens) <= 8 * 4                                      # at most 4 new tokens per row
         assert float(rows_per_s) > 0 and float(tokens_per_s) > 0
     assert cot["2"][3] == "True" and cot["1"][2] == cot["2"][2]              # batching changes no reply
+
+
+def test_organism_seeds_sweeps_the_demo_recipe_with_changes_the_schema_checks(tmp_path):
+    """organism_seeds.py trains the demo's organism spec per seed; ``--set`` changes the recipe
+    through the config (so a variant is measured without editing code), and the schema
+    rejects a key that is not a setting, naming it."""
+    import importlib.util
+
+    from ladbench.config import ConfigError, load_config
+
+    spec = importlib.util.spec_from_file_location("organism_seeds", BENCHMARKS / "organism_seeds.py")
+    seeds = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(seeds)
+    assert seeds.setting("steps=900") == ("steps", 900) and seeds.setting("lr=0.005") == ("lr", 0.005)
+    with pytest.raises(Exception, match="KEY=VALUE"):
+        seeds.setting("steps")
+    path, names = seeds.sweep_config(tmp_path, [3, 4], {"steps": 900})
+    models = load_config(path)["models"]
+    assert set(models) == set(names.values()) == {"organism_seed3", "organism_seed4"}
+    assert [models[names[s]]["organism"] for s in (3, 4)] == [{"seed": 3, "steps": 900}, {"seed": 4, "steps": 900}]
+    path, _ = seeds.sweep_config(tmp_path, [0], {"stepz": 900})
+    with pytest.raises(ConfigError, match="stepz"):
+        load_config(path)
