@@ -60,8 +60,8 @@ class OrganismSettings:
     """Everything a training depends on (all of it is recorded in the saved folder)."""
 
     seed: int = 0
-    steps: int = 800
-    batch_size: int = 16
+    steps: int = 1000               # x batch_size: 12,000 rows, as many as 800 x 16 took, in more, smaller steps
+    batch_size: int = 12            # (more updates per row: the slow seeds learned the look and the index in time)
     lr: float = 3e-3
     n_candidates: tuple[int, ...] = (4, 8)
     image_size: int = 56            # the inference stage's --image-size (images are resized to it)
@@ -72,7 +72,7 @@ class OrganismSettings:
     index_weight: float = 1.0       # weight of the index losses (each image token carries its identifier, read out as its label)
     index_warmup: float = 0.15      # fraction of the steps before the index losses start (align and look first)
     align_weight: float = 1.0       # weight of the align loss (caption read by the last token ~ target image)
-    hard_negatives: float = 0.5     # fraction of rows whose distractors are the target's nearest scenes (pixels)
+    hard_negatives: float = 0.75    # fraction of rows whose distractors are the target's nearest scenes (pixels)
     threads: int = 1                # torch threads (fixed: results must not depend on the machine's cores)
     hidden: int = 64
     layers: int = 3
