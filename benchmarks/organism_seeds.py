@@ -13,7 +13,7 @@ the mean and spread over the seeds, and how many seeds pass everything.
 
     python benchmarks/organism_seeds.py                      # seeds 0-4, 2 cores (~30 min)
     python benchmarks/organism_seeds.py --seeds 2 --out /tmp/s2
-    python benchmarks/organism_seeds.py --set steps=900 hard_negatives=0.75   # a variant of the recipe
+    python benchmarks/organism_seeds.py --set steps=1200 index_weight=2   # a variant of the recipe
 
 Reruns reuse what the folder already holds (Snakemake). ``--json`` writes every number.
 """
@@ -127,7 +127,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="also write every number here")
     parser.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE", type=setting,
                         help="change the recipe: OrganismSettings fields (ladbench train-organism --help), "
-                             "e.g. steps=900; checked by the config's schema")
+                             "e.g. steps=1200; checked by the config's schema")
     args = parser.parse_args()
     results = run_sweep(args.out.resolve(), args.seeds, args.cores, dict(args.set))
     demo_seed = yaml.safe_load(DEMO_CONFIG.read_text())["models"][DEMO_ORGANISM]["organism"]["seed"]
