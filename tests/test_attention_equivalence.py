@@ -10,7 +10,7 @@ import torch
 from conftest_models import FAMILIES, TINY_IMAGE_SIZE, make_demo_benchmark
 from ladbench.benchmark import load_benchmark
 from ladbench.data.coco import load_image_table
-from ladbench.inference.attention import sofa_attention_bias, sofa_layers
+from ladbench.models.attention import sofa_attention_bias, sofa_layers
 from ladbench.inference.cache import plan_rows
 from ladbench.inference.runner import InferenceSettings, RowRunner, image_paths
 from ladbench.variants import SofaSettings

@@ -73,7 +73,7 @@ def test_the_probe_refuses_a_capture_that_misses_the_kernels_mask(tiny_arch_mode
 def test_the_probe_names_kernel_arguments_the_capture_does_not_model():
     import torch
 
-    from ladbench.inference.attention import AttentionProbe
+    from ladbench.models.attention import AttentionProbe
     module = torch.nn.Linear(1, 1)
     probe = AttentionProbe([module])
     rows = torch.full((1, 2, 3), 1 / 3)                                   # [B, H, Tk]

@@ -87,7 +87,7 @@ def _at_least_one(settings: Any, name: str) -> None:
 
 def _sofa_masks(adapter, inputs, modules, settings: SofaSettings):
     """SoFA's attention masks on every ``settings.every``-th layer, active during the prefill."""
-    from ladbench.inference.attention import SofaMask, sofa_attention_bias, sofa_layers
+    from ladbench.models.attention import SofaMask, sofa_attention_bias, sofa_layers
     bias = sofa_attention_bias(inputs["attention_mask"], inputs["input_ids"] == adapter.image_token_id,
                                settings.sigma, adapter.model.dtype)
     return SofaMask([modules[i] for i in sofa_layers(len(modules), settings.every)], bias)

@@ -340,7 +340,7 @@ class RowRunner:
         Everything stays on the device until the batch is done; then ONE device-to-host copy
         (:func:`to_host`) brings back the attention masses and the logit columns the scores need.
         """
-        from .attention import LastRowCapture
+        from ladbench.models.attention import LastRowCapture
         ad, n = self.adapter, self.n
         batch = self._prepared(batch)
         inputs = ad.to_device(batch.inputs, for_prefill=True)

@@ -40,7 +40,7 @@ import torch
 from PIL import Image
 
 from ladbench.families import family_lanes
-from ladbench.inference.attention import AttentionProbe
+from .attention import AttentionProbe
 
 from . import compat
 from .base import ModelAdapter, PrefillState

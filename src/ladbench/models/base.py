@@ -21,7 +21,7 @@ import torch
 from PIL import Image
 
 from ladbench.families import DEVICE_PATTERN, family_lanes
-from ladbench.inference.attention import CAPTURE_ATTENTION, register_capture_attention
+from .attention import CAPTURE_ATTENTION, register_capture_attention
 
 from . import compat
 
