@@ -21,6 +21,7 @@ import jsonschema
 import yaml
 
 from ladbench.families import layer_range_arg, parse_layer_range  # noqa: F401 (the config's layer ranges)
+from ladbench.names import benchmark_parts, study_benchmarks  # noqa: F401 (the study's names)
 from ladbench.settings import carrier_name, check_section, schema_properties, setting_fields
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -288,16 +289,17 @@ def validate_config(config: dict, schema: Mapping | None = None, source: str = "
 
 def _check_settings(config: dict, schema: Mapping, source: str) -> None:
     """Values whose one validator is a settings class of the code (not restated in the schema):
-    each section's carriers (``x-settings``) check its keys, and LAD's settings the models'
-    layer ranges."""
-    from ladbench.methods import LadSettings
-
+    each section's carriers (``x-settings``) check its keys, and the one parser of layer ranges
+    (:func:`ladbench.families.parse_layer_range`, as LAD's settings do) the models' ranges."""
     try:
         for carrier, block, where in settings_blocks(schema, config):
             check_section(carrier, block, where)
         for name, model in config["models"].items():
             if "layer_range" in model:
-                check_section(LadSettings, {"layer_range": model["layer_range"]}, f"models.{name}")
+                try:
+                    parse_layer_range(model["layer_range"])
+                except ValueError as error:
+                    raise ValueError(f"models.{name}.layer_range: {error}") from None
     except ValueError as error:
         raise ConfigError(f"{source}: {error}") from None
 
@@ -372,12 +374,6 @@ def _check_cross_references(config: dict, source: str) -> None:
         )
 
 
-def study_benchmarks(config: dict) -> list[str]:
-    """The study's benchmark names, ``<dataset>_<setting>_N<n>``, in the workflow's order."""
-    bench = config["benchmarks"]
-    return [f"{d}_{s}_N{n}" for d in bench["datasets"] for s in bench["settings"] for n in bench["n_candidates"]]
-
-
 # A Hugging Face hub id: "name" or "owner/name" (what is not one is read as a local folder).
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
 # A revision that cannot move: a full commit hash (a branch or tag can be changed by its owner).
@@ -445,15 +441,6 @@ def startup_warnings(config: dict) -> list[str]:
             if warning:
                 warnings.append(f"models.{name}: {warning}")
     return warnings
-
-
-def benchmark_parts(benchmark: str) -> tuple[str, str, int]:
-    """``coco_random_N4`` -> ("coco", "random", 4): the names the workflow gives benchmarks."""
-    try:
-        dataset, setting, n = benchmark.split("_")
-        return dataset, setting, int(n.lstrip("N"))
-    except ValueError:
-        raise ValueError(f"benchmark name {benchmark!r}: expected <dataset>_<random|adversarial>_N<n>") from None
 
 
 def load_config(path: Path | str, schema_path: Path | str = SCHEMA_PATH) -> dict:
