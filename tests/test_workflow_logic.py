@@ -248,8 +248,8 @@ def test_the_report_marks_the_html_tables_and_one_format_of_each_figure(tmp_path
     tables = study.table_files()
     assert [path for path, _ in marked] == [path for path in tables if path.endswith(".html")]
     marked.clear()
-    study.figure_files("confusion_x", "confusion", "Fig. 1")
-    assert marked == [(f"{study.report_dir}/figures/confusion_x.png",
+    study.figure_files("confusion", "Fig. 1")
+    assert marked == [(f"{study.report_dir}/figures/confusion_{{model}}_{{benchmark}}_{{variant}}.png",
                        {"caption": "../report/confusion.rst", "category": "Figures", "subcategory": "Fig. 1"})]
 
 
