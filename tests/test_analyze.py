@@ -118,10 +118,12 @@ def test_readouts_equal_the_methods_registry_on_the_same_calibration(planted_cac
 def test_ablation_grid_has_table4_rows_and_marks_impossible_k(analysis):
     document, _ = analysis
     rows = document["ablation"]
+    # LAD's own grid, then a row per method that declared one (Method.ablation: its label)
+    declared = [methods.METHODS[name] for name in methods.ablation_methods()]
     assert [(r["strategy"], r["prior"], r["top_k"]) for r in rows] == [
         ("Attn readout", False, 2), ("Attn readout", True, 2), ("All layers", True, None), ("Dynamic", False, 2),
         ("Dynamic", True, 1), ("Dynamic", True, 2), ("Dynamic", True, 4), ("Dynamic", True, 8),
-    ]
+    ] + [(m.label, m.needs_calibration, 2 if m.selects_layers else None) for m in declared]
     beyond = [r for r in rows if r["top_k"] in (4, 8)]  # the range holds 3 layers: K lowered to 3 (the reference)
     assert all(any("K lowered to 3" in w for w in r["warnings"]) for r in beyond)
     assert beyond[0]["metrics"] == beyond[1]["metrics"]
