@@ -118,10 +118,12 @@ def test_readouts_equal_the_methods_registry_on_the_same_calibration(planted_cac
 def test_ablation_grid_has_table4_rows_and_marks_impossible_k(analysis):
     document, _ = analysis
     rows = document["ablation"]
+    # LAD's own grid, then a row per method that declared one (Method.ablation: its label)
+    declared = [methods.METHODS[name] for name in methods.ablation_methods()]
     assert [(r["strategy"], r["prior"], r["top_k"]) for r in rows] == [
         ("Attn readout", False, 2), ("Attn readout", True, 2), ("All layers", True, None), ("Dynamic", False, 2),
         ("Dynamic", True, 1), ("Dynamic", True, 2), ("Dynamic", True, 4), ("Dynamic", True, 8),
-    ]
+    ] + [(m.label, m.needs_calibration, 2 if m.selects_layers else None) for m in declared]
     beyond = [r for r in rows if r["top_k"] in (4, 8)]  # the range holds 3 layers: K lowered to 3 (the reference)
     assert all(any("K lowered to 3" in w for w in r["warnings"]) for r in beyond)
     assert beyond[0]["metrics"] == beyond[1]["metrics"]
@@ -183,3 +185,32 @@ def test_cli_writes_strict_json_and_arrays(planted_cache, tmp_path):
 def test_analyze_refuses_too_large_dcal(planted_cache):
     with pytest.raises(ValueError, match="calibration pool has 12"):
         analyze(str(planted_cache), methods.MethodSettings(), n_cal=50, seeds=[0])
+
+
+def test_a_registered_method_joins_the_readouts_the_ablation_table_and_the_figures(planted_cache, monkeypatch):
+    """A method is its kernel and one registration: declared a readout, an ablation row and a
+    colour, it is in the analysis file's readouts and ablation rows, in Table 4 and Table 7 and
+    in the figures' colours, with no list elsewhere edited."""
+    from types import SimpleNamespace
+
+    from ladbench.report.figures import OKABE_ITO, method_colors, method_markers
+    from ladbench.report.tables import table4, table7
+
+    last_argmax = methods.Method(methods.METHODS["vanilla"].predict, "Last-layer toy", readout=5, ablation=True,
+                                 color="purple", marker="x")
+    monkeypatch.setitem(methods.METHODS, "last_argmax", last_argmax)
+    document, _ = analyze(str(planted_cache), methods.MethodSettings(methods.LadSettings(top_k=2, tau=5.0)), n_cal=5,
+                          seeds=[0], sweeps=SweepSettings(dcal_sizes=(5,), dcal_draws=1, taus=(5,)),
+                          boot=Bootstrap(50, 0.95, 0))
+    assert [row["label"] for row in document["readouts"]][-1] == "last_argmax"
+    (row,) = [row for row in document["ablation"] if row["label"] == "last_argmax"]
+    assert row["strategy"] == "Last-layer toy" and row["prior"] is False and row["top_k"] is None
+    # its readout is the vanilla kernel's: the same accuracy as the vanilla readout
+    readouts = by_label(document["readouts"])
+    assert readouts["last_argmax"]["metrics"]["acc_mean"] == readouts["vanilla"]["metrics"]["acc_mean"]
+    study = SimpleNamespace(models=["m"], benchmarks=["toy_random_N4"], analysis=lambda model, benchmark: document,
+                            setting_label=lambda benchmark: "Random",
+                            method_metrics=lambda *args: None)
+    assert table4(study).blocks[0].rows[-1][0] == "Last-layer toy"
+    assert table7(study).header[-1] == "Last-layer toy"
+    assert method_colors()["last_argmax"] == OKABE_ITO["purple"] and method_markers()["last_argmax"] == "x"

@@ -7,7 +7,9 @@ import pytest
 import yaml
 
 from ladbench.config import (ConfigError, layer_range_arg, load_config, load_schema, model_layer_range,
-                             parse_layer_range, validate_config)
+                             parse_layer_range, settings_carriers, validate_config)
+from ladbench.methods import LadSettings
+from ladbench.settings import config_key, option_name, plain, schema_properties, setting_fields
 
 ROOT = Path(__file__).resolve().parents[1]
 PAPER = ROOT / "config.yaml"
@@ -31,8 +33,8 @@ def test_paper_config_describes_the_paper_study():
     assert bench["n_candidates"] == [4, 8] and bench["settings"] == ["random", "adversarial"]
     assert bench["n_eval"] == 1000 and bench["n_orderings"] == 5 and bench["seed"] == 42
     assert config["calibration"]["n_cal"] == 5
-    assert config["lad"] == {"top_k": 2, "tau": 5.0, "layer_mean": "reference", "mixture": "reference",
-                             "layer_ties": "highest", "k_beyond_range": "lower", "layers_beyond_depth": "clip"}
+    # the paper's LAD settings are the reference implementation's: LadSettings' defaults
+    assert config["lad"] == {key: entry["default"] for key, entry in schema_properties(LadSettings).items()}
     assert config["clip"]["model"] == "ViT-L-14-quickgelu" and config["clip"]["pretrained"] == "openai"
 
 
@@ -291,38 +293,17 @@ SCHEMA = load_schema(ROOT / "workflow/schemas/config.schema.yaml")
 
 # Where each defaulted key of the schema is a default of the code: the stage command (and its
 # argument) that the workflow passes it to. A `ladbench <stage>` run by hand must behave as the
-# config's default does.
+# config's default does. The keys of the settings carriers are found by carrier_flags() below;
+# this lists the others.
 CLI_OF_KEY = {
     "models.*.family": [("infer", "family")],
-    "clip.model": [("features", "model")], "clip.pretrained": [("features", "pretrained")],
-    "clip.batch_size": [("features", "batch_size")], "clip.workers": [("features", "workers")],
-    "clip.device": [("features", "device")],
     "datasets.*.n_images": [("demo-scenes", "n_images")], "datasets.*.image_size": [("demo-scenes", "image_size")],
     "datasets.*.seed": [("demo-scenes", "seed")],
     "datasets.*.files_outside_root": [("captions", "files_outside_root")],
-    "benchmarks.n_eval": [("benchmark", "n_eval")], "benchmarks.n_calibration_pool": [("benchmark", "n_calibration")],
-    "benchmarks.n_orderings": [("benchmark", "n_orderings")], "benchmarks.orderings": [("benchmark", "orderings")],
-    "benchmarks.pool_size": [("benchmark", "pool_size")],
-    "benchmarks.caption_sim_max": [("benchmark", "caption_sim_max")],
-    "benchmarks.category_rule": [("benchmark", "category_rule")], "benchmarks.seed": [("benchmark", "seed")],
-    "benchmarks.draw": [("benchmark", "draw")], "benchmarks.similarity_dtype": [("benchmark", "similarity_dtype")],
     "calibration.source": [("benchmark", "calibration_source")],
-    **{f"inference.{key}": [("infer", key)] for key in (
-        "image_size", "batch_size", "chunk_size", "group_by_length", "vision_tower", "dtype", "device", "score_mode",
-        "store_head_attention", "greedy_reply")},
     "inference.shards": [("infer", "shard_count")],
     "calibration.n_cal": [("calibrate", "n_cal"), ("analyze", "n_cal")],
     "calibration.seeds": [("analyze", "seeds")],
-    "calibration.score_average": [("calibrate", "score_average"), ("analyze", "score_average")],
-    "calibration.pride_original_logs": [("calibrate", "pride_original_logs"), ("analyze", "pride_original_logs")],
-    "calibration.empty_positions": [("calibrate", "empty_positions"), ("analyze", "empty_positions")],
-    **{f"lad.{key}": [("evaluate", key), ("analyze", key)] for key in (
-        "top_k", "tau", "layer_mean", "mixture", "layer_ties", "k_beyond_range", "layers_beyond_depth")},
-    **{f"evaluation.{key}": [("evaluate", key), ("analyze", key)] for key in (
-        "ci", "seed", "acc_ddof", "edge_statistics", "reply_parse")},
-    "evaluation.bootstrap": [("evaluate", "n_boot"), ("analyze", "n_boot")],
-    **{f"analysis.{key}": [("analyze", key)] for key in ("dcal_sizes", "dcal_draws", "taus")},
-    "report.thumbnail_size": [("explore", "size")], "report.thumbnail_quality": [("explore", "quality")],
 }
 # Defaulted keys only the workflow reads (no stage command has a default for them), and the
 # prompt variants' own settings (inference.prompt_settings: checked against the variant registry).
@@ -333,15 +314,12 @@ WORKFLOW_ONLY = {"reproduce", "output_dir", "plugins", "datasets.*.download", "c
                  "evaluation.methods", "evaluation.transfer", "report.figure_formats"}
 REQUIRED_ARGS = {
     "captions": ["--captions-json", "c.json", "--image-root", "i", "--dataset", "d", "--out", "t.json"],
-    "features": ["--images", "t.json", "--out", "f.h5"],
     "demo-scenes": ["--out", "scenes"],
     "benchmark": ["--images", "t.json", "--features", "f.h5", "--setting", "random", "--n-candidates", "4",
                   "--out", "b.json"],
     "infer": ["--benchmark", "b.json", "--images", "t.json", "--out", "c.h5", "--model-name", "m", "--model-path", "m"],
     "calibrate": ["--cache", "c.h5", "--out", "c.npz"],
-    "evaluate": ["--cache", "c.h5", "--out", "e.json"],
     "analyze": ["--cache", "c.h5", "--out", "a.json"],
-    "explore": ["--cache", "c.h5", "--calibration", "c.npz", "--evaluation", "e.json", "--out", "p.html"],
 }
 
 
@@ -358,39 +336,66 @@ def schema_defaults(schema: dict, prefix: str = "") -> dict[str, object]:
     return out
 
 
+def carrier_blocks(schema: dict, prefix: str = ""):
+    """(key path of the block, carrier) for every ``x-settings`` block of the schema, at any depth."""
+    for carrier in settings_carriers(schema):
+        yield prefix, carrier
+    for key, sub in schema.get("properties", {}).items():
+        yield from carrier_blocks(sub, f"{prefix}{key}.")
+    if isinstance(schema.get("additionalProperties"), dict):
+        yield from carrier_blocks(schema["additionalProperties"], f"{prefix}*.")
+
+
+def command_flags() -> dict[str, dict[str, object]]:
+    """subcommand -> its flags (``--name``) -> their defaults, read from the parsers."""
+    from ladbench.cli import SUBCOMMANDS, build_parser
+
+    out = {}
+    for command in SUBCOMMANDS:
+        (commands,) = [a for a in build_parser(command)._actions if command in (getattr(a, "choices", None) or {})]
+        out[command] = {option: action.default for action in commands.choices[command]._actions
+                        for option in action.option_strings}
+    return out
+
+
+def carrier_flags() -> dict[str, tuple[type, str, object]]:
+    """Every config key of a settings carrier that has a flag: key path -> (carrier, flag, the field's default)."""
+    return {f"{path}{config_key(f)}": (carrier, flag_of(f), plain(f.default))
+            for path, carrier in carrier_blocks(SCHEMA) for f in setting_fields(carrier)
+            if f.metadata["config"] and f.metadata["flag"] and not path.startswith(CHECKED_ELSEWHERE)}
+
+
+def flag_of(f) -> str:
+    return f"--{option_name(f).replace('_', '-')}"
+
+
+def readers_of(carrier: type, flags_of: dict[str, dict[str, object]]) -> list[str]:
+    """The commands that read ``carrier``: those with every flag of its fields."""
+    wanted = {flag_of(f) for f in setting_fields(carrier) if f.metadata["flag"]}
+    return [command for command, flags in flags_of.items() if wanted <= set(flags)]
+
+
 def test_every_schema_default_is_the_default_of_the_stage_that_reads_it():
     from ladbench.cli import build_parser
 
     defaults = schema_defaults(SCHEMA)
-    unmapped = {key for key in defaults if not key.startswith(CHECKED_ELSEWHERE)} - set(CLI_OF_KEY) - WORKFLOW_ONLY
+    carried = carrier_flags()
+    unmapped = ({key for key in defaults if not key.startswith(CHECKED_ELSEWHERE)} - set(CLI_OF_KEY) - set(carried)
+                - WORKFLOW_ONLY)
     assert not unmapped, f"new schema defaults {sorted(unmapped)}: map each to the stage that reads it above"
     for key, commands in CLI_OF_KEY.items():
         assert key in defaults, f"{key}: no default in the schema"
         for command, dest in commands:
             parsed = vars(build_parser(command).parse_args([command, *REQUIRED_ARGS[command]]))
             assert parsed[dest] == defaults[key], f"{key}: schema {defaults[key]!r}, {command} {parsed[dest]!r}"
-
-
-def test_every_settings_dataclass_has_the_schema_defaults():
-    from dataclasses import fields
-
-    from ladbench.inference.runner import InferenceSettings
-    from ladbench.methods import LadSettings, ReadoutSettings
-    from ladbench.metrics import Bootstrap
-
-    defaults = schema_defaults(SCHEMA)
-    inference = {f.name: f.default for f in fields(InferenceSettings)}
-    for key in ("image_size", "batch_size", "chunk_size", "group_by_length", "vision_tower", "dtype", "device",
-                "score_mode", "store_head_attention", "greedy_reply"):
-        assert inference[key] == defaults[f"inference.{key}"], key
-    assert inference["shard_count"] == defaults["inference.shards"]
-    lad = LadSettings()
-    for key in ("top_k", "tau", "layer_mean", "mixture", "layer_ties", "k_beyond_range", "layers_beyond_depth"):
-        assert getattr(lad, key) == defaults[f"lad.{key}"], key
-    assert ReadoutSettings().reply_parse == defaults["evaluation.reply_parse"]
-    assert Bootstrap() == Bootstrap(defaults["evaluation.bootstrap"], defaults["evaluation.ci"],
-                                    defaults["evaluation.seed"], defaults["evaluation.acc_ddof"],
-                                    defaults["evaluation.edge_statistics"])
+    flags_of = command_flags()
+    for key, (carrier, flag, default) in carried.items():
+        readers = readers_of(carrier, flags_of)
+        assert readers, f"{key}: no command reads {carrier.__name__}"
+        if key in defaults:           # a carrier's block may leave its defaults to the code (x-defaults: false)
+            assert defaults[key] == default, key
+            for command in readers:
+                assert flags_of[command][flag] == default, f"{key}: schema {default!r}, {command} {flag}"
 
 
 def test_the_schema_enums_are_the_registries():

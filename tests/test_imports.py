@@ -1,7 +1,9 @@
 """The package's modules import each other without cycles, counting the imports inside
 functions too (a lazy import hides a cycle until the day it is hoisted); the command layer
 is on top: no domain module imports it, and none builds a command line (the ``ladbench``
-subcommands live in ``ladbench.stages`` and ``ladbench.cli``)."""
+subcommands live in ``ladbench.stages`` and ``ladbench.cli``); and no import runs back up the
+package's floors (:data:`FLOORS`: the ground, the domain's leaves and the config, what the
+stages are made of, the stages' work, the report, the workflow, the commands)."""
 from __future__ import annotations
 
 import ast
@@ -125,3 +127,62 @@ def test_the_direction_check_finds_an_upward_import(tmp_path):
     (package / "analysis.py").write_text("def analyze():\n    from ladbench.stages.options import X\n")
     (package / "cli.py").write_text("import ladbench.stages.options\n")
     assert upward_imports(import_graph(module_files(tmp_path))) == [("ladbench.analysis", "ladbench.stages.options")]
+
+
+# The package's floors, stated once: a module imports only from its own floor or below (a
+# module's floor is that of its longest prefix here; ``ladbench`` itself, the floor of what is
+# not listed, is the ground). Within a floor, the cycle test above keeps the imports one-way.
+FLOORS = {
+    # 0, the ground: storage, the settings carriers and registries' machinery, what each family is, names
+    **dict.fromkeys(("ladbench", "ladbench.atomic", "ladbench.settings", "ladbench.registry", "ladbench.cpu_paths",
+                     "ladbench.plugins", "ladbench.families", "ladbench.names", "ladbench.provenance", "ladbench.hdf5",
+                     "ladbench.data.checks"), 0),
+    # 1, the leaves of the domain, and the config (it names the modules that fill its schema,
+    # importing them only when the schema loads)
+    **dict.fromkeys(("ladbench.config", "ladbench.calibration", "ladbench.metrics", "ladbench.clip",
+                     "ladbench.methods.settings", "ladbench.data", "ladbench.inference.prompts",
+                     "ladbench.inference.sampling", "ladbench.inference.scoring", "ladbench.inference.greedy",
+                     "ladbench.inference.devices", "ladbench.inference.cache", "ladbench.inference.merge",
+                     "ladbench.models.attention", "ladbench.models.compat", "ladbench.models.vision",
+                     "ladbench.models.tiny_ov15", "ladbench.report.render", "ladbench.study_paths"), 1),
+    # 2, what the stages are made of: models (adapters, tiny builds), methods, prompt variants,
+    # benchmarks, features, the arrays of a cache and the checks of inputs
+    **dict.fromkeys(("ladbench.models", "ladbench.methods", "ladbench.variants", "ladbench.benchmark",
+                     "ladbench.features", "ladbench.arrays", "ladbench.inputs", "ladbench.divergence"), 2),
+    # 3, the stages' work: inference, evaluation, analysis, the organism's training, the plan
+    **dict.fromkeys(("ladbench.inference.runner", "ladbench.evaluation", "ladbench.analysis", "ladbench.organism",
+                     "ladbench.plan"), 3),
+    "ladbench.report": 4,                         # the report, over every output
+    "ladbench.workflow": 5,                       # the Snakefile's logic
+    **dict.fromkeys(COMMAND_LAYER, 6),            # the commands, on top
+}
+
+
+def floor(name: str, floors: dict[str, int] = FLOORS) -> int:
+    """The floor of module ``name``: that of its longest prefix in ``floors``."""
+    parts = name.split(".")
+    return next(floors[".".join(parts[:i])] for i in range(len(parts), 0, -1) if ".".join(parts[:i]) in floors)
+
+
+def imports_up(graph: dict[str, set[str]], floors: dict[str, int] = FLOORS) -> list[str]:
+    """Every import of a module from a higher floor than its own."""
+    return sorted(f"{name} (floor {floor(name, floors)}) imports {target} (floor {floor(target, floors)})"
+                  for name, targets in graph.items() for target in targets
+                  if floor(target, floors) > floor(name, floors))
+
+
+def test_no_import_runs_back_up():
+    assert imports_up(import_graph(module_files())) == []
+
+
+def test_the_floor_check_finds_an_import_from_above(tmp_path):
+    package = tmp_path / "ladbench"
+    (package / "inference").mkdir(parents=True)
+    for init in (package / "__init__.py", package / "inference" / "__init__.py"):
+        init.write_text("")
+    (package / "inputs.py").write_text("def what():\n    from ladbench.config import X\n")
+    (package / "config.py").write_text("from ladbench.inference.cache import Y\n")
+    (package / "inference" / "cache.py").write_text("Y = 1\n")
+    floors = {"ladbench": 0, "ladbench.inference.cache": 1, "ladbench.config": 2, "ladbench.inputs": 1}
+    assert imports_up(import_graph(module_files(tmp_path)), floors) == [
+        "ladbench.inputs (floor 1) imports ladbench.config (floor 2)"]

@@ -12,6 +12,7 @@ from ladbench.methods import (
     LadSettings,
     MethodSettings,
     ablation_grid,
+    ablation_methods,
     expected_bias,
     identity_indexed,
     lad,
@@ -304,10 +305,12 @@ def test_settings_validation_and_mapping():
 def test_ablation_grid_and_sweeps_describe_tables_4_and_figure_6():
     base = LadSettings(layer_range=(2, 4))
     grid = {v.label: v for v in ablation_grid(base)}
+    # LAD's own grid, then a row per method that declared one (Method.ablation), at the base settings
     assert list(grid) == [
         "attn_readout_no_prior_K2", "attn_readout_prior_K2", "all_layers_prior", "dynamic_no_prior_K2",
-        "dynamic_prior_K1", "dynamic_prior_K2", "dynamic_prior_K4", "dynamic_prior_K8",
+        "dynamic_prior_K1", "dynamic_prior_K2", "dynamic_prior_K4", "dynamic_prior_K8", *ablation_methods(),
     ]
+    assert all(grid[name].method == name and grid[name].settings == base for name in ablation_methods())
     assert grid["attn_readout_no_prior_K2"].method == "raw_attention"
     assert grid["attn_readout_prior_K2"].method == "purified_attention"
     assert grid["all_layers_prior"].settings.all_layers and grid["all_layers_prior"].settings.layer_range is None
@@ -318,5 +321,5 @@ def test_ablation_grid_and_sweeps_describe_tables_4_and_figure_6():
         ("reference", "reference"), ("reference", "paper"), ("paper", "reference"), ("paper", "paper")}
     arrays, calibration = _random_case(lyr=10)
     predictions = methods.evaluate_rows(arrays, calibration, ablation_grid() + tau_sweep())
-    assert len(predictions) == 17
+    assert len(predictions) == 8 + len(ablation_methods()) + 9           # the grid, the declared rows, the taus
     np.testing.assert_array_equal(predictions["dynamic_prior_K2"], METHODS["lad"](arrays, calibration, MethodSettings()))

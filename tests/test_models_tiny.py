@@ -16,12 +16,6 @@ from ladbench.models import compat, tiny
 
 pytestmark = [pytest.mark.slow, pytest.mark.lanes]
 
-EXPECTED_CLASS = {"qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration",
-                  "internvl": "InternVLForConditionalGeneration",
-                  "llava_ov15": "TinyOV15ForConditionalGeneration",
-                  "qwen3_vl": "Qwen3VLForConditionalGeneration",
-                  "llava_onevision": "LlavaOnevisionForConditionalGeneration"}
-
 
 paper_lane_only = pytest.mark.skipif(compat.on_current_lane(), reason="paper-lane family or code path")
 
@@ -38,7 +32,10 @@ def test_registry():
 @pytest.mark.parametrize("family", FAMILIES)
 def test_loads_real_classes_with_capture_attention(family, tiny_adapter):
     adapter = tiny_adapter(family)
-    assert type(adapter.model).__name__ == EXPECTED_CLASS[family]
+    # the class the tiny build saved (its config.json's architectures) is the class that loads
+    # back: no list of classes per family to keep (a new family's tiny build states its own)
+    assert [type(adapter.model).__name__] == adapter.model.config.architectures
+    assert type(adapter.model).__name__.endswith("ForConditionalGeneration")
     if family == "llava_ov15":      # came from the folder's own code, through trust_remote_code
         assert type(adapter.model).__module__.startswith("transformers_modules.")
     assert adapter.text_config._attn_implementation == "ladbench_capture"

@@ -60,15 +60,15 @@ def test_training_prompt_is_the_inference_stage_prompt():
 
 def test_config_keys_are_the_training_settings():
     """Every `models.<name>.organism` key of the schema is a setting (a flag of train-organism),
-    and every setting is a key, except those the rule derives from the study's config."""
-    import yaml
-    from workflow_runner import ROOT
+    and every setting is a key, except those the rule derives from the study's config (config=False)."""
+    from ladbench.config import load_schema
+    from ladbench.settings import setting_fields
 
-    schema = yaml.safe_load((ROOT / "workflow" / "schemas" / "config.schema.yaml").read_text())
-    model = schema["properties"]["models"]["additionalProperties"]
+    model = load_schema()["properties"]["models"]["additionalProperties"]
     keys = set(model["properties"]["organism"]["properties"])
     derived = {"n_candidates", "image_size", "scene_size"}       # Study.organism_flags in ladbench.workflow
-    assert keys == {f.name for f in dataclasses.fields(OrganismSettings)} - derived
+    assert keys == {f.name for f in setting_fields(OrganismSettings)} - derived
+    assert {f.name for f in setting_fields(OrganismSettings) if not f.metadata["config"]} == derived
 
 
 def test_bias_is_position_conditional():

@@ -105,11 +105,12 @@ TOY = '    toy_knob: int = setting(3, "a toy setting of tests/test_settings.py",
 def test_a_new_lad_setting_is_one_field(tmp_path):
     """Add a field to LadSettings (a copy of the source): it is a flag of evaluate and analyze,
     a key of the schema's lad block (validated by the dataclass) and in the command lines the
-    workflow writes, with nothing else edited."""
+    workflow writes, with nothing else edited; the copy's config and hand-over tests pass."""
     copy = tmp_path / "repo"
-    for part in ("src", "workflow"):
+    for part in ("src", "workflow", "tests"):
         shutil.copytree(ROOT / part, copy / part, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
-    shutil.copy(ROOT / "Snakefile", copy / "Snakefile")
+    for name in ("Snakefile", "pyproject.toml", "config.yaml", "config.current.yaml"):
+        shutil.copy(ROOT / name, copy / name)
     settings = copy / "src" / "ladbench" / "methods" / "settings.py"
     text = settings.read_text()
     anchor = "    layer_mean: Choice = setting("
@@ -154,3 +155,9 @@ def test_a_new_lad_setting_is_one_field(tmp_path):
     commands = [line for line in (run.stdout + run.stderr).splitlines()
                 if line.startswith(("Shell command: ladbench evaluate", "Shell command: ladbench analyze"))]
     assert commands and all("--toy-knob 7" in line for line in commands)
+
+    # the tests that check flags, schema and hand-over loop over the carriers: no list to edit
+    tests = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:xdist", "-p", "no:cacheprovider", "-q",
+                            "-m", "not slow", "tests/test_config.py", "tests/test_workflow_logic.py"],
+                           cwd=copy, capture_output=True, text=True, env=env, timeout=900)
+    assert tests.returncode == 0, tests.stdout[-3000:]

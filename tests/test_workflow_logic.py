@@ -6,6 +6,7 @@ the methods and calibrations of each cache, the paths and the report's marks. Th
 from __future__ import annotations
 
 import os
+import re
 import shlex
 from dataclasses import replace
 from pathlib import Path
@@ -94,41 +95,51 @@ def test_every_rule_hands_its_stage_flags_the_stage_knows(paper, demo):
 
 
 # The sections whose carriers hold required inputs or whose keys the workflow also reads itself
-# (inference: shards, a model's batch size; clip: a tiny model), checked key by key: config key
-# -> the stage's argument (dest), for every key of the schema's section (a new key fails here
-# until mapped).
+# (inference: shards, a model's batch size; clip: a tiny model): section -> (the stage, its keys
+# that are no carrier's: config key -> the stage's argument or None when the workflow's own,
+# the carrier's keys the workflow replaces). Every key of the carriers is checked (a new field
+# is found, set to another value, and must arrive).
 HAND_OVER = {
-    "inference": ("infer", {"image_size": "image_size", "batch_size": "batch_size", "workers": "workers",
-                            "group_by_length": "group_by_length", "vision_tower": "vision_tower",
-                            "chunk_size": "chunk_size", "dtype": "dtype", "device": "device",
-                            "score_mode": "score_mode", "store_head_attention": "store_head_attention",
-                            "shards": "shard_count", "greedy_reply": "greedy_reply"},
-                  {"variants", "prompt_settings"}),
-    "benchmarks": ("benchmark", {"n_eval": "n_eval", "n_calibration_pool": "n_calibration", "n_orderings": "n_orderings",
-                                 "orderings": "orderings", "pool_size": "pool_size", "caption_sim_max": "caption_sim_max",
-                                 "category_rule": "category_rule", "seed": "seed", "draw": "draw",
-                                 "similarity_dtype": "similarity_dtype"},
-                   {"datasets", "settings", "n_candidates"}),      # the workflow's targets; the wildcards' flags
-    "clip": ("features", {"batch_size": "batch_size", "workers": "workers", "device": "device"},
-             {"model", "pretrained", "tiny"}),                    # model and checkpoint: clip_flags, tiny or not
+    "inference": ("infer", {"shards": "shard_count", "variants": None, "prompt_settings": None}, set()),
+    "benchmarks": ("benchmark", {"datasets": None, "settings": None, "n_candidates": None}, set()),  # targets, wildcards
+    "clip": ("features", {"tiny": None}, {"model", "pretrained"}),    # a tiny CLIP: clip_flags names its own files
 }
+
+
+def other_value(f):
+    """A valid value of the setting field ``f`` other than its default (choices, bounds, pattern)."""
+    from ladbench.settings import kind
+
+    meta, default = f.metadata, f.default
+    if meta.get("choices"):
+        return next(c for c in meta["choices"] if c != default)
+    if kind(f) is bool:
+        return not default
+    if meta.get("pattern"):
+        return next(c for c in ("cpu", "cuda:1", "x") if c != default and re.fullmatch(meta["pattern"], c))
+    if default is None:
+        return (meta.get("minimum") or 0) + 2
+    value = default + 1 if kind(f) is int else default / 2
+    return value if meta.get("maximum") is None or value <= meta["maximum"] else default - 1
 
 
 @pytest.mark.parametrize("section", HAND_OVER)
 def test_every_key_of_these_sections_reaches_its_stage(section, tmp_path):
     """Each key, set to a value other than its default, arrives in the stage's parsed arguments."""
-    from ladbench.config import load_schema
+    from ladbench.config import load_schema, settings_carriers
+    from ladbench.settings import config_key, setting_fields
 
-    command, dests, elsewhere = HAND_OVER[section]
-    keys = set(load_schema()["properties"][section]["properties"])
-    assert keys == set(dests) | elsewhere, f"map the new keys of {section}: {sorted(keys - set(dests) - elsewhere)}"
-    changed = {"inference": {"image_size": 224, "batch_size": 3, "workers": 2, "group_by_length": True,
-                             "vision_tower": "native", "chunk_size": 7, "dtype": "float32", "device": "cpu",
-                             "score_mode": "joint", "store_head_attention": True, "shards": 2, "greedy_reply": False},
-               "benchmarks": {"n_eval": 11, "n_calibration_pool": 5, "n_orderings": 2, "orderings": "per_instance",
-                              "pool_size": 99, "caption_sim_max": 0.5, "category_rule": "paper", "seed": 9,
-                              "draw": "reference", "similarity_dtype": "float16"},
-               "clip": {"batch_size": 5, "workers": 1, "device": "cpu"}}[section]
+    command, own, replaced = HAND_OVER[section]
+    block = load_schema()["properties"][section]
+    carried = {config_key(f): f for carrier in settings_carriers(block) for f in setting_fields(carrier)
+               if f.metadata["config"] and f.metadata["flag"] and config_key(f) not in replaced}
+    keys = set(block["properties"])
+    assert keys == set(carried) | set(own) | replaced, f"map the new keys of {section}: {sorted(keys - set(carried))}"
+    changed = {key: other_value(f) for key, f in carried.items()}
+    dests = {key: f.name for key, f in carried.items()}
+    if section == "inference":
+        changed["shards"], dests["shards"] = 2, "shard_count"
+
     def edit(config):
         config.setdefault(section, {}).update(changed)
         for model in config["models"].values():
@@ -237,8 +248,8 @@ def test_the_report_marks_the_html_tables_and_one_format_of_each_figure(tmp_path
     tables = study.table_files()
     assert [path for path, _ in marked] == [path for path in tables if path.endswith(".html")]
     marked.clear()
-    study.figure_files("confusion_x", "confusion", "Fig. 1")
-    assert marked == [(f"{study.report_dir}/figures/confusion_x.png",
+    study.figure_files("confusion", "Fig. 1")
+    assert marked == [(f"{study.report_dir}/figures/confusion_{{model}}_{{benchmark}}_{{variant}}.png",
                        {"caption": "../report/confusion.rst", "category": "Figures", "subcategory": "Fig. 1"})]
 
 

@@ -123,14 +123,18 @@ def row_result(
 
 
 def readout_rows(arrays: EvalArrays, calibrations: Sequence[Calibration], base: methods.LadSettings, boot: Bootstrap) -> list[dict]:
-    """Table 7: Vanilla, raw attention, purified attention and LAD, at the base settings."""
-    rows = [methods.MethodRow(name, name, base) for name in ("vanilla", "raw_attention", "purified_attention", "lad")]
+    """Table 7: the registry's readouts (Vanilla, raw attention, purified attention, LAD), at the base settings."""
+    rows = [methods.MethodRow(name, name, base) for name in methods.readout_methods()]
     return [row_result(row, arrays, calibrations, boot) for row in rows]
 
 
 def _ablation_labels(method_row: methods.MethodRow) -> dict[str, Any]:
     """Table 4's Strategy / Prior / K columns for a row of :func:`ladbench.methods.ablation_grid`."""
     s = method_row.settings
+    if method_row.label == method_row.method and method_row.method in methods.ablation_methods():
+        declared = methods.METHODS[method_row.method]            # a method's own row (Method.ablation)
+        return {"strategy": declared.label, "prior": declared.needs_calibration,
+                "top_k": s.top_k if declared.selects_layers else None}
     if method_row.method == "raw_attention":
         return {"strategy": "Attn readout", "prior": False, "top_k": s.top_k}
     if method_row.method == "purified_attention":

@@ -15,13 +15,14 @@ import os
 import re
 import reprlib
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 import jsonschema
 import yaml
 
 from ladbench.families import layer_range_arg, parse_layer_range  # noqa: F401 (the config's layer ranges)
-from ladbench.settings import check_section, schema_properties
+from ladbench.names import benchmark_parts, study_benchmarks  # noqa: F401 (the study's names)
+from ladbench.settings import carrier_name, check_section, schema_properties, setting_fields
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SCHEMA_PATH = REPO_ROOT / "workflow" / "schemas" / "config.schema.yaml"
@@ -90,22 +91,67 @@ _DefaultFillingValidator = _extend_with_defaults(jsonschema.Draft202012Validator
 
 
 def load_schema(path: Path | str = SCHEMA_PATH) -> dict:
-    """The schema file, each block marked ``x-settings`` filled with its carriers' properties."""
+    """The schema file, filled from the code (:func:`fill_schema`)."""
     with open(path) as handle:
-        schema = yaml.safe_load(handle)
-    for block in schema["properties"].values():
-        for carrier in settings_carriers(block):
-            block["properties"] = {**schema_properties(carrier), **block.get("properties", {})}
+        return fill_schema(yaml.safe_load(handle))
+
+
+def fill_schema(schema: Any) -> Any:
+    """Fill, in place and at any depth, what the schema file names in the code rather than states:
+
+    - ``x-registry: module:NAME``: the node's ``enum`` is the names of that registry (families,
+      methods, prompt variants; plugins add to the last two);
+    - ``x-settings-of: module:NAME``: a block per entry of that registry whose ``settings``
+      carrier has fields (each prompt variant's own settings), marked ``x-settings``;
+    - ``x-settings: [module:Class, ...]``: the block's properties are those of the named settings
+      carriers (:func:`ladbench.settings.schema_properties`; ``x-defaults: false`` leaves their
+      defaults to the code).
+
+    Names are imported when the schema loads, so this module sits below the modules it names."""
+    if isinstance(schema, list):
+        for item in schema:
+            fill_schema(item)
+    if not isinstance(schema, dict):
+        return schema
+    if "x-registry" in schema:
+        schema["enum"] = list(_named(schema["x-registry"]))
+    if "x-settings-of" in schema:
+        blocks = schema.setdefault("properties", {})
+        for name, entry in _named(schema["x-settings-of"]).items():
+            if name not in blocks and any(True for _ in setting_fields(entry.settings)):
+                blocks[name] = {"type": "object", "additionalProperties": False, "default": {},
+                                "x-settings": [carrier_name(entry.settings)]}
+    for value in list(schema.values()):
+        fill_schema(value)
+    for carrier in settings_carriers(schema):
+        schema["properties"] = {**schema_properties(carrier, schema.get("x-defaults", True)),
+                                **schema.get("properties", {})}
     return schema
+
+
+def _named(name: str) -> Any:
+    """The object ``module:attribute`` names."""
+    module, _, attribute = name.partition(":")
+    return getattr(importlib.import_module(module), attribute)
 
 
 def settings_carriers(block: Mapping) -> list[type]:
     """The settings dataclasses a schema block names (``x-settings``: ``module:Class`` each)."""
-    carriers = []
-    for name in block.get("x-settings", []):
-        module, _, attribute = name.partition(":")
-        carriers.append(getattr(importlib.import_module(module), attribute))
-    return carriers
+    return [_named(name) for name in block.get("x-settings", [])]
+
+
+def settings_blocks(schema: Mapping, config: Any, where: str = "") -> Iterator[tuple[type, dict, str]]:
+    """(carrier, the config's block, its key path) for every ``x-settings`` block of the schema
+    that the config holds, at any depth (``models.<name>.organism`` included)."""
+    if not isinstance(config, dict):
+        return
+    for carrier in settings_carriers(schema):
+        yield carrier, config, where
+    properties = schema.get("properties", {})
+    for key, value in config.items():
+        sub = properties.get(key, schema.get("additionalProperties"))
+        if isinstance(sub, dict):
+            yield from settings_blocks(sub, value, f"{where}.{key}" if where else str(key))
 
 
 #: The most values a config may hold once its YAML aliases (``*name``) are expanded: the
@@ -243,17 +289,17 @@ def validate_config(config: dict, schema: Mapping | None = None, source: str = "
 
 def _check_settings(config: dict, schema: Mapping, source: str) -> None:
     """Values whose one validator is a settings class of the code (not restated in the schema):
-    each section's carriers (``x-settings``) check its keys, and LAD's settings the models'
-    layer ranges."""
-    from ladbench.methods import LadSettings
-
+    each section's carriers (``x-settings``) check its keys, and the one parser of layer ranges
+    (:func:`ladbench.families.parse_layer_range`, as LAD's settings do) the models' ranges."""
     try:
-        for section, block in schema["properties"].items():
-            for carrier in settings_carriers(block):
-                check_section(carrier, config[section], section)
+        for carrier, block, where in settings_blocks(schema, config):
+            check_section(carrier, block, where)
         for name, model in config["models"].items():
             if "layer_range" in model:
-                check_section(LadSettings, {"layer_range": model["layer_range"]}, f"models.{name}")
+                try:
+                    parse_layer_range(model["layer_range"])
+                except ValueError as error:
+                    raise ValueError(f"models.{name}.layer_range: {error}") from None
     except ValueError as error:
         raise ConfigError(f"{source}: {error}") from None
 
@@ -271,30 +317,10 @@ def _load_plugins(config: dict, source: str) -> None:
             raise ConfigError(f"{source}: plugins: {error}") from None
 
 
-_JSON_TYPES = {bool: "boolean", int: "integer", float: "number", str: "string"}
-
-
 def with_registered_names(schema: Mapping) -> dict:
-    """``schema`` whose prompt-variant and method enums are the registries' (ladbench.variants,
-    ladbench.methods), which plugins extend; the file lists the built-in ones (a test checks
-    they agree). A plugin variant's settings get a block under inference.prompt_settings."""
-    from dataclasses import MISSING, fields
-
-    from ladbench.methods import METHODS
-    from ladbench.variants import VARIANTS
-
-    schema = copy.deepcopy(dict(schema))
-    inference = schema["properties"]["inference"]["properties"]
-    inference["variants"]["additionalProperties"]["properties"]["prompt"]["enum"] = list(VARIANTS)
-    schema["properties"]["evaluation"]["properties"]["methods"]["items"]["enum"] = list(METHODS)
-    blocks = inference["prompt_settings"]["properties"]
-    for name, entry in VARIANTS.items():
-        settings = fields(entry.settings)
-        if name not in blocks and settings:
-            blocks[name] = {"type": "object", "additionalProperties": False, "default": {}, "properties": {
-                f.name: {"type": _JSON_TYPES[type(f.default)], "default": f.default}
-                for f in settings if f.default is not MISSING}}
-    return schema
+    """A copy of ``schema`` filled again (:func:`fill_schema`) after the plugins are loaded: its
+    registries' enums and the prompt variants' settings blocks then hold the plugins' too."""
+    return fill_schema(copy.deepcopy(dict(schema)))
 
 
 def _check_cross_references(config: dict, source: str) -> None:
@@ -346,12 +372,6 @@ def _check_cross_references(config: dict, source: str) -> None:
             f"{source}: calibration.n_cal: {config['calibration']['n_cal']} must be at most "
             f"benchmarks.n_calibration_pool ({benchmarks['n_calibration_pool']})"
         )
-
-
-def study_benchmarks(config: dict) -> list[str]:
-    """The study's benchmark names, ``<dataset>_<setting>_N<n>``, in the workflow's order."""
-    bench = config["benchmarks"]
-    return [f"{d}_{s}_N{n}" for d in bench["datasets"] for s in bench["settings"] for n in bench["n_candidates"]]
 
 
 # A Hugging Face hub id: "name" or "owner/name" (what is not one is read as a local folder).
@@ -421,15 +441,6 @@ def startup_warnings(config: dict) -> list[str]:
             if warning:
                 warnings.append(f"models.{name}: {warning}")
     return warnings
-
-
-def benchmark_parts(benchmark: str) -> tuple[str, str, int]:
-    """``coco_random_N4`` -> ("coco", "random", 4): the names the workflow gives benchmarks."""
-    try:
-        dataset, setting, n = benchmark.split("_")
-        return dataset, setting, int(n.lstrip("N"))
-    except ValueError:
-        raise ValueError(f"benchmark name {benchmark!r}: expected <dataset>_<random|adversarial>_N<n>") from None
 
 
 def load_config(path: Path | str, schema_path: Path | str = SCHEMA_PATH) -> dict:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any, Iterable, Mapping
 
 from ladbench.atomic import file_digest
+from ladbench.names import benchmark_parts
 
 # Cache attributes that must agree between a calibration's cache and the cache it is applied
 # to: the same model (name, weights, code), prompt and answer format, N and layer count.
@@ -35,8 +36,6 @@ def what_it_is(attrs: Mapping[str, Any]) -> dict[str, Any]:
     """What an output made from a cache is, at its top level (the report reads it from there,
     never from the file's path): the model, the benchmark (name, dataset, setting), the
     cache variant (the config's name) and its prompt and identifiers."""
-    from ladbench.config import benchmark_parts
-
     benchmark = attrs.get("benchmark_name")
     dataset, setting, _ = benchmark_parts(benchmark) if benchmark else (None, None, None)
     return {"model": attrs.get("model"), "model_kind": attrs.get("model_kind"), "benchmark": benchmark,

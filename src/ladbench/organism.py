@@ -38,6 +38,7 @@ import numpy as np
 import torch
 
 from ladbench.cpu_paths import cpu_paths
+from ladbench.settings import Settings, setting
 
 log = logging.getLogger(__name__)
 
@@ -55,41 +56,49 @@ PROMPT_END = -2
 END_OF_TURN_FROM = 0.5
 
 
-@dataclass
-class OrganismSettings:
-    """Everything a training depends on (all of it is recorded in the saved folder)."""
+@dataclass(frozen=True)
+class OrganismSettings(Settings):
+    """Everything a training depends on (all of it is recorded in the saved folder); config
+    ``models.<name>.organism`` (what the config does not set is the default here: the train-organism
+    rule hands over only the keys the config gives, ``Study.organism_flags``), flags of
+    ``ladbench train-organism``. N, the image size and the scene size are the study's
+    (``config=False``: the rule derives them from the benchmarks, inference and dataset)."""
 
-    seed: int = 0
-    steps: int = 1000               # x batch_size: 12,000 rows, as many as 800 x 16 took, in more, smaller steps
-    batch_size: int = 12            # (more updates per row: the slow seeds learned the look and the index in time)
-    lr: float = 3e-3
-    n_candidates: tuple[int, ...] = (4, 8)
-    image_size: int = 56            # the inference stage's --image-size (images are resized to it)
-    scene_size: int = 96            # the synthetic scenes' side before resizing (demo-scenes --image-size)
-    n_scenes: int = 1500            # training scenes drawn (in memory) from the demo's generator
-    pull: float = 1.0               # probability that a target at a swapped position gets its neighbour's label
-    attention_weight: float = 1.0   # weight of the look and read losses (last token's attention)
-    index_weight: float = 1.0       # weight of the index losses (each image token carries its identifier, read out as its label)
-    index_warmup: float = 0.15      # fraction of the steps before the index losses start (align and look first)
-    align_weight: float = 1.0       # weight of the align loss (caption read by the last token ~ target image)
-    hard_negatives: float = 0.75    # fraction of rows whose distractors are the target's nearest scenes (pixels)
-    threads: int = 1                # torch threads (fixed: results must not depend on the machine's cores)
-    hidden: int = 64
-    layers: int = 3
-    heads: int = 4
+    section = "organism"
+
+    seed: int = setting(0, "training seed", minimum=0)
+    # x batch_size: 12,000 rows, as many as 800 x 16 took, in more, smaller steps
+    steps: int = setting(1000, "optimiser steps", minimum=1)
+    # (more updates per row: the slow seeds learned the look and the index in time)
+    batch_size: int = setting(12, "rows per step", minimum=1)
+    lr: float = setting(3e-3, "learning rate", above=0)
+    n_candidates: tuple[int, ...] = setting((4, 8), "numbers of images per row (single-token digits)", minimum=2,
+                                            maximum=MAX_CANDIDATES, config=False)
+    image_size: int = setting(56, "the inference stage's --image-size (images are resized to it)", minimum=1,
+                              config=False)
+    scene_size: int = setting(96, "the synthetic scenes' side before resizing (demo-scenes --image-size)", minimum=1,
+                              config=False)
+    n_scenes: int = setting(1500, "training scenes drawn (in memory) from the demo's generator", minimum=16)
+    pull: float = setting(1.0, "probability that a target at a swapped position gets its neighbour's label",
+                          minimum=0, maximum=1)
+    attention_weight: float = setting(1.0, "weight of the look and read losses (last token's attention)", minimum=0)
+    index_weight: float = setting(1.0, "weight of the index losses (each image token carries its identifier, read "
+                                  "out as its label)", minimum=0)
+    index_warmup: float = setting(0.15, "fraction of the steps before the index losses start (align and look first)",
+                                  minimum=0, below=1)
+    align_weight: float = setting(1.0, "weight of the align loss (caption read by the last token ~ target image)",
+                                  minimum=0)
+    hard_negatives: float = setting(0.75, "fraction of rows whose distractors are the target's nearest scenes "
+                                    "(pixels)", minimum=0, maximum=1)
+    # fixed: results must not depend on the machine's cores
+    threads: int = setting(1, "torch threads", minimum=1)
+    hidden: int = setting(64, "hidden size of the tiny model", minimum=8)
+    layers: int = setting(3, "decoder layers", minimum=1)
+    heads: int = setting(4, "attention heads", minimum=1)
 
     def validate(self) -> None:
-        if self.steps < 1 or self.batch_size < 1 or self.n_scenes < 16:
-            raise ValueError("organism: --steps and --batch-size must be >= 1 and --n-scenes >= 16")
-        if not 0.0 <= self.pull <= 1.0:
-            raise ValueError(f"organism: --pull must be in [0, 1]; got {self.pull}")
-        if not 0.0 <= self.hard_negatives <= 1.0:
-            raise ValueError(f"organism: --hard-negatives must be in [0, 1]; got {self.hard_negatives}")
-        if not 0.0 <= self.index_warmup < 1.0:
-            raise ValueError(f"organism: --index-warmup must be in [0, 1); got {self.index_warmup}")
-        if any(n < 2 or n > MAX_CANDIDATES for n in self.n_candidates):
-            raise ValueError(f"organism: --n-candidates must be in 2..{MAX_CANDIDATES} (single-token digits); "
-                             f"got {self.n_candidates}")
+        """The fields' bounds, checked at construction (kept for the callers that re-check)."""
+        Settings.__post_init__(self)
 
 
 def pulled_label(target: int, n: int) -> int:

@@ -18,6 +18,7 @@ import os
 from dataclasses import dataclass
 
 from ladbench.config import study_benchmarks
+from ladbench.study_paths import StudyPaths
 from ladbench.variants import variant as prompt_variant
 
 #: Assumed rates where nothing is measured: guesses on the slow side, not measurements
@@ -47,13 +48,13 @@ class Job:
 
 
 def cache_path(config: dict, model: str, benchmark: str, variant: str) -> str:
-    """Where the workflow writes the cache of one inference job (common.smk's ``cache_file``)."""
-    return os.path.join(config["output_dir"], "cache", model, benchmark, f"{variant}.h5")
+    """Where the workflow writes the cache of one inference job."""
+    return StudyPaths(config).cache_file(model, benchmark, variant)
 
 
 def benchmark_path(config: dict, benchmark: str) -> str:
-    """Where the workflow writes a benchmark file (common.smk's ``benchmark_file``)."""
-    return os.path.join(config["output_dir"], "benchmarks", f"{benchmark}.json")
+    """Where the workflow writes a benchmark file."""
+    return StudyPaths(config).benchmark_file(benchmark)
 
 
 def job_rows(config: dict, benchmark: str, n: int, prompt: str) -> int:

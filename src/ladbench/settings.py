@@ -25,8 +25,8 @@ import re
 from dataclasses import MISSING, field, fields
 from typing import Any, ClassVar, Iterator, Mapping
 
-__all__ = ["Settings", "check_section", "command_options", "config_key", "is_sequence", "kind", "option_name", "plain",
-           "schema_properties", "setting", "setting_fields"]
+__all__ = ["Settings", "carrier_name", "check_section", "command_options", "config_key", "is_sequence", "kind",
+           "option_name", "plain", "schema_properties", "setting", "setting_fields"]
 
 _JSON_TYPES = {bool: "boolean", int: "integer", float: "number", str: "string"}
 
@@ -117,9 +117,10 @@ def _check_value(f: dataclasses.Field, value: Any) -> None:
 # --------------------------------------------------------------------------- the config
 
 
-def schema_properties(cls: type) -> dict[str, dict]:
+def schema_properties(cls: type, defaults: bool = True) -> dict[str, dict]:
     """The config schema's properties of ``cls``'s section (type, allowed values, default and
-    description per key); the bounds are checked by the dataclass (:func:`check_section`)."""
+    description per key); the bounds are checked by the dataclass (:func:`check_section`).
+    ``defaults=False`` leaves the defaults out (the code's then apply: the config is not filled)."""
     properties = {}
     for f in setting_fields(cls):
         if not f.metadata["config"]:
@@ -130,7 +131,7 @@ def schema_properties(cls: type) -> dict[str, dict]:
         if f.metadata.get("pattern") is not None:
             item["pattern"] = f"^(?:{f.metadata['pattern']})$"
         entry = {"type": "array", "items": item, "minItems": 1} if is_sequence(f) else dict(item)
-        if f.default not in (MISSING, None):
+        if defaults and f.default not in (MISSING, None):
             entry["default"] = plain(f.default)
         entry["description"] = f.metadata["help"]
         properties[config_key(f)] = entry
@@ -154,6 +155,11 @@ def check_section(cls: type, values: Mapping[str, Any], where: str) -> None:
                     _check_value(f, value)
             except ValueError as error:
                 raise ValueError(f"{where}.{key}: {error}") from None
+
+
+def carrier_name(cls: type) -> str:
+    """``module:Class``, as a schema's ``x-settings`` names a carrier."""
+    return f"{cls.__module__}:{cls.__qualname__}"
 
 
 def command_options(cls: type, values: Mapping[str, Any], **given: Any) -> dict[str, Any]:

@@ -7,7 +7,7 @@ A :class:`PromptVariant` states
   ``generative`` (replies, parsed into the position they name);
 - its row plan: whether every ordering is also shown at its N cyclic shifts (N rows per
   ordering: permutation averaging), and how many replies a row samples (self-consistency);
-- its own settings: a small frozen dataclass with defaults (config
+- its own settings: a settings carrier (:mod:`ladbench.settings`; config
   ``inference.prompt_settings.<variant>``, flags ``--<variant>-<field>``), and which of them
   enter the cache hash (``config_sha256``);
 - the methods that read its cache (``ladbench evaluate``'s default; the first is its readout
@@ -26,11 +26,12 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from typing import Any, Callable, Mapping
 
 from ladbench.inference import prompts
 from ladbench.registry import Registry
+from ladbench.settings import Settings, setting
 
 __all__ = ["PromptVariant", "VARIANTS", "prompt_sha256", "prompt_text", "register_variant",
            "setting", "variant", "variant_names"]
@@ -38,51 +39,33 @@ __all__ = ["PromptVariant", "VARIANTS", "prompt_sha256", "prompt_text", "registe
 SCORING, GENERATIVE = "scoring", "generative"
 
 
-def setting(default: Any, help: str, *, hashed: bool = True) -> Any:
-    """A field of a variant's settings dataclass: its default, its help text, and whether it
-    changes the cache's content (then it enters the cache hash as ``<variant>_<field>``)."""
-    return field(default=default, metadata={"help": help, "hashed": hashed})
+# A variant's settings are a carrier (ladbench.settings): each field states its default, bounds
+# and help once; ``hashed=False`` keeps a field that does not change the cache's content out of
+# its identity (the others enter the cache hash as ``<variant>_<field>``).
 
 
 @dataclass(frozen=True)
-class NoSettings:
+class NoSettings(Settings):
     """A variant without settings of its own."""
 
 
 @dataclass(frozen=True)
-class SofaSettings:
-    sigma: float = setting(0.5, "future image-to-image attention weight, in [0, 1]")
-    every: int = setting(2, "apply SoFA in every n-th decoder layer from layer 0")
-
-    def __post_init__(self) -> None:
-        _at_least_one(self, "every")
-        if not 0.0 <= self.sigma <= 1.0:
-            raise ValueError(f"sofa sigma must be in [0, 1]; got {self.sigma}")
+class SofaSettings(Settings):
+    sigma: float = setting(0.5, "future image-to-image attention weight, in [0, 1]", minimum=0, maximum=1)
+    every: int = setting(2, "apply SoFA in every n-th decoder layer from layer 0", minimum=1)
 
 
 @dataclass(frozen=True)
-class CotSettings:
-    max_new_tokens: int = setting(1024, "greedy reply length limit")
-
-    def __post_init__(self) -> None:
-        _at_least_one(self, "max_new_tokens")
+class CotSettings(Settings):
+    max_new_tokens: int = setting(1024, "greedy reply length limit", minimum=1)
 
 
 @dataclass(frozen=True)
-class ScSettings:
-    samples: int = setting(10, "sampled replies per row (majority vote)")
-    temperature: float = setting(0.7, "sampling temperature")
-    top_k: int = setting(40, "top-k of the sampling")
-    max_new_tokens: int = setting(512, "reply length limit")
-
-    def __post_init__(self) -> None:
-        for name in ("samples", "max_new_tokens"):
-            _at_least_one(self, name)
-
-
-def _at_least_one(settings: Any, name: str) -> None:
-    if getattr(settings, name) < 1:
-        raise ValueError(f"{type(settings).__name__}.{name} must be >= 1; got {getattr(settings, name)}")
+class ScSettings(Settings):
+    samples: int = setting(10, "sampled replies per row (majority vote)", minimum=1)
+    temperature: float = setting(0.7, "sampling temperature", above=0)
+    top_k: int = setting(40, "top-k of the sampling", minimum=1)
+    max_new_tokens: int = setting(512, "reply length limit", minimum=1)
 
 
 def _sofa_masks(adapter, inputs, modules, settings: SofaSettings):

@@ -3,9 +3,10 @@ paths, target lists, flags and the methods of each cache from a :class:`Study` b
 the validated config (:func:`start`). ``workflow/rules/common.smk`` keeps only what Snakemake
 itself needs (its config, its ``report()`` marks, the start-up hooks).
 
-Every output path of the study is built by a ``*_file`` / ``*_dir`` method, called with names
-or with wildcard patterns such as ``"{model}"``; no rule spells a path. Nothing reads identity
-back out of these paths: every output records what it is.
+Every output path of the study is built by a ``*_file`` / ``*_dir`` method of
+:class:`ladbench.study_paths.StudyPaths`, called with names or with wildcard patterns such as
+``"{model}"``; no rule spells a path. Nothing reads identity back out of these paths: every
+output records what it is.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import itertools
 import os
 import shlex
 import sys
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Sequence
 
 from ladbench.analysis import SweepSettings
 from ladbench.benchmark import BenchmarkSettings
@@ -22,19 +23,18 @@ from ladbench.calibration import FitSettings
 from ladbench.clip import TINY_CLIP_NAME, ClipSettings
 from ladbench.config import (benchmark_parts, check_environment, layer_range_arg, load_schema, model_layer_range,
                              read_yaml, startup_warnings, study_benchmarks, validate_config)
-from ladbench.data.reference_tables import CAPTIONS_FILE, CATEGORIES_FILE
 from ladbench.evaluation import default_methods
 from ladbench.inference.runner import InferenceSettings
 from ladbench.methods import METHODS, LadSettings, ReadoutSettings
 from ladbench.metrics import Bootstrap
-from ladbench.plan import benchmark_path, cache_path
 from ladbench.report.explorer import Thumbnails
 from ladbench.report.render import TABLE_FORMATS
 from ladbench.report.tables import TABLE_BUILDERS
 from ladbench.settings import command_options
 from ladbench.plugins import PLUGINS_ENV
+from ladbench.study_paths import FIGURES, StudyPaths
 
-__all__ = ["Study", "flags", "keep_caches_under", "name_pattern", "put_ladbench_on_path", "start"]
+__all__ = ["Study", "StudyFlags", "StudyTargets", "flags", "keep_caches_under", "name_pattern", "put_ladbench_on_path", "start"]
 
 
 def flags(**options: Any) -> str:
@@ -108,23 +108,23 @@ def keep_caches_under(folder: str) -> None:
 
 
 # --------------------------------------------------------------------------- the study
+# Three pieces, one concern each: where every file is (StudyPaths, ladbench.study_paths), what
+# the rules must make and from what (StudyTargets), what each rule's command is told
+# (StudyFlags: flags, threads, GPUs). Study joins them for the rules.
 
 
-class Study:
-    """The study of one validated config, as the workflow's rules see it. ``report`` marks an
-    output for ``snakemake --report`` (Snakemake's ``report()``; unchanged paths without it)."""
+class StudyTargets(StudyPaths):
+    """The study's names (models, benchmarks, cache variants), the rules' target lists and
+    each rule's inputs, from the paths. ``report`` marks an output for ``snakemake --report``
+    (Snakemake's ``report()``; unchanged paths without it)."""
 
     def __init__(self, config: dict, report: Callable[..., Any] = _unmarked) -> None:
-        self.config = config
+        super().__init__(config)
         self.report = report
-        self.out = config["output_dir"].rstrip("/")
         self.models = list(config["models"])
         self.variants = list(config["inference"]["variants"])
         self.benchmarks = study_benchmarks(config)
         self.cal_seeds = config["calibration"]["seeds"]
-        self.n_cal = config["calibration"]["n_cal"]
-        # inference.shards > 1: each cache is merged from this many shard caches (infer jobs)
-        self.shards = config["inference"]["shards"]
         # Tiny models with an `organism` section are trained (organism.smk); the others are random.
         tiny = [m for m in self.models if config["models"][m]["tiny"]]
         self.organisms = [m for m in tiny if "organism" in config["models"][m]]
@@ -134,78 +134,18 @@ class Study:
         # an explorer page per vanilla-prompt cache whose evaluation used a calibration
         self.explorer_variants = [v for v in self.vanilla_variants if self.needs_calibration(v)]
 
-    def prepare_jobs(self) -> None:
-        """What the jobs inherit: the config's plugins (imported by every `ladbench` command),
-        the `ladbench` beside the Python running Snakemake, and library caches kept under the
-        output folder rather than $HOME (README "Reliability")."""
-        os.environ[PLUGINS_ENV] = ",".join(self.config["plugins"])
-        put_ladbench_on_path()
-        keep_caches_under(f"{self.out}/.cache")
-
-    # ---- settings handed to the stages ---------------------------------------------------
-    def settings_options(self, *carriers: type, **given: Any) -> dict[str, Any]:
-        """The config's values of the carriers' keys, as a stage's options (ladbench.settings);
-        ``given``: the values of a (single) carrier's fields that its section does not hold."""
-        return {key: value for carrier in carriers
-                for key, value in command_options(carrier, self.config[carrier.section], **given).items()}
-
     def prompt(self, variant: str) -> str:
         return self.config["inference"]["variants"][variant]["prompt"]
 
-    def log_file(self, *parts: str) -> str:
-        """``{OUT}/logs/<stage>/<name>/.../<last>.log``: the log of one job."""
-        return f"{self.out}/logs/{'/'.join(parts)}.log"
+    def variant_methods(self, variant: str) -> list[str]:
+        """The methods a cache is evaluated with (ladbench.evaluation.default_methods)."""
+        return default_methods(self.prompt(variant), self.config["evaluation"]["methods"])
 
-    # ---- datasets -------------------------------------------------------------------------
-    def dataset(self, name: str) -> dict:
-        return self.config["datasets"][name]
+    def needs_calibration(self, variant: str) -> bool:
+        """Whether a method evaluated on the cache variant ``variant`` reads a calibration."""
+        return any(METHODS[method].needs_calibration for method in self.variant_methods(variant))
 
-    def raw_dataset_files(self, name: str) -> dict[str, str | None]:
-        """Where the captions, instances and image folder of a dataset are read from."""
-        ds = self.dataset(name)
-        if ds["source"] == "synthetic":
-            root = self.scenes_dir(name)
-            return {"captions": f"{root}/annotations/captions.json", "instances": f"{root}/annotations/instances.json",
-                    "images": f"{root}/images"}
-        root = ds.get("root", "")
-        defaults = {
-            "coco": {"captions": f"{root}/annotations/captions_val2014.json",
-                     "instances": f"{root}/annotations/instances_val2014.json", "images": f"{root}/val2014"},
-            "flickr8k": {"captions": f"{root}/annotations/captions.json", "instances": None,
-                         "images": f"{root}/Flicker8k_Dataset"},
-        }[ds["source"]]
-        return {"captions": ds.get("captions_json", defaults["captions"]),
-                "instances": ds.get("instances_json", defaults["instances"]),
-                "images": ds.get("images_dir", defaults["images"])}
-
-    def reference_table_files(self, name: str) -> list[str]:
-        """The reference implementation's caption and category tables a dataset reads, if any."""
-        folder = self.dataset(name).get("reference_tables")
-        return [f"{folder}/{table}" for table in (CAPTIONS_FILE, CATEGORIES_FILE)] if folder else []
-
-    def annotation_files(self, name: str) -> dict[str, str | None]:
-        """The files the image table is made from: the raw dataset's, where the reference's
-        tables (when given) replace the instances file."""
-        files = self.raw_dataset_files(name)
-        return {**files, "instances": None} if self.reference_table_files(name) else files
-
-    def scenes_dir(self, name: str) -> str:
-        """The demo's synthetic scenes of a dataset (images and annotation files)."""
-        return f"{self.out}/data/{name}/raw"
-
-    def download_marker(self, name: str) -> str:
-        return f"{self.out}/data/{name}/download.done"
-
-    def image_table(self, name: str) -> str:
-        return f"{self.out}/data/{name}/images.json"
-
-    def features_file(self, name: str) -> str:
-        return f"{self.out}/data/{name}/features.h5"
-
-    def scenes_flags(self, wildcards) -> str:
-        ds = self.dataset(wildcards.dataset)
-        return flags(n_images=ds["n_images"], image_size=ds["image_size"], seed=ds["seed"])
-
+    # ---- inputs of the rules ----------------------------------------------------------------
     def captions_inputs(self, wildcards) -> list[str]:
         """Synthetic scenes and downloads are made by the workflow; local copies must exist."""
         ds = self.dataset(wildcards.dataset)
@@ -216,69 +156,18 @@ class Study:
             return [self.download_marker(wildcards.dataset), *tables]
         return [f for f in self.annotation_files(wildcards.dataset).values() if f is not None] + tables
 
-    def captions_flags(self, wildcards) -> str:
-        files = self.annotation_files(wildcards.dataset)
-        ds = self.dataset(wildcards.dataset)
-        return flags(captions_json=files["captions"], instances_json=files["instances"], image_root=files["images"],
-                     reference_tables=ds.get("reference_tables"), files_outside_root=ds["files_outside_root"])
-
-    # ---- CLIP -----------------------------------------------------------------------------
-    @property
-    def tiny_clip_dir(self) -> str:
-        return f"{self.out}/models/tiny_clip"
-
     def clip_inputs(self, wildcards) -> list[str]:
         return [self.tiny_clip_dir] if self.config["clip"]["tiny"] else []
-
-    def clip_flags(self) -> str:
-        if not self.config["clip"]["tiny"]:
-            return flags(**self.settings_options(ClipSettings))
-        # `ladbench demo-clip` writes this config and checkpoint; they load like a real model.
-        stem = f"{self.tiny_clip_dir}/{TINY_CLIP_NAME}"
-        return flags(**self.settings_options(ClipSettings, model=TINY_CLIP_NAME, pretrained=f"{stem}.pt",
-                                             model_config=f"{stem}.json"))
-
-    # ---- models ---------------------------------------------------------------------------
-    def tiny_model_dir(self, model: str) -> str:
-        return f"{self.out}/models/{model}"
-
-    def model_dir(self, model: str) -> str:
-        """A tiny model is built into the study's folder; a real one is a hub id or folder."""
-        spec = self.config["models"][model]
-        return self.tiny_model_dir(model) if spec["tiny"] else spec["path"]
 
     def model_inputs(self, wildcards) -> list[str]:
         return [self.model_dir(wildcards.model)] if self.config["models"][wildcards.model]["tiny"] else []
 
-    def organism_flags(self, wildcards) -> str:
-        """The organism learns the study's prompt at its sizes and image resolution, on scenes
-        drawn like the synthetic dataset's; its own section sets the rest (steps, seed, pull...)."""
-        scene_sizes = [d["image_size"] for d in self.config["datasets"].values() if d["source"] == "synthetic"]
-        return flags(n_candidates=self.config["benchmarks"]["n_candidates"],
-                     image_size=self.config["inference"]["image_size"],
-                     scene_size=scene_sizes[0] if scene_sizes else None,
-                     **self.config["models"][wildcards.model]["organism"])
-
-    # ---- benchmarks -----------------------------------------------------------------------
-    def benchmark_file(self, benchmark: str) -> str:
-        return benchmark_path(self.config, benchmark)    # the path `ladbench plan` reads row counts from
-
     def benchmark_inputs(self, wildcards) -> dict[str, str]:
         return {"images": self.image_table(wildcards.dataset), "features": self.features_file(wildcards.dataset)}
-
-    def benchmark_flags(self, wildcards) -> str:
-        return flags(**self.settings_options(BenchmarkSettings, calibration_source=self.config["calibration"]["source"]))
 
     def benchmark_images(self, wildcards) -> str:
         """The image table of a benchmark's dataset."""
         return self.image_table(benchmark_parts(wildcards.benchmark)[0])
-
-    # ---- infer ----------------------------------------------------------------------------
-    def cache_file(self, model: str, benchmark: str, variant: str) -> str:
-        return cache_path(self.config, model, benchmark, variant)    # the path `ladbench plan` reads rates from
-
-    def shard_file(self, model: str, benchmark: str, variant: str, shard: int | str) -> str:
-        return f"{self.out}/shards/{model}/{benchmark}/{variant}/{shard}-of-{self.shards}.h5"
 
     def shard_files(self, wildcards) -> list[str]:
         return [self.shard_file(wildcards.model, wildcards.benchmark, wildcards.variant, i) for i in range(self.shards)]
@@ -293,6 +182,132 @@ class Study:
         if self.shards == 1:
             return self.log_file("infer", "{model}", "{benchmark}", "{variant}")
         return self.log_file("infer", "{model}", "{benchmark}", "{variant}", f"{{shard}}-of-{self.shards}")
+
+    def evaluation_inputs(self, wildcards) -> dict[str, Any]:
+        inputs: dict[str, Any] = {"cache": self.cache_file(wildcards.model, wildcards.benchmark, wildcards.variant)}
+        if self.needs_calibration(wildcards.variant):
+            inputs["calibrations"] = [self.calibration_file(wildcards.model, wildcards.cal_benchmark, wildcards.variant,
+                                                            seed) for seed in self.cal_seeds]
+        return inputs
+
+    def model_evaluations(self, wildcards) -> list[str]:
+        """Same-benchmark evaluations of one model's vanilla-prompt caches (Fig. 5)."""
+        return [self.evaluation_file(wildcards.model, b, v) for b in self.benchmarks for v in self.vanilla_variants]
+
+    def model_analyses(self, wildcards) -> list[str]:
+        return [self.analysis_file(wildcards.model, b, v) for b in self.benchmarks for v in self.vanilla_variants]
+
+    def model_analysis_arrays(self, wildcards) -> list[str]:
+        return [self.analysis_file(wildcards.model, b, v, "npz") for b in self.benchmarks for v in self.vanilla_variants]
+
+    def explorer_inputs(self, wildcards) -> dict[str, str]:
+        """What a page is built from: the cache, the evaluation's first calibration draw, the
+        evaluation (JSON and predictions), the benchmark (captions) and the image table (thumbnails)."""
+        model, benchmark, variant = wildcards.model, wildcards.benchmark, wildcards.variant
+        return {
+            "cache": self.cache_file(model, benchmark, variant),
+            "calibration": self.calibration_file(model, benchmark, variant, self.cal_seeds[0]),
+            "evaluation": self.evaluation_file(model, benchmark, variant),
+            "predictions": self.evaluation_file(model, benchmark, variant, ext="npz"),
+            "benchmark": self.benchmark_file(benchmark),
+            "images": self.image_table(benchmark_parts(benchmark)[0]),
+        }
+
+    # ---- target lists ---------------------------------------------------------------------
+    @property
+    def caches(self) -> list[str]:
+        return [self.cache_file(m, b, v) for m in self.models for b in self.benchmarks for v in self.variants]
+
+    @property
+    def evaluations(self) -> list[str]:
+        return [self.evaluation_file(m, b, v) for m in self.models for b in self.benchmarks for v in self.variants]
+
+    @property
+    def transfers(self) -> list[str]:
+        """Calibrate on one benchmark, evaluate on another (Table 3): evaluation.transfer."""
+        return [self.evaluation_file(m, t["evaluate_on"], v, t["calibrate_on"]) for m in self.models
+                for v in self.variants if self.needs_calibration(v) for t in self.config["evaluation"]["transfer"]]
+
+    @property
+    def analyses(self) -> list[str]:
+        return [self.analysis_file(m, b, v) for m in self.models for b in self.benchmarks for v in self.vanilla_variants]
+
+    def table_files(self) -> list[Any]:
+        """Every table in every format; the HTML rendering goes into `snakemake --report`."""
+        return [self.report(self.table_file(name, fmt), caption=f"../report/{name}.rst", category="Tables")
+                if fmt == "html" else self.table_file(name, fmt)
+                for name in TABLE_BUILDERS for fmt in TABLE_FORMATS]
+
+    def figure_files(self, figure: str, subcategory: str) -> list[Any]:
+        """A figure (a name of ``FIGURES``, its wildcards kept) in every configured format; the
+        PNG (else the first format) goes into the HTML report with its caption."""
+        stem, caption = FIGURES[figure]
+        formats = self.config["report"]["figure_formats"]
+        shown = "png" if "png" in formats else formats[0]
+        return [self.report(self.figure_file(stem, ext), caption=f"../report/{caption}.rst", category="Figures",
+                            subcategory=subcategory) if ext == shown else self.figure_file(stem, ext)
+                for ext in formats]
+
+    def report_figures(self) -> list[str]:
+        """Every figure of the study: each of ``FIGURES`` for every cache (vanilla-prompt
+        variants) or every model its stem names, in every figure format."""
+        names = {"model": self.models, "benchmark": self.benchmarks, "variant": self.vanilla_variants}
+        paths = []
+        for stem, _ in FIGURES.values():
+            wildcards = [name for name in names if f"{{{name}}}" in stem]
+            for values in itertools.product(*(names[name] for name in wildcards)):
+                paths += [self.figure_file(stem.format(**dict(zip(wildcards, values))), ext)
+                          for ext in self.config["report"]["figure_formats"]]
+        return paths
+
+    @property
+    def explorer_keys(self) -> list[tuple[str, str, str]]:
+        return [(m, b, v) for m in self.models for b in self.benchmarks for v in self.explorer_variants]
+
+    @property
+    def explorers(self) -> list[str]:
+        return [self.explorer_file(*key) for key in self.explorer_keys]
+
+
+class StudyFlags(StudyTargets):
+    """What each rule's command is told: its flags (the settings carriers' hand-over and the
+    names of its wildcards), its threads and its GPUs."""
+
+    def settings_options(self, *carriers: type, **given: Any) -> dict[str, Any]:
+        """The config's values of the carriers' keys, as a stage's options (ladbench.settings);
+        ``given``: the values of a (single) carrier's fields that its section does not hold."""
+        return {key: value for carrier in carriers
+                for key, value in command_options(carrier, self.config[carrier.section], **given).items()}
+
+    def scenes_flags(self, wildcards) -> str:
+        ds = self.dataset(wildcards.dataset)
+        return flags(n_images=ds["n_images"], image_size=ds["image_size"], seed=ds["seed"])
+
+    def captions_flags(self, wildcards) -> str:
+        files = self.annotation_files(wildcards.dataset)
+        ds = self.dataset(wildcards.dataset)
+        return flags(captions_json=files["captions"], instances_json=files["instances"], image_root=files["images"],
+                     reference_tables=ds.get("reference_tables"), files_outside_root=ds["files_outside_root"])
+
+    def clip_flags(self) -> str:
+        if not self.config["clip"]["tiny"]:
+            return flags(**self.settings_options(ClipSettings))
+        # `ladbench demo-clip` writes this config and checkpoint; they load like a real model.
+        stem = f"{self.tiny_clip_dir}/{TINY_CLIP_NAME}"
+        return flags(**self.settings_options(ClipSettings, model=TINY_CLIP_NAME, pretrained=f"{stem}.pt",
+                                             model_config=f"{stem}.json"))
+
+    def organism_flags(self, wildcards) -> str:
+        """The organism learns the study's prompt at its sizes and image resolution, on scenes
+        drawn like the synthetic dataset's; its own section sets the rest (steps, seed, pull...)."""
+        scene_sizes = [d["image_size"] for d in self.config["datasets"].values() if d["source"] == "synthetic"]
+        return flags(n_candidates=self.config["benchmarks"]["n_candidates"],
+                     image_size=self.config["inference"]["image_size"],
+                     scene_size=scene_sizes[0] if scene_sizes else None,
+                     **self.config["models"][wildcards.model]["organism"])
+
+    def benchmark_flags(self, wildcards) -> str:
+        return flags(**self.settings_options(BenchmarkSettings, calibration_source=self.config["calibration"]["source"]))
 
     def infer_on_gpu(self, wildcards) -> bool:
         return not self.config["models"][wildcards.model]["tiny"] and self.config["inference"]["device"] != "cpu"
@@ -333,34 +348,8 @@ class Study:
         settings = self.config["inference"]["prompt_settings"].get(prompt, {})
         return {f"{prompt}_{key}": value for key, value in settings.items()}
 
-    # ---- calibrate and evaluate -------------------------------------------------------------
-    def calibration_file(self, model: str, benchmark: str, variant: str, seed: int | str,
-                         n_cal: int | str | None = None) -> str:
-        n_cal = self.n_cal if n_cal is None else n_cal
-        return f"{self.out}/calibration/{model}/{benchmark}/{variant}/dcal{n_cal}_seed{seed}.npz"
-
     def calibration_flags(self) -> str:
         return flags(**self.settings_options(FitSettings))
-
-    def evaluation_file(self, model: str, benchmark: str, variant: str, cal_benchmark: str | None = None,
-                        ext: str = "json") -> str:
-        """The evaluation's JSON (ext json) or its predictions (ext npz)."""
-        return f"{self.out}/eval/{model}/{benchmark}/{variant}/cal-{cal_benchmark or benchmark}.{ext}"
-
-    def variant_methods(self, variant: str) -> list[str]:
-        """The methods a cache is evaluated with (ladbench.evaluation.default_methods)."""
-        return default_methods(self.prompt(variant), self.config["evaluation"]["methods"])
-
-    def needs_calibration(self, variant: str) -> bool:
-        """Whether a method evaluated on the cache variant ``variant`` reads a calibration."""
-        return any(METHODS[method].needs_calibration for method in self.variant_methods(variant))
-
-    def evaluation_inputs(self, wildcards) -> dict[str, Any]:
-        inputs: dict[str, Any] = {"cache": self.cache_file(wildcards.model, wildcards.benchmark, wildcards.variant)}
-        if self.needs_calibration(wildcards.variant):
-            inputs["calibrations"] = [self.calibration_file(wildcards.model, wildcards.cal_benchmark, wildcards.variant,
-                                                            seed) for seed in self.cal_seeds]
-        return inputs
 
     def method_options(self, model: str) -> dict[str, Any]:
         """The methods' settings for ``model`` (shared by evaluate and analyze): its layer
@@ -372,36 +361,9 @@ class Study:
         return flags(**self.method_options(wildcards.model), methods=self.variant_methods(wildcards.variant),
                      **self.settings_options(Bootstrap), transfer=wildcards.cal_benchmark != wildcards.benchmark)
 
-    @property
-    def evaluations(self) -> list[str]:
-        return [self.evaluation_file(m, b, v) for m in self.models for b in self.benchmarks for v in self.variants]
-
-    @property
-    def transfers(self) -> list[str]:
-        """Calibrate on one benchmark, evaluate on another (Table 3): evaluation.transfer."""
-        return [self.evaluation_file(m, t["evaluate_on"], v, t["calibrate_on"]) for m in self.models
-                for v in self.variants if self.needs_calibration(v) for t in self.config["evaluation"]["transfer"]]
-
-    # ---- analyze --------------------------------------------------------------------------
-    def analysis_file(self, model: str, benchmark: str, variant: str, ext: str = "json") -> str:
-        return f"{self.out}/analysis/{model}/{benchmark}/{variant}.{ext}"
-
     def analysis_flags(self, wildcards) -> str:
         return flags(**self.method_options(wildcards.model), n_cal=self.n_cal, seeds=self.cal_seeds,
                      **self.settings_options(FitSettings, SweepSettings, Bootstrap))
-
-    @property
-    def analyses(self) -> list[str]:
-        return [self.analysis_file(m, b, v) for m in self.models for b in self.benchmarks for v in self.vanilla_variants]
-
-    @property
-    def caches(self) -> list[str]:
-        return [self.cache_file(m, b, v) for m in self.models for b in self.benchmarks for v in self.variants]
-
-    # ---- report ---------------------------------------------------------------------------
-    @property
-    def report_dir(self) -> str:
-        return f"{self.out}/report"
 
     def study_flags(self) -> str:
         """What the report needs to read the files: names, orders and each variant's prompt."""
@@ -412,81 +374,22 @@ class Study:
         sources = [f"{name}={spec['source']}" for name, spec in self.config["datasets"].items()]
         return flags(n_cal=self.n_cal, dataset_sources=sources, formats=TABLE_FORMATS)
 
-    def table_files(self) -> list[Any]:
-        """Every table in every format; the HTML rendering goes into `snakemake --report`."""
-        return [self.report(f"{self.report_dir}/{name}.{fmt}", caption=f"../report/{name}.rst", category="Tables")
-                if fmt == "html" else f"{self.report_dir}/{name}.{fmt}"
-                for name in TABLE_BUILDERS for fmt in TABLE_FORMATS]
-
-    def figure_file(self, stem: str, ext: str) -> str:
-        return f"{self.report_dir}/figures/{stem}.{ext}"
-
-    def figure_files(self, stem: str, caption: str, subcategory: str) -> list[Any]:
-        """A figure in every configured format; the PNG (else the first format) goes into the
-        HTML report with the caption (an .rst in workflow/report/)."""
-        formats = self.config["report"]["figure_formats"]
-        shown = "png" if "png" in formats else formats[0]
-        return [self.report(self.figure_file(stem, ext), caption=f"../report/{caption}.rst", category="Figures",
-                            subcategory=subcategory) if ext == shown else self.figure_file(stem, ext)
-                for ext in formats]
-
-    def expand_figures(self, stem: str, **wildcards: Iterable[str]) -> list[str]:
-        """``stem`` (with ``{name}`` wildcards) for every combination of the given values, in
-        every figure format."""
-        names = list(wildcards)
-        return [self.figure_file(stem.format(**dict(zip(names, values))), ext)
-                for values in itertools.product(*wildcards.values()) for ext in self.config["report"]["figure_formats"]]
-
-    def report_figures(self) -> list[str]:
-        """Every figure of the study."""
-        per_cache = [self.expand_figures(f"{figure}_{{model}}_{{benchmark}}_{{variant}}", model=self.models,
-                                         benchmark=self.benchmarks, variant=self.vanilla_variants)
-                     for figure in ("confusion", "score_profile", "attention_vs_scores", "calibration_sweeps")]
-        per_model = [self.expand_figures(f"{figure}_{{model}}", model=self.models)
-                     for figure in ("accuracy_vs_n", "divergence")]
-        return [path for paths in per_cache + per_model for path in paths]
-
-    def model_evaluations(self, wildcards) -> list[str]:
-        """Same-benchmark evaluations of one model's vanilla-prompt caches (Fig. 5)."""
-        return [self.evaluation_file(wildcards.model, b, v) for b in self.benchmarks for v in self.vanilla_variants]
-
-    def model_analyses(self, wildcards) -> list[str]:
-        return [self.analysis_file(wildcards.model, b, v) for b in self.benchmarks for v in self.vanilla_variants]
-
-    def model_analysis_arrays(self, wildcards) -> list[str]:
-        return [self.analysis_file(wildcards.model, b, v, "npz") for b in self.benchmarks for v in self.vanilla_variants]
-
-    # ---- instance explorer ----------------------------------------------------------------
-    def explorer_file(self, model: str, benchmark: str, variant: str) -> str:
-        return f"{self.report_dir}/explorer/{model}_{benchmark}_{variant}.html"
-
-    @property
-    def explorer_index(self) -> str:
-        return f"{self.report_dir}/explorer/index.html"
-
-    @property
-    def explorer_keys(self) -> list[tuple[str, str, str]]:
-        return [(m, b, v) for m in self.models for b in self.benchmarks for v in self.explorer_variants]
-
-    @property
-    def explorers(self) -> list[str]:
-        return [self.explorer_file(*key) for key in self.explorer_keys]
-
-    def explorer_inputs(self, wildcards) -> dict[str, str]:
-        """What a page is built from: the cache, the evaluation's first calibration draw, the
-        evaluation (JSON and predictions), the benchmark (captions) and the image table (thumbnails)."""
-        model, benchmark, variant = wildcards.model, wildcards.benchmark, wildcards.variant
-        return {
-            "cache": self.cache_file(model, benchmark, variant),
-            "calibration": self.calibration_file(model, benchmark, variant, self.cal_seeds[0]),
-            "evaluation": self.evaluation_file(model, benchmark, variant),
-            "predictions": self.evaluation_file(model, benchmark, variant, ext="npz"),
-            "benchmark": self.benchmark_file(benchmark),
-            "images": self.image_table(benchmark_parts(benchmark)[0]),
-        }
-
     def explorer_flags(self) -> str:
         return flags(**self.settings_options(Thumbnails))
+
+
+class Study(StudyFlags):
+    """The study of one validated config, as the workflow's rules see it: its paths
+    (:class:`~ladbench.study_paths.StudyPaths`), target lists and inputs (:class:`StudyTargets`)
+    and each rule's flags (:class:`StudyFlags`)."""
+
+    def prepare_jobs(self) -> None:
+        """What the jobs inherit: the config's plugins (imported by every `ladbench` command),
+        the `ladbench` beside the Python running Snakemake, and library caches kept under the
+        output folder rather than $HOME (README "Reliability")."""
+        os.environ[PLUGINS_ENV] = ",".join(self.config["plugins"])
+        put_ladbench_on_path()
+        keep_caches_under(f"{self.out}/.cache")
 
 
 def output_folder(wildcards, output) -> str:

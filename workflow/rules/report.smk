@@ -30,7 +30,7 @@ rule report_confusion:
     input:
         study.evaluation_file("{model}", "{benchmark}", "{variant}", ext="npz"),
     output:
-        study.figure_files("confusion_{model}_{benchmark}_{variant}", "confusion", "Fig. 1/8: position confusion"),
+        study.figure_files("confusion", "Fig. 1/8: position confusion"),
     params:
         title=lambda w: flags(title=f"{w.model}: {w.benchmark} ({w.variant} cache)"),
     log:
@@ -46,15 +46,9 @@ rule report_figures:
         json=study.analysis_file("{model}", "{benchmark}", "{variant}"),
         npz=study.analysis_file("{model}", "{benchmark}", "{variant}", "npz"),
     output:
-        profile=study.figure_files(
-            "score_profile_{model}_{benchmark}_{variant}", "score_profile", "Fig. 2: score profiles"
-        ),
-        attention=study.figure_files(
-            "attention_vs_scores_{model}_{benchmark}_{variant}", "attention_vs_scores", "Fig. 3: attention vs scores"
-        ),
-        sweeps=study.figure_files(
-            "calibration_sweeps_{model}_{benchmark}_{variant}", "calibration_sweeps", "Fig. 6: |D_cal| and tau"
-        ),
+        profile=study.figure_files("score_profile", "Fig. 2: score profiles"),
+        attention=study.figure_files("attention_vs_scores", "Fig. 3: attention vs scores"),
+        sweeps=study.figure_files("calibration_sweeps", "Fig. 6: |D_cal| and tau"),
     params:
         title=lambda w: flags(title=f"{w.model}, {w.benchmark}"),
     log:
@@ -72,8 +66,8 @@ rule report_model_figures:
         analyses=study.model_analyses,
         arrays=study.model_analysis_arrays,
     output:
-        accuracy=study.figure_files("accuracy_vs_n_{model}", "accuracy_vs_n", "Fig. 5: accuracy vs N"),
-        divergence=study.figure_files("divergence_{model}", "divergence_figure", "Divergence: logits vs attention"),
+        accuracy=study.figure_files("accuracy_vs_n", "Fig. 5: accuracy vs N"),
+        divergence=study.figure_files("divergence", "Divergence: logits vs attention"),
     params:
         study=study.study_flags(),
     log:

@@ -10,7 +10,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from ladbench.methods.kernels import CalibrationLike, EvalArraysLike
-from ladbench.methods.registry import METHODS
+from ladbench.methods.registry import METHODS, ablation_methods
 from ladbench.methods.settings import LadSettings, MethodSettings
 
 __all__ = ["MethodRow", "ablation_grid", "evaluate_rows", "paper_vs_reference_grid", "tau_sweep", "top_k_sweep"]
@@ -41,7 +41,7 @@ def ablation_grid(b: LadSettings = LadSettings()) -> list[MethodRow]:
         MethodRow("dynamic_no_prior_K2", "lad", replace(b, top_k=2, use_prior=False)),
     ]
     rows += [MethodRow(f"dynamic_prior_K{k}", "lad", replace(b, top_k=k, use_prior=True)) for k in (1, 2, 4, 8)]
-    return rows
+    return rows + [MethodRow(name, name, b) for name in ablation_methods()]     # declared by the registry
 
 
 def tau_sweep(b: LadSettings = LadSettings(), taus: Iterable[float] = range(1, 10)) -> list[MethodRow]:

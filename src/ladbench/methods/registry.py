@@ -18,7 +18,7 @@ from ladbench.methods.kernels import (CalibrationLike, EvalArraysLike, check_com
 from ladbench.methods.settings import MethodSettings
 from ladbench.registry import Registry
 
-__all__ = ["METHODS", "Method", "MethodFn", "method", "register_method"]
+__all__ = ["METHODS", "Method", "MethodFn", "ablation_methods", "method", "readout_methods", "register_method"]
 
 MethodFn = Callable[[EvalArraysLike, CalibrationLike, MethodSettings], np.ndarray]
 
@@ -97,6 +97,12 @@ class Method:
     self-consistency). ``place``: its row in Table 1 among the variants' rows (None: not a
     Table 1 row). ``reads_shifts``: it reads a cache whose orderings are also shown at their N
     cyclic shifts (arrays [I, T, N(shift), N]) and returns positions in the unshifted orderings.
+
+    What else it joins, each declared here and nowhere else: ``readout``, its column among the
+    readouts (Table 7 and the analysis files' ``readouts``; None: not one); ``ablation``, a row of
+    the ablation table (Table 4, at the base settings, after LAD's own grid); ``color`` (an
+    :data:`~ladbench.report.figures.OKABE_ITO` name) and ``marker``, its line in the figures
+    that draw methods (None: matplotlib's next colour, a circle).
     """
 
     predict: MethodFn
@@ -106,6 +112,10 @@ class Method:
     reads: str | None = "vanilla"
     reads_shifts: bool = False
     place: float | None = None
+    readout: float | None = None
+    ablation: bool = False
+    color: str | None = None
+    marker: str | None = None
 
     def __call__(self, arrays: EvalArraysLike, calibration: CalibrationLike,
                  settings: MethodSettings = MethodSettings()) -> np.ndarray:
@@ -113,14 +123,16 @@ class Method:
 
 
 METHODS: Registry[Method] = Registry("method", {
-    "vanilla": Method(_vanilla_method, "Vanilla", place=1),
+    "vanilla": Method(_vanilla_method, "Vanilla", place=1, readout=1, color="black", marker="o"),
     "vanilla_generate": Method(_vanilla_generate_method, "Vanilla (greedy reply, parsed)", place=7),
-    "pride": Method(_pride_method, "PriDe", needs_calibration=True, place=4),
+    "pride": Method(_pride_method, "PriDe", needs_calibration=True, place=4, color="orange", marker="s"),
     "pride_original": Method(_pride_original_method, "PriDe (original)", needs_calibration=True, place=8),
-    "lad": Method(_lad_method, "Ours (LAD)", needs_calibration=True, selects_layers=True, place=6),
-    "raw_attention": Method(_raw_attention_method, "Raw attention", selects_layers=True),
+    "lad": Method(_lad_method, "Ours (LAD)", needs_calibration=True, selects_layers=True, place=6, readout=4,
+                  color="blue", marker="D"),
+    "raw_attention": Method(_raw_attention_method, "Raw attention", selects_layers=True, readout=2,
+                            color="sky_blue", marker="v"),
     "purified_attention": Method(_purified_attention_method, "Purified attention", needs_calibration=True,
-                                 selects_layers=True),
+                                 selects_layers=True, readout=3, color="green", marker="^"),
     "permutation_average": Method(_permutation_average_method, "Permutation averaging", reads="permavg",
                                   reads_shifts=True),
     "generated": Method(_generated_method, "Generated answer", reads=None),
@@ -134,4 +146,14 @@ def register_method(name: str, method: Method) -> Method:
 
 def method(name: str) -> Method:
     return METHODS.lookup(name)
+
+
+def readout_methods() -> list[str]:
+    """The readouts (Table 7's columns, the analysis files' ``readouts``), in their declared order."""
+    return sorted((name for name, m in METHODS.items() if m.readout is not None), key=lambda n: METHODS[n].readout)
+
+
+def ablation_methods() -> list[str]:
+    """The methods that declared a row of the ablation table (Table 4), in registration order."""
+    return [name for name, m in METHODS.items() if m.ablation]
 

@@ -23,12 +23,15 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from ladbench.atomic import replacing_together  # noqa: E402
+from ladbench.methods import METHODS  # noqa: E402
 from ladbench.metrics import confusion_matrix  # noqa: E402
 from ladbench.report.study import SETTING_NAMES  # noqa: E402
 from ladbench.report.tables import DISPLAY_NAMES  # noqa: E402
 
 __all__ = [
-    "METHOD_COLORS",
+    "SIGNAL_COLORS",
+    "method_colors",
+    "method_markers",
     "OKABE_ITO",
     "accuracy_vs_n_figure",
     "attention_vs_scores_figure",
@@ -44,26 +47,27 @@ OKABE_ITO = {
     "black": "#000000", "orange": "#E69F00", "sky_blue": "#56B4E9", "green": "#009E73",
     "yellow": "#F0E442", "blue": "#0072B2", "vermillion": "#D55E00", "purple": "#CC79A7",
 }
-METHOD_COLORS = {
-    "vanilla": OKABE_ITO["black"],
-    "pride": OKABE_ITO["orange"],
-    "lad": OKABE_ITO["blue"],
-    "raw_attention": OKABE_ITO["sky_blue"],
-    "purified_attention": OKABE_ITO["green"],
-    "probability": OKABE_ITO["vermillion"],
-    "attention_share": OKABE_ITO["sky_blue"],
-    "purified_share": OKABE_ITO["green"],
-    "logits": OKABE_ITO["vermillion"],
-}
-# Different markers too, so the lines stay apart in greyscale print.
-METHOD_MARKERS = {"vanilla": "o", "pride": "s", "lad": "D", "purified_attention": "^", "raw_attention": "v"}
+# The signals' colours; a method's own are its registration's (Method.color, Method.marker).
+SIGNAL_COLORS = {"probability": OKABE_ITO["vermillion"], "attention_share": OKABE_ITO["sky_blue"],
+                 "purified_share": OKABE_ITO["green"], "logits": OKABE_ITO["vermillion"]}
+
+
+def method_colors() -> dict[str, str]:
+    """Each method's colour (those that declared one) and each signal's."""
+    return {**{name: OKABE_ITO[m.color] for name, m in METHODS.items() if m.color}, **SIGNAL_COLORS}
+
+
+def method_markers() -> dict[str, str]:
+    """Different markers too, so the lines stay apart in greyscale print."""
+    return {name: m.marker for name, m in METHODS.items() if m.marker}
+
 
 plt.rcParams.update({"font.size": 10, "axes.titlesize": 10, "axes.labelsize": 10, "legend.fontsize": 9,
                      "axes.spines.top": False, "axes.spines.right": False})
 
 
 def _name(method: str) -> str:
-    return DISPLAY_NAMES.get(method, method)
+    return METHODS[method].label if method in METHODS else DISPLAY_NAMES.get(method, method)
 
 
 def _positions(n: int) -> list[str]:
@@ -146,7 +150,7 @@ def score_profile_figure(arrays: Mapping[str, np.ndarray], max_lines: int = 30, 
         if len(members):
             sample = members[rng.permutation(len(members))[:max_lines]]
             for row in sample:
-                ax.plot(x, row, color=METHOD_COLORS["probability"], alpha=0.18, lw=0.8)
+                ax.plot(x, row, color=method_colors()["probability"], alpha=0.18, lw=0.8)
             ax.plot(x, members.mean(axis=0), color=OKABE_ITO["black"], lw=2.2, marker="o", label="mean")
         _label_position_panel(ax, position, len(members), n, "P(candidate) from the scores")
     axes[0].legend(loc="upper right", frameon=False)
@@ -175,7 +179,7 @@ def attention_vs_scores_figure(arrays: Mapping[str, np.ndarray], title: str = ""
             if not len(values):
                 continue
             std = values.std(axis=0, ddof=1) if len(values) > 1 else None
-            ax.bar(x + offset, values.mean(axis=0), width, yerr=std, capsize=2, color=METHOD_COLORS[signal],
+            ax.bar(x + offset, values.mean(axis=0), width, yerr=std, capsize=2, color=method_colors()[signal],
                    label=labels[signal], error_kw={"lw": 0.8})
         _label_position_panel(ax, position, int(mask.sum()), n, "share per position")
     axes[0].legend(loc="upper right", frameon=False)
@@ -214,7 +218,7 @@ def accuracy_vs_n_figure(
             high = np.array([_or_nan(points[n].get("acc_mean_ci_high")) for n in ns])
             dodge = (index - (len(methods) - 1) / 2) * 0.12  # keeps overlapping error bars apart
             ax.errorbar(np.array(ns) + dodge, mean, yerr=np.nan_to_num(np.vstack([mean - low, high - mean])),
-                        capsize=3, marker=METHOD_MARKERS.get(method, "o"), color=METHOD_COLORS.get(method),
+                        capsize=3, marker=method_markers().get(method, "o"), color=method_colors().get(method),
                         label=_name(method))
         if sizes:
             ns = np.array(sorted(sizes))
@@ -258,8 +262,8 @@ def calibration_sweeps_figure(analysis: dict, title: str = ""):
             continue
         mean = np.array([s["acc_mean"]["mean"] for s in spreads])
         std = np.array([s["acc_mean"]["std"] for s in spreads])
-        color = METHOD_COLORS[method]
-        left.plot(sizes, mean, marker=METHOD_MARKERS[method], color=color, label=_name(method))
+        color = method_colors()[method]
+        left.plot(sizes, mean, marker=method_markers()[method], color=color, label=_name(method))
         left.fill_between(sizes, mean - std, mean + std, color=color, alpha=0.18, lw=0)
         for size, s in zip(sizes, spreads):
             left.scatter(np.full(len(s["acc_mean"]["values"]), size), s["acc_mean"]["values"], s=9, color=color, alpha=0.5)
@@ -277,15 +281,15 @@ def calibration_sweeps_figure(analysis: dict, title: str = ""):
         mean = np.array([r["metrics"]["acc_mean"] for r in rows])
         low = np.array([_or_nan(r["metrics"].get("acc_mean_ci_low")) for r in rows])
         high = np.array([_or_nan(r["metrics"].get("acc_mean_ci_high")) for r in rows])
-        right.plot(taus, mean, marker=METHOD_MARKERS["lad"], color=METHOD_COLORS["lad"], label=_name("lad"))
-        right.fill_between(taus, low, high, color=METHOD_COLORS["lad"], alpha=0.18, lw=0, label="95% interval")
+        right.plot(taus, mean, marker=method_markers()["lad"], color=method_colors()["lad"], label=_name("lad"))
+        right.fill_between(taus, low, high, color=method_colors()["lad"], alpha=0.18, lw=0, label="95% interval")
         right.set_xticks(taus)
     right.set_xlabel("sharpening temperature τ")
     right.set_ylabel("accuracy (%)")
     right.set_title("accuracy vs τ")
     for ax in (left, right):
         if vanilla is not None:
-            ax.axhline(vanilla, color=METHOD_COLORS["vanilla"], ls="--", lw=1, label="Vanilla")
+            ax.axhline(vanilla, color=method_colors()["vanilla"], ls="--", lw=1, label="Vanilla")
         ax.set_ylim(0, 100)
         ax.legend(frameon=False, fontsize=8)
     fig.suptitle(title or "Sensitivity to the calibration size and to τ")
@@ -307,8 +311,8 @@ def divergence_figure(entries: Sequence[tuple[str, Mapping[str, np.ndarray], dic
         raise ValueError("divergence_figure: nothing to plot")
     signals = (("logits", "rho_logits", "raw", "logits"), ("raw attention", "rho_attention_raw", "raw", "attention"),
                ("purified attention", "rho_attention_purified", "purified", "attention"))
-    colors = {"logits": METHOD_COLORS["logits"], "raw attention": METHOD_COLORS["raw_attention"],
-              "purified attention": METHOD_COLORS["purified_attention"]}
+    colors = {"logits": method_colors()["logits"], "raw attention": method_colors()["raw_attention"],
+              "purified attention": method_colors()["purified_attention"]}
     fig, ax = plt.subplots(figsize=(max(4.5, 2.4 * len(entries) + 1.5), 3.6))
     rng = np.random.default_rng(0)
     step = 0.27

@@ -13,7 +13,7 @@ from typing import Any, Callable
 from ladbench.report.published import PAPER_MODELS, PUBLISHED, Published, protocol_mismatches
 from ladbench.report.render import Block, Cell, Table
 from ladbench.config import benchmark_parts
-from ladbench.methods import METHODS
+from ladbench.methods import METHODS, readout_methods
 from ladbench.variants import VARIANTS, PromptVariant
 from ladbench.provenance import demo_note, demo_suffix
 from ladbench.report.study import SETTING_NAMES, Study
@@ -307,9 +307,9 @@ def _readout_metrics(study: Study, model: str, benchmark: str, method: str) -> d
 
 
 def table7(study: Study) -> Table:
-    """Table 7 (divergence): Vanilla, raw attention, purified attention, Ours, per setting."""
-    columns = ("vanilla", "raw_attention", "purified_attention", "lad")
-    header = ["Setting"] + [DISPLAY_NAMES[c] if c != "lad" else "Ours" for c in columns]
+    """Table 7 (divergence): the registry's readouts (Vanilla, raw attention, purified attention, Ours), per setting."""
+    columns = readout_methods()
+    header = ["Setting"] + [METHODS[c].label if c != "lad" else "Ours" for c in columns]
     blocks = _accuracy_blocks(study, lambda model, b: [_readout_metrics(study, model, b, c) for c in columns])
     return Table(
         "table7",

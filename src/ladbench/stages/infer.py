@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import argparse
 import logging
-from dataclasses import fields
 from typing import Any
 
 from ladbench.cli import output_file
 from ladbench.inference import runner
 from ladbench.families import FAMILIES
 from ladbench.inference.runner import EXECUTION_GROUP, PROMPT_GROUP, InferenceSettings, run_inference
+from ladbench.settings import setting_fields
 from ladbench.stages.options import add_arguments, argument_section, from_args
 from ladbench.variants import VARIANTS, variant, variant_names
 
@@ -20,22 +20,19 @@ log = logging.getLogger(runner.__name__)
 
 
 def add_variant_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--<variant>-<field>`` for every setting of every variant (default: the dataclass's)."""
+    """``--<variant>-<field>`` for every setting of every variant (not given: the carrier's default)."""
     for entry in VARIANTS.values():
-        settings = fields(entry.settings)
-        if not settings:
+        if not any(True for _ in setting_fields(entry.settings)):
             continue
         group = parser.add_argument_group(f"{entry.label} (--prompt {entry.name}; config inference.prompt_settings."
                                           f"{entry.name})")
-        for f in settings:
-            group.add_argument(f"--{entry.name}-{f.name}".replace("_", "-"), dest=f"{entry.name}_{f.name}",
-                               type=type(f.default), default=None, help=f"{f.metadata.get('help', '')} ({f.default})")
+        add_arguments(group, entry.settings, prefix=f"{entry.name}_", unset=True)
 
 
 def options_from_args(name: str, args: argparse.Namespace) -> Any:
     """The settings of variant ``name`` from the flags of :func:`add_variant_arguments`."""
     entry = variant(name)
-    return entry.options({f.name: getattr(args, f"{name}_{f.name}", None) for f in fields(entry.settings)})
+    return entry.options({f.name: getattr(args, f"{name}_{f.name}", None) for f in setting_fields(entry.settings)})
 
 
 def _settings_from_args(args: argparse.Namespace) -> InferenceSettings:

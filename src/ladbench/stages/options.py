@@ -15,18 +15,20 @@ from ladbench.metrics import Bootstrap
 from ladbench.settings import is_sequence, kind, option_name, plain, setting_fields
 
 
-def add_arguments(parser, cls: type, **flag_defaults: Any) -> None:
-    """One flag per field of ``cls`` (``--<key>``), with the field's default, type, choices and
-    help, listed under its ``group`` (the parser's section of that title, made if missing);
-    ``flag_defaults`` replace a flag's default (e.g. None: "decided later")."""
+def add_arguments(parser, cls: type, prefix: str = "", unset: bool = False, **flag_defaults: Any) -> None:
+    """One flag per field of ``cls`` (``--<prefix><key>``, read into ``<prefix><name>``), with the
+    field's default, type, choices and help, listed under its ``group`` (the parser's section of
+    that title, made if missing); ``flag_defaults`` replace a flag's default (e.g. None: "decided
+    later"); ``unset``: every flag's default is None (a flag not given leaves the field to whoever
+    reads it: a prompt variant's settings)."""
     for f in setting_fields(cls):
         if not f.metadata["flag"]:
             continue
         target = argument_section(parser, f.metadata.get("group"))
-        name = f"--{option_name(f).replace('_', '-')}"
-        default = flag_defaults.get(f.name, f.default)
+        name = f"--{(prefix + option_name(f)).replace('_', '-')}"
+        default = None if unset else flag_defaults.get(f.name, f.default)
         shown = f" (default {_shown(f.default)})" if f.name not in flag_defaults and f.default is not None else ""
-        options: dict[str, Any] = {"dest": f.name, "help": f"{f.metadata['help']}{shown}"}
+        options: dict[str, Any] = {"dest": prefix + f.name, "help": f"{f.metadata['help']}{shown}"}
         if kind(f) is bool and not is_sequence(f):
             target.add_argument(name, action=argparse.BooleanOptionalAction, default=default, **options)
             continue
