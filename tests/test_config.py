@@ -305,6 +305,7 @@ CLI_OF_KEY = {
     "benchmarks.pool_size": [("benchmark", "pool_size")],
     "benchmarks.caption_sim_max": [("benchmark", "caption_sim_max")],
     "benchmarks.category_rule": [("benchmark", "category_rule")], "benchmarks.seed": [("benchmark", "seed")],
+    "benchmarks.ordering_seed": [("benchmark", "ordering_seed")],
     "benchmarks.draw": [("benchmark", "draw")], "benchmarks.similarity_dtype": [("benchmark", "similarity_dtype")],
     "calibration.source": [("benchmark", "calibration_source")],
     **{f"inference.{key}": [("infer", key)] for key in (
