@@ -305,7 +305,6 @@ CLI_OF_KEY = {
     "benchmarks.pool_size": [("benchmark", "pool_size")],
     "benchmarks.caption_sim_max": [("benchmark", "caption_sim_max")],
     "benchmarks.category_rule": [("benchmark", "category_rule")], "benchmarks.seed": [("benchmark", "seed")],
-    "benchmarks.ordering_seed": [("benchmark", "ordering_seed")],
     "benchmarks.draw": [("benchmark", "draw")], "benchmarks.similarity_dtype": [("benchmark", "similarity_dtype")],
     "calibration.source": [("benchmark", "calibration_source")],
     **{f"inference.{key}": [("infer", key)] for key in (
@@ -430,7 +429,7 @@ def test_the_schema_enums_are_the_registries():
 
 @pytest.mark.parametrize("edit, key, message", [
     (lambda c: c["lad"].update(tau=0), "lad.tau", "tau must be > 0"),
-    (lambda c: c["lad"].update(top_k=0), "lad.top_k", "top_k must be >= 1"),
+    (lambda c: c["lad"].update(top_k=-1), "lad.top_k", "top_k must be >= 0"),
     (lambda c: c["analysis"].update(taus=[1, -2]), "analysis.taus", "taus must be > 0, got -2"),
     (lambda c: c["models"]["tiny_qwen2_5_vl"].update(layer_range=[5, 2]), "models.tiny_qwen2_5_vl.layer_range",
      "need 0 <= first <= last"),
