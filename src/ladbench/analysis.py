@@ -19,6 +19,7 @@ instances); with several draws, ``calibration_draws`` says how much it moves bet
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
@@ -309,6 +310,10 @@ def analyze(
     if not seeds:
         raise ValueError("analyze needs at least one calibration seed")
     calibrations = fit_draws(cal, n_cal, seeds, fit)
+    beyond = sorted({int(size) for size in sweeps.dcal_sizes if int(size) > pool})
+    if beyond and tuple(sweeps.dcal_sizes) != DEFAULT_DCAL_SIZES:     # the defaults are clipped as documented
+        print(f"analyze: warning: analysis.dcal_sizes (--dcal-sizes) {beyond} above the calibration pool of {pool} "
+              f"instances of {cache_path}: swept at {pool}", file=sys.stderr)
 
     sections = [
         ("readouts", lambda: readout_rows(arrays, calibrations, base, boot)),

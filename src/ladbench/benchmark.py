@@ -97,11 +97,15 @@ class BenchmarkError(ValueError):
 
 # --- selection of images ----------------------------------------------------------------
 
-def eligible_rows(categories: list[list[int]], image_emb: np.ndarray, has_categories: bool) -> np.ndarray:
-    """Indices of rows that may enter the pool: finite embedding and, if the dataset has categories, at least one."""
+def eligible_rows(categories: list[list[int]], image_emb: np.ndarray, has_categories: bool,
+                  listed: list[bool] | None = None) -> np.ndarray:
+    """Indices of rows that may enter the pool: finite embedding and, if the dataset has categories,
+    at least one, or (``listed``: an image table row's ``categories_listed``) listed in the
+    reference's category table with an empty set, which the reference pools too."""
     finite = np.isfinite(image_emb).all(axis=1)
     if has_categories:
-        finite &= np.array([len(c) > 0 for c in categories], dtype=bool)
+        listed = listed or [False] * len(categories)
+        finite &= np.array([len(c) > 0 or flag for c, flag in zip(categories, listed)], dtype=bool)
     return np.flatnonzero(finite)
 
 
@@ -460,7 +464,8 @@ def build_benchmark(table: dict, features: dict, setting: str, n_candidates: int
     categories = [row["categories"] for row in rows]
     has_categories = bool(table.get("has_categories", any(categories)))
 
-    eligible = eligible_rows(categories, np.asarray(features["image_emb"]), has_categories)
+    eligible = eligible_rows(categories, np.asarray(features["image_emb"]), has_categories,
+                             [bool(row.get("categories_listed")) for row in rows])
     drawn_distractors = shuffles = None
     if draw == "reference":
         stream_calibration = n_calibration if calibration_source == "pool" else 0

@@ -96,7 +96,8 @@ def _first_foreign(data: Any) -> tuple[Any] | None:
 
 def read_reference_tables(folder: str | os.PathLike) -> tuple[dict[str, str], dict[str, list[int]], dict[str, str]]:
     """Captions and category sets by file name from the two tables in ``folder``, and the
-    tables' sha256 (``file_to_caption_sha256``, ``file_to_cat_sha256``)."""
+    tables' sha256 (``file_to_caption_sha256``, ``file_to_cat_sha256``). An empty category set is
+    kept: the image is listed, and the reference pools every image its table lists."""
     folder = Path(folder)
     captions_path, categories_path = folder / CAPTIONS_FILE, folder / CATEGORIES_FILE
     captions = load_plain_pickle(captions_path)
@@ -110,11 +111,6 @@ def read_reference_tables(folder: str | os.PathLike) -> tuple[dict[str, str], di
             and all(type(c) is int and 0 <= c <= MAX_CATEGORY_ID for c in v) for k, v in sets.items()):
         raise AnnotationError(f"{categories_path}: expected {{'{CATEGORIES_KEY}': {{file name: set of category "
                               f"ids (integers in 0..{MAX_CATEGORY_ID})}}")
-    empty = sorted(name for name, cats in sets.items() if not cats)
-    if empty:
-        # the reference pools every image its table lists; this project pools images with categories
-        raise AnnotationError(f"{categories_path}: images with an empty category set ({examples(empty)}): the "
-                              "reference would draw them into its pool and this project cannot")
     digests = {"file_to_caption_sha256": file_digest(captions_path), "file_to_cat_sha256": file_digest(categories_path)}
     return captions, {name: sorted(set(cats)) for name, cats in sets.items()}, digests
 
