@@ -132,13 +132,15 @@ def _check_sizes(path: str, config: dict[str, Any], weights: dict[str, dict[str,
     text = text_config(config)
     vocab, hidden, layers = (text.get(k) for k in ("vocab_size", "hidden_size", "num_hidden_layers"))
     tensors = {name: entry for header in weights.values() for name, entry in header.items()}
-    embedding = next((name for name in sorted(tensors) if name.endswith("embed_tokens.weight")), None)
-    if embedding is None or not isinstance(vocab, int) or not isinstance(hidden, int):
+    embeddings = [name for name in sorted(tensors) if name.endswith("embed_tokens.weight")]
+    if not embeddings or not isinstance(vocab, int) or not isinstance(hidden, int):
         return
-    shape = list(tensors[embedding]["shape"])
-    if shape != [vocab, hidden]:
+    # the text decoder's is the one of the config's shape (a model may hold other token embeddings)
+    embedding = next((name for name in embeddings if list(tensors[name]["shape"]) == [vocab, hidden]), None)
+    if embedding is None:
+        shape = list(tensors[embeddings[0]]["shape"])
         raise ModelFolderError(f"{path}: vocab_size x hidden_size = {vocab} x {hidden} but the weights' "
-                               f"{embedding} is {' x '.join(map(str, shape))}; the config is not these weights'")
+                               f"{embeddings[0]} is {' x '.join(map(str, shape))}; the config is not these weights'")
     prefix = re.escape(embedding[: -len("embed_tokens.weight")]) + r"layers\.(\d+)\."
     held = {int(m.group(1)) for name in tensors if (m := re.match(prefix, name))}
     if isinstance(layers, int) and held and layers > len(held):
