@@ -26,6 +26,7 @@ from ladbench.methods import LadSettings
 from ladbench.methods.kernels import lad, selection_warnings
 from ladbench.stages.options import from_args
 
+from test_analyze import planted_cache  # noqa: F401, F811 (a fixture)
 from test_reference_draw import tied_dataset
 
 DEMO = "workflow/demo/config.yaml"
@@ -48,6 +49,20 @@ def test_dcal_sizes_beyond_the_pool_are_refused_at_start_up(tmp_path):
         load_config(path)
     # the defaults (up to the paper's 100) are clipped to the demo's pool of 6 as documented
     assert load_config(DEMO)["analysis"]["dcal_sizes"] == [1, 5, 10, 20, 50, 100]
+
+
+def test_dcal_sizes_beyond_the_pool_of_a_cache_are_warned_by_hand(planted_cache, capsys):  # noqa: F811
+    from ladbench.analysis import SweepSettings, analyze
+    from ladbench.methods import MethodSettings
+    from ladbench.metrics import Bootstrap
+
+    document, _ = analyze(str(planted_cache), MethodSettings(LadSettings()), n_cal=5, seeds=[0],
+                          sweeps=SweepSettings(dcal_sizes=(1, 1000000000), dcal_draws=1, taus=(5.0,)),
+                          boot=Bootstrap(50, 0.95, 0))
+    pool = document["n_calibration_pool"]
+    assert document["settings"]["dcal_sizes"] == [1, pool]
+    assert (f"analysis.dcal_sizes (--dcal-sizes) [1000000000] above the calibration pool of {pool} instances of "
+            f"{planted_cache}: swept at {pool}") in capsys.readouterr().err
 
 
 # --- a config that is not UTF-8 ----------------------------------------------------------------
