@@ -106,8 +106,8 @@ HAND_OVER = {
                   {"variants", "prompt_settings"}),
     "benchmarks": ("benchmark", {"n_eval": "n_eval", "n_calibration_pool": "n_calibration", "n_orderings": "n_orderings",
                                  "orderings": "orderings", "pool_size": "pool_size", "caption_sim_max": "caption_sim_max",
-                                 "category_rule": "category_rule", "seed": "seed", "draw": "draw",
-                                 "similarity_dtype": "similarity_dtype"},
+                                 "category_rule": "category_rule", "seed": "seed", "ordering_seed": "ordering_seed",
+                                 "draw": "draw", "similarity_dtype": "similarity_dtype"},
                    {"datasets", "settings", "n_candidates"}),      # the workflow's targets; the wildcards' flags
     "clip": ("features", {"batch_size": "batch_size", "workers": "workers", "device": "device"},
              {"model", "pretrained", "tiny"}),                    # model and checkpoint: clip_flags, tiny or not
@@ -127,7 +127,7 @@ def test_every_key_of_these_sections_reaches_its_stage(section, tmp_path):
                              "score_mode": "joint", "store_head_attention": True, "shards": 2, "greedy_reply": False},
                "benchmarks": {"n_eval": 11, "n_calibration_pool": 5, "n_orderings": 2, "orderings": "per_instance",
                               "pool_size": 99, "caption_sim_max": 0.5, "category_rule": "paper", "seed": 9,
-                              "draw": "reference", "similarity_dtype": "float16"},
+                              "ordering_seed": 42, "draw": "reference", "similarity_dtype": "float16"},
                "clip": {"batch_size": 5, "workers": 1, "device": "cpu"}}[section]
     def edit(config):
         config.setdefault(section, {}).update(changed)
