@@ -64,7 +64,8 @@ class SweepSettings(Settings):
     section = "analysis"
 
     dcal_sizes: tuple[int, ...] = setting((1, 5, 10, 20, 50, 100), "|D_cal| values of the calibration-size sweep "
-                                          "(clipped to the pool size)", minimum=1)
+                                          "(clipped to the pool size; sizes a config lists must fit "
+                                          "benchmarks.n_calibration_pool)", minimum=1)
     dcal_draws: int = setting(5, "calibration draws (seeds 0..n-1) per size in that sweep", minimum=1)
     taus: tuple[float, ...] = setting(tuple(range(1, 10)), "sharpening temperatures of the tau sweep (each > 0)",
                                       kind=float, above=0, below=float("inf"))
