@@ -146,6 +146,7 @@ def test_the_bounds_leave_real_templates_unchanged(loaded):
     from transformers.utils import chat_template_utils
 
     adapter, _ = loaded
+    compat.bound_chat_templates(bounded_template)
     original = chat_template_utils._compile_jinja_template.original
     messages = [{"role": "user", "content": [{"type": "image"}, {"type": "image"}, {"type": "text", "text": "a cat"}]},
                 {"role": "assistant", "content": [{"type": "text", "text": "Image 2"}]}]

@@ -139,7 +139,6 @@ class ModelAdapter:
         compat.require_lane(cls.family, family_lanes(cls.family))
         check_model_folder(model_path)          # damaged or hostile files: one line naming the file
         cls.refuse_before_loading(model_path, revision=revision, trust_remote_code=trust_remote_code)
-        compat.bound_chat_templates(bounded_template)
         dev = resolve_device(device)
         torch_dtype = resolve_dtype(dtype, dev)
         text_impl = {"capture": CAPTURE_ATTENTION, "sdpa": "sdpa", "eager": "eager"}.get(attention)
@@ -240,8 +239,10 @@ class ModelAdapter:
     @contextlib.contextmanager
     def template_errors(self) -> Iterator[None]:
         """A chat template that raises, leaves its sandbox, recurses or goes past its bounds
-        (models/templates.py): one line naming the file it came from."""
+        (models/templates.py): one line naming the file it came from. Every render goes through
+        here, so the bounds are in place in whichever process renders (DataLoader workers too)."""
         import jinja2
+        compat.bound_chat_templates(bounded_template)
         try:
             yield
         except (jinja2.TemplateError, RecursionError, MemoryError) as exc:
