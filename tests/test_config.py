@@ -434,7 +434,7 @@ def test_the_schema_enums_are_the_registries():
 
 @pytest.mark.parametrize("edit, key, message", [
     (lambda c: c["lad"].update(tau=0), "lad.tau", "tau must be > 0"),
-    (lambda c: c["lad"].update(top_k=0), "lad.top_k", "top_k must be >= 1"),
+    (lambda c: c["lad"].update(top_k=-1), "lad.top_k", "top_k must be >= 0"),
     (lambda c: c["analysis"].update(taus=[1, -2]), "analysis.taus", "taus must be > 0, got -2"),
     (lambda c: c["models"]["tiny_qwen2_5_vl"].update(layer_range=[5, 2]), "models.tiny_qwen2_5_vl.layer_range",
      "need 0 <= first <= last"),

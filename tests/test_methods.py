@@ -296,7 +296,7 @@ def test_settings_validation_and_mapping():
     assert LadSettings.from_record(None) == LadSettings()
     assert LadSettings(layer_range=[21, 35]).as_dict()["layer_range"] == [21, 35]
     assert LadSettings(layer_range=[21, 35, 36]).as_dict()["layer_range"] == [21, 35, 36]
-    for bad in ({"top_k": 0}, {"tau": 0.0}, {"mixture": "probability"}, {"layer_range": (5, 2)},
+    for bad in ({"top_k": -1}, {"tau": 0.0}, {"mixture": "probability"}, {"layer_range": (5, 2)},
                 {"layer_range": (21, 36, 36)}, {"layer_range": (1,)}):
         with pytest.raises(ValueError):
             LadSettings(**bad)

@@ -8,6 +8,7 @@ import json
 import pickle
 import pickletools
 
+import numpy as np
 import pytest
 
 from ladbench.cli import build_parser
@@ -110,10 +111,6 @@ def test_malformed_tables_are_named(dataset):
     with pytest.raises(coco.AnnotationError, match="file_to_cat.pkl: not a readable pickle"):
         coco.build_image_table(captions, None, root, "coco", reference_tables=tables)
     with open(tables / "file_to_cat.pkl", "wb") as handle:
-        pickle.dump({"file_to_catIds": {NAMES[7]: set()}}, handle)
-    with pytest.raises(coco.AnnotationError, match="file_to_cat.pkl: images with an empty category set"):
-        coco.build_image_table(captions, None, root, "coco", reference_tables=tables)
-    with open(tables / "file_to_cat.pkl", "wb") as handle:
         pickle.dump({NAMES[7]: {17}}, handle)
     with pytest.raises(coco.AnnotationError, match="file_to_cat.pkl: expected {'file_to_catIds'"):
         coco.build_image_table(captions, None, root, "coco", reference_tables=tables)
@@ -126,3 +123,45 @@ def test_malformed_tables_are_named(dataset):
         coco.build_image_table(captions, None, root, "coco", reference_tables=tables)
     with pytest.raises(coco.AnnotationError, match="give the categories; pass one of the two"):
         coco.build_image_table(captions, captions, root, "coco", reference_tables=tables)
+
+
+@pytest.mark.parametrize("protocol", range(pickle.HIGHEST_PROTOCOL + 1))
+def test_sets_at_every_protocol_and_empty_sets_are_read(dataset, protocol):
+    """Protocols 0 to 3 write a set as a call of builtins.set (plain data all the same); an image
+    listed with an empty set is kept and marked, as the reference pools every image it lists."""
+    captions, root, tables = dataset
+    with open(tables / "file_to_cat.pkl", "wb") as handle:
+        pickle.dump({"file_to_catIds": {NAMES[42]: {18, 1}, NAMES[7]: set(), NAMES[19]: frozenset({3})}}, handle,
+                    protocol=protocol)
+    table = coco.build_image_table(captions, None, root, "coco", reference_tables=tables)
+    rows = {row["image_id"]: row for row in table["images"]}
+    assert [rows[i]["categories"] for i in (7, 19, 42)] == [[], [3], [1, 18]]
+    assert rows[7]["categories_listed"] is True and "categories_listed" not in rows[42]
+
+
+def test_an_empty_set_image_is_in_the_pool():
+    from ladbench.benchmark import eligible_rows
+    emb = np.ones((3, 2))
+    assert eligible_rows([[1], [], []], emb, True).tolist() == [0]
+    assert eligible_rows([[1], [], []], emb, True, [False, True, False]).tolist() == [0, 1]
+
+
+@pytest.mark.parametrize("body, expected", [
+    # protocol 0 spells an integer in decimal: one past Python's 4,300-digit limit
+    (b"(dVa.jpg\nL" + b"7" * 5000 + b"L\ns.", "it holds an integer of thousands of digits"),
+])
+def test_an_integer_of_thousands_of_digits_is_one_line(dataset, body, expected):
+    captions, root, tables = dataset
+    (tables / "file_to_caption.pkl").write_bytes(body)
+    with pytest.raises(coco.AnnotationError) as caught:
+        coco.build_image_table(captions, None, root, "coco", reference_tables=tables)
+    assert str(caught.value).startswith(f"{tables / 'file_to_caption.pkl'}: not read: {expected}")
+    assert "set_int_max_str_digits" not in str(caught.value)
+
+
+def test_a_category_id_of_3000_digits_is_refused_naming_the_file(dataset):
+    captions, root, tables = dataset
+    with open(tables / "file_to_cat.pkl", "wb") as handle:
+        pickle.dump({"file_to_catIds": {NAMES[7]: {int("7" * 3000)}}}, handle, protocol=4)
+    with pytest.raises(coco.AnnotationError, match=r"file_to_cat.pkl: expected .*integers in 0\.\.2147483647"):
+        coco.build_image_table(captions, None, root, "coco", reference_tables=tables)

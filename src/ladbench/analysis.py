@@ -19,6 +19,7 @@ instances); with several draws, ``calibration_draws`` says how much it moves bet
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
@@ -63,7 +64,8 @@ class SweepSettings(Settings):
     section = "analysis"
 
     dcal_sizes: tuple[int, ...] = setting((1, 5, 10, 20, 50, 100), "|D_cal| values of the calibration-size sweep "
-                                          "(clipped to the pool size)", minimum=1)
+                                          "(clipped to the pool size; sizes a config lists must fit "
+                                          "benchmarks.n_calibration_pool)", minimum=1)
     dcal_draws: int = setting(5, "calibration draws (seeds 0..n-1) per size in that sweep", minimum=1)
     taus: tuple[float, ...] = setting(tuple(range(1, 10)), "sharpening temperatures of the tau sweep (each > 0)",
                                       kind=float, above=0, below=float("inf"))
@@ -313,6 +315,10 @@ def analyze(
     if not seeds:
         raise ValueError("analyze needs at least one calibration seed")
     calibrations = fit_draws(cal, n_cal, seeds, fit)
+    beyond = sorted({int(size) for size in sweeps.dcal_sizes if int(size) > pool})
+    if beyond and tuple(sweeps.dcal_sizes) != DEFAULT_DCAL_SIZES:     # the defaults are clipped as documented
+        print(f"analyze: warning: analysis.dcal_sizes (--dcal-sizes) {beyond} above the calibration pool of {pool} "
+              f"instances of {cache_path}: swept at {pool}", file=sys.stderr)
 
     sections = [
         ("readouts", lambda: readout_rows(arrays, calibrations, base, boot)),

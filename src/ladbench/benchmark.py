@@ -73,7 +73,7 @@ import random
 import sys
 from pathlib import PurePosixPath
 from dataclasses import dataclass, replace
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import numpy as np
 from tqdm import tqdm
@@ -97,11 +97,15 @@ class BenchmarkError(ValueError):
 
 # --- selection of images ----------------------------------------------------------------
 
-def eligible_rows(categories: list[list[int]], image_emb: np.ndarray, has_categories: bool) -> np.ndarray:
-    """Indices of rows that may enter the pool: finite embedding and, if the dataset has categories, at least one."""
+def eligible_rows(categories: list[list[int]], image_emb: np.ndarray, has_categories: bool,
+                  listed: list[bool] | None = None) -> np.ndarray:
+    """Indices of rows that may enter the pool: finite embedding and, if the dataset has categories,
+    at least one, or (``listed``: an image table row's ``categories_listed``) listed in the
+    reference's category table with an empty set, which the reference pools too."""
     finite = np.isfinite(image_emb).all(axis=1)
     if has_categories:
-        finite &= np.array([len(c) > 0 for c in categories], dtype=bool)
+        listed = listed or [False] * len(categories)
+        finite &= np.array([len(c) > 0 or flag for c, flag in zip(categories, listed)], dtype=bool)
     return np.flatnonzero(finite)
 
 
@@ -397,6 +401,10 @@ class BenchmarkSettings(Settings):
     n_orderings: int = setting(5, "T: orderings per evaluation instance (identity first).", minimum=1)
     pool_size: int = setting(20000, "Images drawn (with categories) to build instances from.", minimum=2)
     seed: int = setting(42, "Seed; the same seed gives a byte-identical file.", minimum=0)
+    ordering_seed: int | None = setting(
+        None, "Seed of the orderings, apart from the draw's: the reference has two seeds (its evaluation's "
+        "set_seed(42) draws the shared orderings, its build_eval_dataset.py --seed the instances); unset: the seed.",
+        minimum=0, kind=int)
     caption_sim_max: float = setting(
         0.9, "Adversarial setting: a distractor's caption cosine similarity to the anchor's must be below this.")
     category_rule: str = setting(
@@ -456,7 +464,8 @@ def build_benchmark(table: dict, features: dict, setting: str, n_candidates: int
     categories = [row["categories"] for row in rows]
     has_categories = bool(table.get("has_categories", any(categories)))
 
-    eligible = eligible_rows(categories, np.asarray(features["image_emb"]), has_categories)
+    eligible = eligible_rows(categories, np.asarray(features["image_emb"]), has_categories,
+                             [bool(row.get("categories_listed")) for row in rows])
     drawn_distractors = shuffles = None
     if draw == "reference":
         stream_calibration = n_calibration if calibration_source == "pool" else 0
@@ -501,9 +510,13 @@ def build_benchmark(table: dict, features: dict, setting: str, n_candidates: int
                 "candidates": base_orders[index]}
 
     eval_instances = [instance(number, number) for number in range(n_eval)]
-    shared = shared_orderings(n_candidates, n_orderings, seed) if orderings == "shared" else None
+    ordering_seed = seed if chosen.ordering_seed is None else chosen.ordering_seed
+    shared = shared_orderings(n_candidates, n_orderings, ordering_seed) if orderings == "shared" else None
+    # per instance: the draw's stream unless the orderings have their own seed
+    rng_t = rng_n if chosen.ordering_seed is None else np.random.default_rng([ordering_seed, n_candidates,
+                                                                               SETTINGS.index(setting)])
     for inst in eval_instances:
-        inst["orderings"] = [list(o) for o in shared] if shared else distinct_orderings(n_candidates, n_orderings, rng_n)
+        inst["orderings"] = [list(o) for o in shared] if shared else distinct_orderings(n_candidates, n_orderings, rng_t)
     # evaluation_head: the first evaluation instances (the pool targets drawn in step 3 stay
     # unused, so the evaluation set is the same under both sources)
     first_cal_target = 0 if calibration_source == "evaluation_head" else n_eval
@@ -517,6 +530,8 @@ def build_benchmark(table: dict, features: dict, setting: str, n_candidates: int
         "ordering_scheme": orderings, "calibration_source": calibration_source,
         "draw": draw, "similarity_dtype": similarity_dtype,
     }
+    if ordering_seed != seed:                 # recorded only where it differs: a default file is unchanged
+        doc["ordering_seed"] = ordering_seed
     if shared:
         doc["orderings"] = shared
     if setting == "adversarial":
@@ -545,5 +560,47 @@ def format_benchmark(doc: dict) -> str:
 def load_benchmark(path: str | os.PathLike) -> dict:
     """Read a benchmark file written by :func:`format_benchmark` (any JSON reader works too),
     checked against its content digest."""
-    return read_signed_json(path, "benchmark file", "rebuild it with `ladbench benchmark` (or delete it and rerun "
-                            "the workflow)", BenchmarkError)
+    bench = read_signed_json(path, "benchmark file", "rebuild it with `ladbench benchmark` (or delete it and rerun "
+                             "the workflow)", BenchmarkError)
+    problem = benchmark_problem(bench)
+    if problem:
+        raise BenchmarkError(f"{path}: {problem}; rebuild it with `ladbench benchmark`")
+    return bench
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def benchmark_problem(bench: Mapping[str, Any]) -> str | None:
+    """What makes a benchmark document impossible (a digest proves who wrote a file, not that it
+    holds a benchmark: a re-signed file is checked too), or None: integer ids, image ids and
+    sizes, ``n_candidates`` distinct candidates holding the target, orderings that are
+    permutations of the positions."""
+    n = bench.get("n_candidates")
+    if not _is_int(n) or n < 2:
+        return f"n_candidates must be an integer >= 2, got {n!r}"
+    positions = list(range(n))
+    for split in ("eval", "calibration"):
+        instances = bench.get(split)
+        if not isinstance(instances, list):
+            return f"{split} must be a list of instances"
+        for i, inst in enumerate(instances):
+            where = f"{split}[{i}]"
+            if not isinstance(inst, Mapping):
+                return f"{where} is not an instance (a JSON object)"
+            for key in ("id", "target"):
+                if not _is_int(inst.get(key)) or inst[key] < 0:
+                    return f"{where}.{key} must be a non-negative integer, got {inst.get(key)!r}"
+            candidates = inst.get("candidates")
+            if (not isinstance(candidates, list) or len(candidates) != n or not all(map(_is_int, candidates))
+                    or len(set(candidates)) != n):
+                return f"{where}.candidates must be {n} distinct image ids, got {candidates!r}"
+            if inst["target"] not in candidates:
+                return f"{where}.target {inst['target']} is not one of its candidates"
+            if split == "eval" and (not isinstance(inst.get("orderings"), list) or not inst["orderings"]):
+                return f"{where}.orderings must be a non-empty list of orderings"
+            for t, ordering in enumerate(inst["orderings"] if split == "eval" else []):
+                if not isinstance(ordering, list) or not all(map(_is_int, ordering)) or sorted(ordering) != positions:
+                    return f"{where}.orderings[{t}] must be a permutation of 0..{n - 1}, got {ordering!r}"
+    return None

@@ -359,5 +359,23 @@ def load_features(path: str | os.PathLike, require_complete: bool = True) -> dic
     if attrs.get("complete", False):
         check_digest(path, attrs, arrays, "features file", REBUILD)
     data = {name: arrays[name] for name in ("image_id", "image_emb", "text_emb")}
+    problem = embedding_problem(data)
+    if problem:
+        raise FeatureError(f"{path}: {problem}; rebuild it with `ladbench features`")
     data["attrs"] = attrs
     return data
+
+
+def embedding_problem(data: dict[str, np.ndarray]) -> str | None:
+    """A row no encoder writes (a digest proves who wrote a file, not what: a re-signed file is
+    checked too), or None: an infinite value, or an all-zero row (no direction, so its cosine
+    similarities are NaN). NaN image rows are the unreadable images ``--skip-bad-images`` left out."""
+    for name in ("image_emb", "text_emb"):
+        emb = np.asarray(data[name], dtype=np.float32)
+        bad = np.isinf(emb).any(axis=1) | ~np.any(emb != 0, axis=1)
+        if bad.any():
+            row = int(np.argmax(bad))
+            kind = "an infinite value" if np.isinf(emb[row]).any() else "only zeros"
+            return (f"{name} row {row} (image {int(data['image_id'][row])}) holds {kind}, which no encoder writes "
+                    f"({int(bad.sum())} such rows)")
+    return None

@@ -179,6 +179,10 @@ def build_image_table(captions_json: str | os.PathLike, instances_json: str | os
     rows = [{"image_id": image_id, "file_name": files[image_id], "caption": captions[image_id],
              "categories": categories.get(image_id, [])}
             for image_id in sorted(files) if files[image_id] not in skipped_set]
+    if reference_tables is not None:
+        for row in rows:        # listed with an empty set: still pooled, as the reference pools it
+            if row["image_id"] in categories and not row["categories"]:
+                row["categories_listed"] = True
     # the digests of the annotation files it was read from (what it is made of, not where they were)
     sources = {"captions_sha256": file_digest(captions_json),
                "instances_sha256": file_digest(instances_json) if instances_json is not None else None,

@@ -216,6 +216,7 @@ def verify_file(path: str | os.PathLike, expected_size: int | None = None, md5: 
     if is_zip:
         try:
             with zipfile.ZipFile(path) as archive:
+                check_expansion(path, archive.infolist())       # before testzip inflates every member
                 bad = archive.testzip()
         except (zipfile.BadZipFile, zlib.error, EOFError, OSError) as err:
             raise DownloadError(f"{name}: not a valid zip archive ({err}); the file was deleted") from err
@@ -237,8 +238,30 @@ def _members_for(archive: zipfile.ZipFile, wanted: str) -> list[zipfile.ZipInfo]
     return [info for info in names if pattern.match(info.filename.rstrip("/"))]
 
 
+#: most bytes a member may expand to per archived byte (JPEG images ~1, JSON annotations ~10; a
+#: zip bomb 1,000 and more); members below ``_SMALL_MEMBER`` bytes are not held to it
+MAX_EXPANSION = 100
+_SMALL_MEMBER = 1 << 20
+
+
+def check_expansion(archive_path: str | os.PathLike, members: list[zipfile.ZipInfo]) -> None:
+    """Refuse, before anything is written, members that would expand beyond :data:`MAX_EXPANSION`
+    times their archived size, or all together beyond that times the archive (a zip bomb: with
+    ``--no-checksum`` nothing else vouches for the archive). zipfile never writes more than a
+    member's recorded size, so the recorded sizes bound what extraction writes."""
+    for info in members:
+        if info.file_size > _SMALL_MEMBER and info.file_size > MAX_EXPANSION * max(info.compress_size, 1):
+            raise DownloadError(f"{archive_path}: member {info.filename} would expand from {info.compress_size} to "
+                                f"{info.file_size} bytes (more than {MAX_EXPANSION} times; a zip bomb?); not extracted")
+    total, archived = sum(info.file_size for info in members), os.path.getsize(archive_path)
+    if total > MAX_EXPANSION * archived + _SMALL_MEMBER:
+        raise DownloadError(f"{archive_path}: its members would expand to {total} bytes, more than {MAX_EXPANSION} "
+                            f"times the archive's {archived} (a zip bomb?); not extracted")
+
+
 def extract(archive_path: str | os.PathLike, dest: str | os.PathLike, provides: tuple[str, ...]) -> None:
-    """Extract the members that provide ``provides`` and move each into ``dest`` atomically."""
+    """Extract the members that provide ``provides`` and move each into ``dest`` atomically
+    (expansion bounded: :func:`check_expansion`)."""
     dest = Path(dest)
     staging = dest / f".extract-{Path(archive_path).name}.{os.getpid()}.tmp"
     shutil.rmtree(staging, ignore_errors=True)
@@ -248,6 +271,7 @@ def extract(archive_path: str | os.PathLike, dest: str | os.PathLike, provides: 
                 members = _members_for(archive, wanted)
                 if not members:
                     raise DownloadError(f"{archive_path}: no member provides '{wanted}'")
+                check_expansion(archive_path, members)
                 archive.extractall(staging, members=members)
                 found = _locate(staging, wanted)
                 target = dest / wanted

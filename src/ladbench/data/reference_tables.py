@@ -31,6 +31,11 @@ CATEGORIES_FILE = "file_to_cat.pkl"
 CATEGORIES_KEY = "file_to_catIds"
 _PLAIN_TYPES = (dict, list, tuple, set, frozenset, str, int)
 _ADMITTED = "only dicts, lists, tuples, sets, strings and integers are read, and nothing in the file is run"
+#: the only names a plain pickle may use (protocols 0 to 3 write a set as a call of its type;
+#: protocol 0 and 1 under Python 2's module name)
+_SET_CONSTRUCTORS = {(module, kind.__name__): kind for module in ("builtins", "__builtin__") for kind in (set, frozenset)}
+#: largest category id read (COCO's are below 100; a longer integer is no id)
+MAX_CATEGORY_ID = 2 ** 31 - 1
 
 
 class _Refused(Exception):
@@ -41,6 +46,9 @@ class PlainUnpickler(pickle.Unpickler):
     """An unpickler that resolves no Python object: it builds plain containers and scalars only."""
 
     def find_class(self, module: str, name: str) -> Any:
+        # pickle protocols 0 to 3 have no set opcode: a set is ``builtins.set`` applied to a list
+        if (module, name) in _SET_CONSTRUCTORS:
+            return _SET_CONSTRUCTORS[module, name]
         raise _Refused(f"it names the Python object {module}.{name}")
 
     def persistent_load(self, pid: Any) -> Any:
@@ -57,6 +65,11 @@ def load_plain_pickle(path: str | os.PathLike) -> Any:
         raise AnnotationError(f"{path}: reference table not found") from None
     except _Refused as refused:
         raise AnnotationError(f"{path}: not read: {refused}; {_ADMITTED}") from None
+    except ValueError as error:
+        if "int_max_str_digits" not in str(error):
+            raise AnnotationError(f"{path}: not a readable pickle (ValueError: {error})") from None
+        raise AnnotationError(f"{path}: not read: it holds an integer of thousands of digits, which no caption or "
+                              "category table holds") from None
     except Exception as error:  # truncated or not a pickle: the unpickler raises many types
         raise AnnotationError(f"{path}: not a readable pickle ({type(error).__name__}: {error})") from None
     foreign = _first_foreign(data)
@@ -83,7 +96,8 @@ def _first_foreign(data: Any) -> tuple[Any] | None:
 
 def read_reference_tables(folder: str | os.PathLike) -> tuple[dict[str, str], dict[str, list[int]], dict[str, str]]:
     """Captions and category sets by file name from the two tables in ``folder``, and the
-    tables' sha256 (``file_to_caption_sha256``, ``file_to_cat_sha256``)."""
+    tables' sha256 (``file_to_caption_sha256``, ``file_to_cat_sha256``). An empty category set is
+    kept: the image is listed, and the reference pools every image its table lists."""
     folder = Path(folder)
     captions_path, categories_path = folder / CAPTIONS_FILE, folder / CATEGORIES_FILE
     captions = load_plain_pickle(captions_path)
@@ -93,15 +107,10 @@ def read_reference_tables(folder: str | os.PathLike) -> tuple[dict[str, str], di
     document = load_plain_pickle(categories_path)
     sets = document.get(CATEGORIES_KEY) if isinstance(document, dict) else None
     if not isinstance(sets, dict) or not all(
-            isinstance(k, str) and isinstance(v, (set, frozenset, list, tuple)) and all(type(c) is int for c in v)
-            for k, v in sets.items()):
+            isinstance(k, str) and isinstance(v, (set, frozenset, list, tuple))
+            and all(type(c) is int and 0 <= c <= MAX_CATEGORY_ID for c in v) for k, v in sets.items()):
         raise AnnotationError(f"{categories_path}: expected {{'{CATEGORIES_KEY}': {{file name: set of category "
-                              "ids (integers)}}")
-    empty = sorted(name for name, cats in sets.items() if not cats)
-    if empty:
-        # the reference pools every image its table lists; this project pools images with categories
-        raise AnnotationError(f"{categories_path}: images with an empty category set ({examples(empty)}): the "
-                              "reference would draw them into its pool and this project cannot")
+                              f"ids (integers in 0..{MAX_CATEGORY_ID})}}")
     digests = {"file_to_caption_sha256": file_digest(captions_path), "file_to_cat_sha256": file_digest(categories_path)}
     return captions, {name: sorted(set(cats)) for name, cats in sets.items()}, digests
 

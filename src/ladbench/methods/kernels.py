@@ -213,9 +213,16 @@ def selection_warnings(attn: np.ndarray, settings: LadSettings) -> list[str]:
     if k < settings.top_k:
         warnings.append(f"top_k = {settings.top_k} is larger than the {candidates.size} layers of the range "
                         f"{settings.layer_range or 'all'}; K lowered to {k} (k_beyond_range = lower, the reference's rule)")
-    if k < candidates.size:
-        strength = np.sort(_ranked_strength(attn, candidates, settings.layer_ties), axis=-1)[..., ::-1]
-        tied = int((strength[..., k - 1] == strength[..., k]).sum())
+    if k == 0:
+        warnings.append("top_k = 0 selects no layer: LAD's posterior is uniform over the positions (the reference's "
+                        "arithmetic)")
+    if 0 < k < candidates.size:
+        ranked = _ranked_strength(attn, candidates, settings.layer_ties)
+        strength = np.sort(ranked, axis=-1)[..., ::-1]
+        # a tie only among layers the model lacks (all zeros, prior 0) changes nothing, whichever is kept
+        tied_group = ranked == strength[..., k - 1:k]
+        matters = (tied_group & (candidates < n_layers)).any(axis=-1)
+        tied = int(((strength[..., k - 1] == strength[..., k]) & matters).sum())
         if tied:
             rule = ("the layer numpy's argsort put last was kept (its order among equal values depends on "
                     "numpy's build)" if settings.layer_ties == "argsort" else f"the {settings.layer_ties} layer index was kept")
@@ -262,9 +269,12 @@ def parse_reference_replies(texts: np.ndarray, n: int, rule: str = REPLY_PARSES[
 
 
 def _mean_over_mask(values: np.ndarray, mask: np.ndarray) -> np.ndarray:
-    """Mean of ``values`` [..., Lyr, N] over the layers where ``mask`` [..., Lyr] is True."""
+    """Mean of ``values`` [..., Lyr, N] over the layers where ``mask`` [..., Lyr] is True; 0 where
+    no layer is (K = 0: the same evidence for every position, so a uniform posterior, as the
+    reference computes it)."""
     weights = mask[..., None].astype(np.float64)
-    return (values * weights).sum(axis=-2) / weights.sum(axis=-2)
+    total, count = (values * weights).sum(axis=-2), weights.sum(axis=-2)
+    return np.divide(total, count, out=np.zeros_like(total), where=count > 0)
 
 
 # --------------------------------------------------------------------------- attention

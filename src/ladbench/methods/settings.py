@@ -44,7 +44,8 @@ class LadSettings(Settings):
 
     section = "lad"
 
-    top_k: int = setting(2, "K: layers kept by attention strength (>= 1)", minimum=1)
+    top_k: int = setting(2, "K: layers kept by attention strength (0: none, a uniform posterior, as the reference "
+                         "computes it)", minimum=0)
     tau: float = setting(5.0, "sharpening temperature of the purified attention (> 0)", above=0,
                          below=float("inf"))     # an infinite tau flattens every row: LAD predicts position 1
     # inclusive, 0-based; None = every layer; (first, last, of): layers first..last of an

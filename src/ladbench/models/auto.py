@@ -39,11 +39,11 @@ import numpy as np
 import torch
 from PIL import Image
 
-from ladbench.families import family_lanes
 from .attention import AttentionProbe
 
 from . import compat
 from .base import ModelAdapter, PrefillState
+from .templates import TemplateLimit
 
 #: the text of the prompts the chat template's layout is read from (a letter: no whitespace
 #: or marker of the template can be mistaken for it)
@@ -101,17 +101,14 @@ class AutoAdapter(ModelAdapter):
 
     # ----------------------------------------------------------------- loading
     @classmethod
-    def load(cls, model_path: str, *, revision: str | None = None, trust_remote_code: bool = False,
-             **kwargs: Any) -> "AutoAdapter":
-        """:meth:`ModelAdapter.load`, after refusing architectures auto cannot run (one line)."""
+    def refuse_before_loading(cls, model_path: str, *, revision: str | None, trust_remote_code: bool) -> None:
+        """Architectures auto cannot run (one line), before anything loads."""
         from transformers import AutoConfig
 
-        compat.require_lane(cls.family, family_lanes(cls.family))
         config = AutoConfig.from_pretrained(model_path, revision=revision, trust_remote_code=trust_remote_code)
         reason = architecture_refusal(config.model_type)
         if reason:
             raise _refused(config.model_type, reason)
-        return super().load(model_path, revision=revision, trust_remote_code=trust_remote_code, **kwargs)
 
     @classmethod
     def _load_model(cls, model_path: str, *, text_impl: str, trust_remote_code: bool, **kw: Any) -> torch.nn.Module:
@@ -177,10 +174,13 @@ class AutoAdapter(ModelAdapter):
         sentinel = "Zq"
         messages = [{"role": "user", "content": [{"type": "text", "text": _LAYOUT_TEXT}]},
                     {"role": "assistant", "content": [{"type": "text", "text": sentinel}]}]
-        try:
-            text = self.processor.apply_chat_template(messages, tokenize=False)
-        except Exception:                  # noqa: BLE001 (a template that refuses this conversation: no reading)
-            text = ""
+        with self.template_errors():
+            try:
+                text = self.processor.apply_chat_template(messages, tokenize=False)
+            except TemplateLimit:
+                raise                      # past its bounds: rendering it again would only wait again
+            except Exception:              # noqa: BLE001 (a template that refuses this conversation: no reading)
+                text = ""
         after = text.rpartition(sentinel)[2] if sentinel in text else ""
         added = set(self.tokenizer.added_tokens_decoder)
         for tid in self.tokenizer(after, add_special_tokens=False)["input_ids"]:

@@ -13,9 +13,10 @@ The hand-written families use a ChatML-style template (``<|im_start|>`` /
 """
 from __future__ import annotations
 
+import contextlib
 import re
 from dataclasses import dataclass
-from typing import Any, ClassVar, Sequence
+from typing import Any, ClassVar, Iterator, Sequence
 
 import torch
 from PIL import Image
@@ -24,6 +25,8 @@ from ladbench.families import DEVICE_PATTERN, family_lanes
 from .attention import CAPTURE_ATTENTION, register_capture_attention
 
 from . import compat
+from .folder import chat_template_file, check_model_folder
+from .templates import bounded_template
 
 
 @dataclass
@@ -134,6 +137,8 @@ class ModelAdapter:
         ``device_map="auto"``; on CPU everything is float32 unless told otherwise.
         """
         compat.require_lane(cls.family, family_lanes(cls.family))
+        check_model_folder(model_path)          # damaged or hostile files: one line naming the file
+        cls.refuse_before_loading(model_path, revision=revision, trust_remote_code=trust_remote_code)
         dev = resolve_device(device)
         torch_dtype = resolve_dtype(dtype, dev)
         text_impl = {"capture": CAPTURE_ATTENTION, "sdpa": "sdpa", "eager": "eager"}.get(attention)
@@ -150,6 +155,10 @@ class ModelAdapter:
         if not dev.startswith("cuda"):
             model.to(dev)
         return cls(model, processor, model_path=model_path, revision=revision, attention=attention, vision=vision)
+
+    @classmethod
+    def refuse_before_loading(cls, model_path: str, *, revision: str | None, trust_remote_code: bool) -> None:
+        """Family hook: refuse, in one line, a model the family cannot run before anything loads."""
 
     @classmethod
     def _load_processor(cls, model_path: str, *, revision: str | None, trust_remote_code: bool) -> Any:
@@ -224,7 +233,22 @@ class ModelAdapter:
         model's own chat template with the generation prompt added (METHOD §1)."""
         messages = [{"role": "user", "content": [{"type": "image"} for _ in range(n_images)]
                      + [{"type": "text", "text": prompt}]}]
-        return self.processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        with self.template_errors():
+            return self.processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+    @contextlib.contextmanager
+    def template_errors(self) -> Iterator[None]:
+        """A chat template that raises, leaves its sandbox, recurses or goes past its bounds
+        (models/templates.py): one line naming the file it came from. Every render goes through
+        here, so the bounds are in place in whichever process renders (DataLoader workers too)."""
+        import jinja2
+        compat.bound_chat_templates(bounded_template)
+        try:
+            yield
+        except (jinja2.TemplateError, RecursionError, MemoryError) as exc:
+            reason = " ".join(str(exc).split())[:300] or type(exc).__name__
+            raise ValueError(f"{chat_template_file(self.model_path)}: the model's chat template failed "
+                             f"({reason}); use the model's original chat template") from None
 
     def encode(self, texts: Sequence[str], images: Sequence[Sequence[Image.Image]]) -> dict[str, torch.Tensor]:
         """Tokenise a batch of prompts with their images (flat, in prompt order), left padded, on the device."""

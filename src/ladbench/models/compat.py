@@ -121,3 +121,24 @@ def require_lane(family: str, lanes: tuple[str, ...]) -> None:
         venv = families.lane_venv(lanes)
         raise families.LaneError(f"model family {family!r} runs only on the {' / '.join(lanes)} lane, not on this "
                            f"{LANE} lane (transformers {transformers.__version__}): run it from {venv}")
+
+
+def bound_chat_templates(bounded: Any) -> None:
+    """Make transformers compile every chat template through ``bounded(model, source)``, where
+    ``model`` is an empty template of transformers' own environment (both lanes compile through
+    ``chat_template_utils._compile_jinja_template``, looked up at each render); idempotent."""
+    from functools import lru_cache
+
+    from transformers.utils import chat_template_utils
+
+    original = chat_template_utils._compile_jinja_template
+    if getattr(original, "ladbench_bounded", False):
+        return
+
+    @lru_cache
+    def compile_bounded(chat_template: str) -> Any:
+        return bounded(original(""), chat_template)
+
+    compile_bounded.ladbench_bounded = True
+    compile_bounded.original = original          # transformers' own, for comparisons
+    chat_template_utils._compile_jinja_template = compile_bounded

@@ -14,7 +14,7 @@ from ladbench.atomic import atomic_path, atomic_write_json, signed
 from ladbench.calibration import FitSettings
 from ladbench.cli import output_file
 from ladbench.inference.cache import read_cache_attributes
-from ladbench.stages.options import add_arguments, from_args
+from ladbench.stages.options import add_arguments, from_args, seed
 from ladbench.stages.calibrate import add_fit_arguments
 from ladbench.evaluation import metrics_line
 from ladbench.stages.options import add_bootstrap_arguments, add_method_arguments, bootstrap_settings, method_settings
@@ -32,7 +32,7 @@ def register(subparsers) -> None:
     add_method_arguments(parser.add_argument_group("LAD base settings (as in `ladbench evaluate`)"))
     cal = parser.add_argument_group("calibration (fitted in-process from the cache's pool)")
     add_fit_arguments(cal)
-    cal.add_argument("--seeds", type=int, nargs="+", default=[0], help="calibration draws of the tables")
+    cal.add_argument("--seeds", type=seed, nargs="+", default=[0], help="calibration draws of the tables")
     add_arguments(parser.add_argument_group("Figure 6 sweeps"), SweepSettings)
     add_bootstrap_arguments(parser.add_argument_group("confidence intervals"))
     parser.add_argument("--out", required=True, type=output_file(".json"), help="output .json (per-row arrays go to the same name .npz)")

@@ -8,7 +8,7 @@ import argparse
 from ladbench.calibration import FitSettings
 from ladbench.cli import output_file
 from ladbench.evaluation import calibration_from_cache
-from ladbench.stages.options import add_arguments, from_args
+from ladbench.stages.options import add_arguments, from_args, seed
 
 
 # |D_cal| (calibration.n_cal's default; tests/test_config.py checks the schema states the same)
@@ -24,7 +24,7 @@ def add_fit_arguments(parser) -> None:
 def register(subparsers) -> None:
     parser = subparsers.add_parser("calibrate", help="fit the calibration from a cache's calibration rows")
     parser.add_argument("--cache", required=True, help="inference cache (HDF5)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the draw")
+    parser.add_argument("--seed", type=seed, default=0, help="seed of the draw")
     add_fit_arguments(parser)
     parser.add_argument("--out", required=True, type=output_file(".npz"), help="output .npz")
     parser.set_defaults(func=run)

@@ -7,6 +7,7 @@ import argparse
 
 from ladbench.families import TINY_FAMILIES
 from ladbench.models.tiny import PRESETS, build_tiny_model
+from ladbench.stages.options import seed
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -14,7 +15,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                    description=build_tiny_model.__doc__)
     parser.add_argument("--family", required=True, choices=TINY_FAMILIES, help="model family to build")
     parser.add_argument("--out", required=True, help="output folder (replaced if it exists)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the random weights (default 0)")
+    parser.add_argument("--seed", type=seed, default=0, help="seed of the random weights (default 0)")
     parser.add_argument("--preset", default="tiny", choices=sorted(PRESETS),
                         help="model size: tiny (tests) or medium (CPU benchmark); default tiny")
     parser.set_defaults(func=run)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from ladbench.data.synthetic import build_scenes
+from ladbench.stages.options import seed
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -15,7 +16,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "DIR/annotations/captions.json and DIR/annotations/instances.json in the MS-COCO formats.")
     parser.add_argument("--out", required=True, help="Output folder (created; a previous demo output is replaced).")
     parser.add_argument("--n-images", type=int, default=200, help="Number of scenes (default 200).")
-    parser.add_argument("--seed", type=int, default=0, help="Random seed; the same seed gives byte-identical files.")
+    parser.add_argument("--seed", type=seed, default=0, help="Random seed; the same seed gives byte-identical files.")
     parser.add_argument("--image-size", type=int, default=96, help="Side of each square scene in pixels (default 96).")
     parser.set_defaults(func=run)
 

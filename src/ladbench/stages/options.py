@@ -12,7 +12,7 @@ from typing import Any, Mapping
 from ladbench.families import layer_range_for
 from ladbench.methods import LadSettings, MethodSettings, ReadoutSettings
 from ladbench.metrics import Bootstrap
-from ladbench.settings import is_sequence, kind, option_name, plain, setting_fields
+from ladbench.settings import config_key, is_sequence, kind, option_name, plain, setting_fields
 
 
 def add_arguments(parser, cls: type, prefix: str = "", unset: bool = False, **flag_defaults: Any) -> None:
@@ -40,6 +40,15 @@ def add_arguments(parser, cls: type, prefix: str = "", unset: bool = False, **fl
         target.add_argument(name, type=kind(f), default=default, **options)
 
 
+def seed(text: str) -> int:
+    """An argparse ``type`` for a seed: a non-negative integer (numpy's generators take no other);
+    argparse's error names the flag."""
+    value = int(text)                     # a ValueError: argparse's "invalid seed value"
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"a seed is a non-negative integer, got {value}")
+    return value
+
+
 def argument_section(parser, title: str | None):
     """The parser's argument group called ``title`` (made if missing); the parser itself for None."""
     if title is None:
@@ -62,7 +71,14 @@ def from_args(cls: type, args: argparse.Namespace, **values: Any) -> Any:
     inputs = {f.name for f in fields(cls) if hasattr(args, f.name)} - {f.name for f in setting_fields(cls)}
     given = {name: getattr(args, name) for name in flagged | inputs if name not in values}
     given = {name: tuple(value) if isinstance(value, list) else value for name, value in given.items()}
-    return cls(**given, **values)
+    try:
+        return cls(**given, **values)
+    except ValueError as error:          # a field's check names its config key: name its flag here
+        flag = next((option_name(f) for f in setting_fields(cls)
+                     if f.name in given and f.metadata["flag"] and str(error).startswith(f"{config_key(f)} ")), None)
+        if flag is None:
+            raise
+        raise ValueError(f"--{flag.replace('_', '-')}: {error}") from None
 
 
 def add_method_arguments(group) -> None:
