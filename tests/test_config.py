@@ -32,7 +32,8 @@ def test_paper_config_describes_the_paper_study():
     assert bench["n_eval"] == 1000 and bench["n_orderings"] == 5 and bench["seed"] == 42
     assert config["calibration"]["n_cal"] == 5
     assert config["lad"] == {"top_k": 2, "tau": 5.0, "layer_mean": "reference", "mixture": "reference",
-                             "layer_ties": "highest", "k_beyond_range": "lower", "layers_beyond_depth": "clip"}
+                             "layer_ties": "highest", "k_beyond_range": "lower", "layers_beyond_depth": "clip",
+                             "windowed_layers": "refuse"}
     assert config["clip"]["model"] == "ViT-L-14-quickgelu" and config["clip"]["pretrained"] == "openai"
 
 
@@ -330,7 +331,8 @@ CHECKED_ELSEWHERE = ("inference.prompt_settings.",)
 WORKFLOW_ONLY = {"reproduce", "output_dir", "plugins", "datasets.*.download", "clip.tiny", "benchmarks.settings",
                  "benchmarks.n_candidates", "models.*.revision", "models.*.trust_remote_code", "models.*.tiny",
                  "models.*.gpus_per_job", "inference.variants", "inference.variants.*.identifiers",
-                 "evaluation.methods", "evaluation.transfer", "report.figure_formats"}
+                 "evaluation.methods", "evaluation.transfer", "report.figure_formats",
+                 "lad.windowed_layers"}          # read by the start-up checks (ladbench.model_checks)
 REQUIRED_ARGS = {
     "captions": ["--captions-json", "c.json", "--image-root", "i", "--dataset", "d", "--out", "t.json"],
     "features": ["--images", "t.json", "--out", "f.h5"],

@@ -51,6 +51,11 @@ def cache_path(config: dict, model: str, benchmark: str, variant: str) -> str:
     return os.path.join(config["output_dir"], "cache", model, benchmark, f"{variant}.h5")
 
 
+def tiny_model_path(config: dict, model: str) -> str:
+    """Where the workflow builds a tiny model (``ladbench demo-model``) of the study."""
+    return os.path.join(config["output_dir"], "models", model)
+
+
 def benchmark_path(config: dict, benchmark: str) -> str:
     """Where the workflow writes a benchmark file (common.smk's ``benchmark_file``)."""
     return os.path.join(config["output_dir"], "benchmarks", f"{benchmark}.json")

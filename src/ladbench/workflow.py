@@ -27,7 +27,8 @@ from ladbench.evaluation import default_methods
 from ladbench.inference.runner import InferenceSettings
 from ladbench.methods import METHODS, LadSettings, ReadoutSettings
 from ladbench.metrics import Bootstrap
-from ladbench.plan import benchmark_path, cache_path
+from ladbench.model_checks import check_models
+from ladbench.plan import benchmark_path, cache_path, tiny_model_path
 from ladbench.report.explorer import Thumbnails
 from ladbench.report.render import TABLE_FORMATS
 from ladbench.report.tables import TABLE_BUILDERS
@@ -86,7 +87,8 @@ def start(config: dict, config_files: Sequence[str], schema_path: str,
         read_yaml(path)
     validate_config(config, load_schema(schema_path), source=source)
     check_environment(config, source=source)
-    return Study(config, report), [f"{source}: {warning}" for warning in startup_warnings(config)]
+    warnings = startup_warnings(config) + check_models(config, source)      # each model's config.json, if here
+    return Study(config, report), [f"{source}: {warning}" for warning in warnings]
 
 
 def put_ladbench_on_path() -> None:
@@ -240,7 +242,7 @@ class Study:
 
     # ---- models ---------------------------------------------------------------------------
     def tiny_model_dir(self, model: str) -> str:
-        return f"{self.out}/models/{model}"
+        return tiny_model_path(self.config, model)
 
     def model_dir(self, model: str) -> str:
         """A tiny model is built into the study's folder; a real one is a hub id or folder."""
