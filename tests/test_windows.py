@@ -223,12 +223,20 @@ def test_refused_when_attention_does_not_go_through_the_capture(tiny_arch_model,
 # --------------------------------------------------------------------------- progress
 
 
-def test_progress_in_a_log_is_lines_at_most_every_interval():
+def test_progress_in_a_log_is_a_line_every_interval():
+    """Not a terminal: lines (no in-place redraws), after batches at most every interval, and a
+    heartbeat line when a batch outlasts the interval."""
     from ladbench.progress import LOG_INTERVAL_S, progress_bar
     log = io.StringIO()                                   # not a terminal, like a Snakemake or SLURM log
     with progress_bar(10, desc="infer m/vanilla", unit="row", stream=log) as bar:
         assert bar.mininterval == bar.maxinterval == LOG_INTERVAL_S <= 30
         bar.update(4)
+        written = log.getvalue()
+        bar.beat()                                        # no line: one was written less than an interval ago
+        assert log.getvalue() == written
+        bar.last_print_t -= LOG_INTERVAL_S                # a batch that takes longer than the interval
+        bar.beat()
+        assert log.getvalue().count("\n") == written.count("\n") + 1
         bar.update(6)
     lines = log.getvalue().splitlines()
     assert "\r" not in log.getvalue() and all(line.startswith("infer m/vanilla") for line in lines)
