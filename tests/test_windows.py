@@ -128,6 +128,12 @@ def test_a_tiny_gemma3_records_its_windows_and_the_default_range_reads_every_ima
         gemma3_tiny={"family": "auto", "path": folder, "layer_range": [0, 2]}))
     refused(capsys, lambda: main(["where", "--configfile", path]), "models.gemma3_tiny.layer_range: layers 0-1 of the "
             "range have a sliding window of 64 tokens")
+    import yaml
+
+    from ladbench.config import REPO_ROOT
+    from ladbench.workflow import start
+    with pytest.raises(ConfigError, match=r"models\.gemma3_tiny\.layer_range: layers 0-1 of the range"):
+        start(yaml.safe_load(open(path)), [path], str(REPO_ROOT / "workflow" / "schemas" / "config.schema.yaml"))
 
 
 @current_lane

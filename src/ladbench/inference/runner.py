@@ -351,6 +351,9 @@ class RowRunner:
         with LastRowCapture(modules, seg, n + 2) as cap, prefill_ctx:
             logits, state = ad.prefill(inputs, use_cache=len(self.nodes) > 1 or self.s.greedy_reply)
         on_device = {"mass": cap.masses()}                               # [B, L, H, N + 2]
+        if cap.applied_windows() != ad.attention_windows():    # the cache's attention_windows is what ran
+            raise RuntimeError(f"the attention kernels applied sliding windows {cap.applied_windows()}, not the "
+                               f"{ad.attention_windows()} the model's adapter states")
         for i, node in enumerate(self.nodes):
             node_logits = logits if i == 0 else ad.continue_logits(state, node)
             on_device[node] = node_logits[:, self.node_tokens[node]]

@@ -145,6 +145,10 @@ class LastRowCapture(_ModuleAttributes):
                 f"dispatch through transformers' AttentionInterface with implementation {CAPTURE_ATTENTION!r}")
         return torch.stack([self._mass[i] for i in range(self.n_layers)], dim=1)
 
+    def applied_windows(self) -> list[int]:
+        """The sliding window each layer's kernel applied in the pass (0: none), in layer order."""
+        return [self.windows.get(i, 0) for i in range(self.n_layers)]
+
 
 class AttentionProbe(_ModuleAttributes):
     """Which of ``modules`` dispatch through the capture function in one forward pass, in call
