@@ -177,6 +177,9 @@ def test_refused_for_cross_attention_images_before_any_job(tmp_path):
     with pytest.raises(ConfigError, match=r"^s\.yaml: models\.llama_vision: family auto cannot run architecture "
                                           r"'mllama': images enter the decoder through cross-attention layers"):
         check_models(config, "s.yaml")
+    (folder / "config.json").write_text("{not json")
+    with pytest.raises(ConfigError, match=r"^s\.yaml: models\.llama_vision: its config\.json cannot be read"):
+        check_models(config, "s.yaml")
 
 
 @current_lane

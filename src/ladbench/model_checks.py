@@ -38,7 +38,10 @@ def check_models(config: dict, source: str = "config") -> list[str]:
     warnings = []
     for name, model in config["models"].items():
         folder = tiny_model_path(config, name) if model["tiny"] else model["path"]
-        model_config = read_model_config(folder, None if model["tiny"] else model.get("revision"))
+        try:
+            model_config = read_model_config(folder, None if model["tiny"] else model.get("revision"))
+        except ValueError as error:                  # not JSON (UnicodeDecodeError is one too)
+            raise ConfigError(f"{source}: models.{name}: its config.json cannot be read ({error})") from None
         if model_config is None:
             continue
         if model["family"] == "auto":
@@ -54,7 +57,9 @@ def auto_refusal(model_config: dict[str, Any], folder: str) -> str | None:
     from ladbench.models.auto import architecture_refusal
 
     model_type = model_config.get("model_type")
-    reason = architecture_refusal(model_type) if model_type else "its config.json names no model_type"
+    if not isinstance(model_type, str) or not model_type:
+        return "family auto cannot run it: its config.json names no model_type"
+    reason = architecture_refusal(model_type)
     if not reason and os.path.isdir(os.path.expanduser(folder)) and not has_chat_template(folder):
         reason = "no chat template (the prompt is laid out by the model's own; add one to the folder)"
     return f"family auto cannot run architecture {model_type!r}: {reason}" if reason else None
