@@ -70,7 +70,7 @@ def test_method_settings_take_the_unseen_layers_from_the_cache():
 
 
 @current_lane
-def test_gemma3_default_range_and_refusal_at_start_up(tmp_path):
+def test_gemma3_default_range_and_refusal_at_start_up(tmp_path, capsys):
     """The published Gemma 3 4B config: the default range 20..33 is read at its global layers 23
     and 29 (said on the console); a given range over windowed layers is refused in one line,
     unless lad.windowed_layers is unseen."""
@@ -90,6 +90,10 @@ def test_gemma3_default_range_and_refusal_at_start_up(tmp_path):
         check_models(config, "s.yaml")
     config["lad"]["windowed_layers"] = "unseen"
     assert "LAD reads layers 23, 29 only" in check_models(config, "s.yaml")[0]
+    path = demo_config(tmp_path, lambda c: c["models"].update(gemma3_4b={"family": "auto", "path": str(folder)}))
+    main(["where", "--configfile", path])                     # the console (stderr) says what LAD will read
+    assert f"WARNING: {path}: models.gemma3_4b: layers 20-22, 24-28, 30-33 of its layer range 21:35/36 have a " \
+           "sliding window: LAD reads layers 23, 29 only" in capsys.readouterr().err
     config["models"]["gemma3_4b"]["layer_range"] = [23, 23]
     config["lad"]["windowed_layers"] = "refuse"
     assert check_models(config, "s.yaml") == ["models.gemma3_4b: lad.top_k = 2 lowered to 1, the layers LAD reads in "
