@@ -311,7 +311,8 @@ CHECKED_ELSEWHERE = ("inference.prompt_settings.",)
 WORKFLOW_ONLY = {"reproduce", "output_dir", "plugins", "datasets.*.download", "clip.tiny", "benchmarks.settings",
                  "benchmarks.n_candidates", "models.*.revision", "models.*.trust_remote_code", "models.*.tiny",
                  "models.*.gpus_per_job", "inference.variants", "inference.variants.*.identifiers",
-                 "evaluation.methods", "evaluation.transfer", "report.figure_formats"}
+                 "evaluation.methods", "evaluation.transfer", "report.figure_formats",
+                 "lad.windowed_layers"}          # read by the start-up checks (ladbench.model_checks)
 REQUIRED_ARGS = {
     "captions": ["--captions-json", "c.json", "--image-root", "i", "--dataset", "d", "--out", "t.json"],
     "demo-scenes": ["--out", "scenes"],

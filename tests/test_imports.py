@@ -151,7 +151,7 @@ FLOORS = {
                      "ladbench.features", "ladbench.arrays", "ladbench.inputs", "ladbench.divergence"), 2),
     # 3, the stages' work: inference, evaluation, analysis, the organism's training, the plan
     **dict.fromkeys(("ladbench.inference.runner", "ladbench.evaluation", "ladbench.analysis", "ladbench.organism",
-                     "ladbench.plan"), 3),
+                     "ladbench.plan", "ladbench.model_checks"), 3),
     "ladbench.report": 4,                         # the report, over every output
     "ladbench.workflow": 5,                       # the Snakefile's logic
     **dict.fromkeys(COMMAND_LAYER, 6),            # the commands, on top

@@ -225,11 +225,12 @@ def _without_instance_lists(summary: dict) -> dict:
 
 
 def layer_selection(base: methods.LadSettings) -> methods.LadSettings:
-    """``base``'s layer selection (K, range, ties, K beyond the range) with the other settings at
-    their defaults: what the divergence statistics and the profiles read the attention with
-    (the layers past a model's last are clipped there whatever ``lad.layers_beyond_depth``)."""
+    """``base``'s layer selection (K, range, ties, K beyond the range, the windowed layers left
+    out) with the other settings at their defaults: what the divergence statistics and the
+    profiles read the attention with (the layers past a model's last are clipped there whatever
+    ``lad.layers_beyond_depth``)."""
     return methods.LadSettings(top_k=base.top_k, layer_range=base.layer_range, layer_ties=base.layer_ties,
-                               k_beyond_range=base.k_beyond_range)
+                               k_beyond_range=base.k_beyond_range, unseen_layers=base.unseen_layers)
 
 
 def divergence_statistics(

@@ -67,9 +67,11 @@ def _register_where(subparsers) -> None:
 def _where(args: argparse.Namespace) -> None:
     from ladbench.config import check_environment, load_config, startup_warnings
 
+    from ladbench.model_checks import check_models
+
     config = load_config(args.configfile)
     check_environment(config, source=args.configfile)
-    for warning in startup_warnings(config):
+    for warning in startup_warnings(config) + check_models(config, args.configfile):
         print(f"WARNING: {args.configfile}: {warning}", file=sys.stderr)
     report = Path(config["output_dir"]) / "report"
     print(f"Config {args.configfile} is valid.")

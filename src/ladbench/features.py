@@ -38,13 +38,13 @@ from typing import Any, Callable
 import numpy as np
 import torch
 from PIL import Image
-from tqdm import tqdm
 
 from ladbench.atomic import atomic_path, atomic_write_json, file_digest
 from ladbench.clip import TINY_CLIP_NAME, ClipSettings
 from ladbench.data.coco import load_image_table, table_fingerprint
 from ladbench.hdf5 import (ResumableFile, RowDataset, attributes, check_digest, discard_work, is_complete, reading,
                            writing)
+from ladbench.progress import progress_bar
 
 # Small enough to build and run in a second on a CPU; the text tower keeps open_clip's
 # BPE vocabulary (49,408 tokens) because the stock tokenizer emits those ids.
@@ -311,8 +311,7 @@ def _compute_features(images_json, out, model_name, pretrained, model_config, ba
         loader = torch.utils.data.DataLoader(
             ImageFiles(paths, pending, preprocess), batch_size=batch_size, shuffle=False,
             num_workers=workers, collate_fn=collate_rows, pin_memory=torch_device.type == "cuda")
-        with tqdm(total=len(rows), initial=len(rows) - len(pending), desc="features", unit="img",
-                  file=sys.stderr) as bar:
+        with progress_bar(len(rows), initial=len(rows) - len(pending), desc="features", unit="img") as bar:
             for batch in loader:
                 embeddings, failed = _embed_batch(batch, paths, captions, model, tokenizer, torch_device,
                                                   skip_bad_images)

@@ -27,6 +27,7 @@ from ladbench.evaluation import default_methods
 from ladbench.inference.runner import InferenceSettings
 from ladbench.methods import METHODS, LadSettings, ReadoutSettings
 from ladbench.metrics import Bootstrap
+from ladbench.model_checks import check_models
 from ladbench.report.explorer import Thumbnails
 from ladbench.report.render import TABLE_FORMATS
 from ladbench.report.tables import TABLE_BUILDERS
@@ -86,7 +87,8 @@ def start(config: dict, config_files: Sequence[str], schema_path: str,
         read_yaml(path)
     validate_config(config, load_schema(schema_path), source=source)
     check_environment(config, source=source)
-    return Study(config, report), [f"{source}: {warning}" for warning in startup_warnings(config)]
+    warnings = startup_warnings(config) + check_models(config, source)      # each model's config.json, if here
+    return Study(config, report), [f"{source}: {warning}" for warning in warnings]
 
 
 def put_ladbench_on_path() -> None:

@@ -297,9 +297,10 @@ def read_cache_attributes(path: str) -> dict[str, Any]:
 
 
 def _decoded(path: str | os.PathLike, raw: Mapping[str, Any]) -> dict[str, Any]:
-    """Attributes as Python values, with the JSON ``versions`` and ``attention_layers`` decoded."""
+    """Attributes as Python values, with the JSON ``versions``, ``attention_layers`` and
+    ``attention_windows`` decoded."""
     attrs = {k: (v.item() if isinstance(v, np.generic) else v) for k, v in raw.items()}
-    for key in ("versions", "attention_layers"):
+    for key in ("versions", "attention_layers", "attention_windows"):
         if isinstance(attrs.get(key), str):
             try:
                 attrs[key] = json.loads(attrs[key])

@@ -20,7 +20,6 @@ import os
 import platform
 import resource
 import shutil
-import sys
 import time
 from dataclasses import dataclass, field, fields
 from functools import lru_cache
@@ -33,6 +32,7 @@ from ladbench.benchmark import load_benchmark
 from ladbench.data.coco import caption_problem, image_paths, load_image_table, table_fingerprint
 from ladbench.families import DEVICE_PATTERN, DTYPES, FAMILIES, VISION_TOWERS
 from ladbench.inputs import check_benchmark_table
+from ladbench.progress import progress_bar
 from ladbench.settings import Settings, setting
 from ladbench.variants import PromptVariant, prompt_sha256, prompt_text, variant, variant_names
 
@@ -351,6 +351,9 @@ class RowRunner:
         with LastRowCapture(modules, seg, n + 2) as cap, prefill_ctx:
             logits, state = ad.prefill(inputs, use_cache=len(self.nodes) > 1 or self.s.greedy_reply)
         on_device = {"mass": cap.masses()}                               # [B, L, H, N + 2]
+        if cap.applied_windows() != ad.attention_windows():    # the cache's attention_windows is what ran
+            raise RuntimeError(f"the attention kernels applied sliding windows {cap.applied_windows()}, not the "
+                               f"{ad.attention_windows()} the model's adapter states")
         for i, node in enumerate(self.nodes):
             node_logits = logits if i == 0 else ad.continue_logits(state, node)
             on_device[node] = node_logits[:, self.node_tokens[node]]
@@ -465,14 +468,16 @@ def is_out_of_memory(exc: BaseException) -> bool:
 def run_batches(step: Callable[[PreparedBatch], dict[str, np.ndarray]],
                 prepare: Callable[[Sequence[int]], PreparedBatch], rows: Sequence[int], *, batch_size: int,
                 chunk_size: int, workers: int, pin_memory: bool,
-                write: Callable[[list[int], dict[str, np.ndarray]], None]) -> int:
+                write: Callable[[list[int], dict[str, np.ndarray]], None],
+                batch_done: Callable[[int], None] | None = None) -> int:
     """Run ``step`` over ``rows`` in batches and ``write`` each finished chunk of ``chunk_size`` rows.
 
     Batches never straddle a chunk. A batch whose step runs out of GPU memory is not lost: the
     batch size halves (down to 1, where the error is final) and the preparation restarts from
     that batch's rows. Each row's ``seconds`` is its batch's wall time between results divided
-    by its size (so preparation that the workers did not hide is counted). Returns the batch
-    size in use at the end (the largest that ran without running out of memory).
+    by its size (so preparation that the workers did not hide is counted). ``batch_done(rows)``
+    follows each batch that ran (the progress bar). Returns the batch size in use at the end
+    (the largest that ran without running out of memory).
     """
     chunks = [list(rows[i:i + chunk_size]) for i in range(0, len(rows), chunk_size)]
     chunk, offset, parts = 0, 0, []
@@ -489,6 +494,8 @@ def run_batches(step: Callable[[PreparedBatch], dict[str, np.ndarray]],
                 tick = now
                 parts.append(part)
                 offset += len(prepared.rows)
+                if batch_done is not None:
+                    batch_done(len(prepared.rows))
                 if offset == len(chunks[chunk]):
                     write(chunks[chunk], {k: np.concatenate([p[k] for p in parts]) for k in parts[0]})
                     chunk, offset, parts = chunk + 1, 0, []
@@ -519,8 +526,6 @@ def run_inference(settings: InferenceSettings) -> str:
 
 
 def _run_inference(settings: InferenceSettings) -> str:
-    from tqdm import tqdm
-
     from ladbench.hdf5 import discard_work
     from ladbench.models.base import resolve_device
     settings.device = resolve_device(settings.device)        # hashed resolved: a CPU run never resumes a GPU one
@@ -566,6 +571,9 @@ def _run_inference(settings: InferenceSettings) -> str:
     attention_layers = getattr(adapter, "attention_layers", None)
     if attention_layers and len(attention_layers) < len(adapter.decoder_layers()):     # a hybrid decoder
         attrs["attention_layers"] = list(attention_layers)
+    windows = adapter.attention_windows()
+    if any(windows):        # only then: the caches of models without windows keep their attributes (and digests)
+        attrs["attention_windows"] = windows
     if settings.greedy_reply and not generative:
         attrs.update(greedy_repetition_penalty=repetition_penalty(adapter), greedy_stop_ids=adapter.end_token_ids())
     attrs.update(entry.hashed_settings(settings.options))      # the variant's own settings, e.g. sofa_sigma
@@ -581,14 +589,10 @@ def _run_inference(settings: InferenceSettings) -> str:
         pending = runner.grouped_by_length(pending, settings.chunk_size)
 
     started = time.perf_counter()
-    with tqdm(total=len(pending), unit="row", desc=f"infer {settings.model_name}/{settings.prompt}",
-              file=sys.stderr, disable=None) as bar:
-        def write(rows: list[int], results: dict[str, np.ndarray]) -> None:
-            writer.write(rows, results)
-            bar.update(len(rows))
+    with progress_bar(len(pending), unit="row", desc=f"infer {settings.model_name}/{settings.prompt}") as bar:
         used = run_batches(step, runner.prepare, pending, batch_size=settings.batch_size,
                            chunk_size=settings.chunk_size, workers=settings.loader_workers(),
-                           pin_memory=device.startswith("cuda"), write=write)
+                           pin_memory=device.startswith("cuda"), write=writer.write, batch_done=bar.update)
     done_now = len(pending)
     final = {**writer.throughput(), **_peak_memory(writer, device),
              "last_run_rows": done_now, "last_run_s": time.perf_counter() - started,

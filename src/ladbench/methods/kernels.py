@@ -19,12 +19,13 @@ values it needs):
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Protocol, Sequence
 
 import numpy as np
 
 from ladbench.calibration import EPS
 from ladbench.families import scale_layer_range
+from ladbench.windows import compact
 from ladbench.methods.settings import K_BEYOND_RANGE, LAYER_TIES, LAYERS_BEYOND_DEPTH, REPLY_PARSES, Choice, LadSettings
 
 __all__ = ["CalibrationLike", "EvalArraysLike", "check_compatible", "effective_top_k", "expected_bias",
@@ -96,7 +97,7 @@ def layer_strength(attn: np.ndarray) -> np.ndarray:
     return np.asarray(attn).sum(axis=-1)
 
 
-def _candidate_layers(n_layers: int, layer_range: tuple[int, ...] | None) -> np.ndarray:
+def _candidate_layers(n_layers: int, layer_range: tuple[int, ...] | None, unseen: Sequence[int] = ()) -> np.ndarray:
     """Layer indices searched by the selection: all, or ``lo..hi`` inclusive.
 
     A range that runs past the last layer is clipped to it (the reference's default 21-35
@@ -104,16 +105,24 @@ def _candidate_layers(n_layers: int, layer_range: tuple[int, ...] | None) -> np.
     ``(lo, hi, of)`` (a family default) is first scaled from an ``of``-layer decoder to this one.
     """
     if layer_range is None:
-        return np.arange(n_layers)
-    lo, hi = scale_layer_range(*layer_range, n_layers) if len(layer_range) == 3 else layer_range
-    if not 0 <= lo < n_layers or hi < lo:
-        raise ValueError(f"layer_range {layer_range} is outside the model's layers 0..{n_layers - 1}")
-    return np.arange(lo, min(hi, n_layers - 1) + 1)
+        layers = np.arange(n_layers)
+    else:
+        lo, hi = scale_layer_range(*layer_range, n_layers) if len(layer_range) == 3 else layer_range
+        if not 0 <= lo < n_layers or hi < lo:
+            raise ValueError(f"layer_range {layer_range} is outside the model's layers 0..{n_layers - 1}")
+        layers = np.arange(lo, min(hi, n_layers - 1) + 1)
+    if not len(unseen):
+        return layers
+    seen = layers[~np.isin(layers, unseen)]
+    if not seen.size:
+        raise ValueError(f"every layer of the layer range {layer_range or 'all'} has a sliding window (unseen: "
+                         f"{list(unseen)}); choose a range with layers without one (docs/method.md, 'Windowed layers')")
+    return seen
 
 
 def select_layers(
     attn: np.ndarray, top_k: int, layer_range: tuple[int, int] | None = None, *,
-    ties: str = LAYER_TIES[0], k_beyond_range: str = K_BEYOND_RANGE[0],
+    ties: str = LAYER_TIES[0], k_beyond_range: str = K_BEYOND_RANGE[0], unseen: Sequence[int] = (),
 ) -> np.ndarray:
     """Indices [..., K] of the ``top_k`` strongest layers of each row (Eq. 9), strongest first.
 
@@ -122,10 +131,11 @@ def select_layers(
     ``"lowest"`` the lower, ``"argsort"`` whichever numpy's default argsort of the layers'
     mean attention puts last (the reference's call; its order among equals depends on
     numpy's build). A ``top_k`` beyond the range's size is lowered to it
-    (``k_beyond_range="lower"``, the reference) or an error (``"error"``).
+    (``k_beyond_range="lower"``, the reference) or an error (``"error"``). The ``unseen``
+    layers (sliding windows, ladbench.windows) never compete.
     """
     attn = np.asarray(attn)
-    candidates = _candidate_layers(attn.shape[-2], layer_range)
+    candidates = _candidate_layers(attn.shape[-2], layer_range, unseen)
     top_k = effective_top_k(top_k, candidates.size, k_beyond_range, layer_range)
     strength = _ranked_strength(attn, candidates, ties)
     if ties == "highest":
@@ -191,10 +201,10 @@ def layer_selection_mask(attn: np.ndarray, settings: LadSettings) -> np.ndarray:
     n_layers = attn.shape[-2]
     mask = np.zeros(attn.shape[:-1], dtype=bool)
     if settings.all_layers:
-        mask[..., _candidate_layers(n_layers, settings.layer_range)] = True
+        mask[..., _candidate_layers(n_layers, settings.layer_range, settings.unseen_layers)] = True
         return mask
     selected = select_layers(attn, settings.top_k, settings.layer_range, ties=settings.layer_ties,
-                             k_beyond_range=settings.k_beyond_range)
+                             k_beyond_range=settings.k_beyond_range, unseen=settings.unseen_layers)
     np.put_along_axis(mask, selected, True, axis=-1)
     return mask
 
@@ -207,8 +217,12 @@ def selection_warnings(attn: np.ndarray, settings: LadSettings) -> list[str]:
         return []
     n_layers = np.shape(attn)[-2]
     attn, = with_absent_layers(attn, settings.layer_range, settings.layers_beyond_depth)
-    candidates = _candidate_layers(attn.shape[-2], settings.layer_range)
+    candidates = _candidate_layers(attn.shape[-2], settings.layer_range, settings.unseen_layers)
     warnings = []
+    left_out = np.setdiff1d(_candidate_layers(attn.shape[-2], settings.layer_range), candidates)
+    if left_out.size:
+        warnings.append(f"layers {compact(left_out.tolist())} of the range {settings.layer_range or 'all'} have a "
+                        "sliding window: left out of the selection as unseen (docs/method.md, 'Windowed layers')")
     k = effective_top_k(settings.top_k, candidates.size, settings.k_beyond_range, settings.layer_range)
     if k < settings.top_k:
         warnings.append(f"top_k = {settings.top_k} is larger than the {candidates.size} layers of the range "
@@ -230,7 +244,7 @@ def selection_warnings(attn: np.ndarray, settings: LadSettings) -> list[str]:
                             f"{rule} (layer_ties = {settings.layer_ties})")
     if attn.shape[-2] > n_layers:
         selected = select_layers(attn, settings.top_k, settings.layer_range, ties=settings.layer_ties,
-                                 k_beyond_range=settings.k_beyond_range)
+                                 k_beyond_range=settings.k_beyond_range, unseen=settings.unseen_layers)
         absent = int((selected >= n_layers).any(axis=-1).sum())
         if absent:
             warnings.append(f"{absent} of {selected[..., 0].size} rows average in layers {n_layers}.."

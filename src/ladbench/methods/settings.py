@@ -34,6 +34,8 @@ LAYERS_BEYOND_DEPTH = ("clip", "absent")
 # identifier 1..N; "int", the reference's: int() of each run of decimal digits (leading
 # zeros and any Unicode decimal digit count), the last value in 1..N.
 REPLY_PARSES = ("exact", "int")
+#: what a given layer range with windowed layers does (LadSettings.windowed_layers)
+WINDOWED_LAYERS = ("refuse", "unseen")
 
 
 @dataclass(frozen=True)
@@ -77,9 +79,20 @@ class LadSettings(Settings):
         "averages them in (rows where it does are counted in the evaluation output's warnings)",
         choices=LAYERS_BEYOND_DEPTH)
 
+    windowed_layers: str = setting(
+        WINDOWED_LAYERS[0], "a model's layer_range that holds layers with a sliding window (docs/method.md, "
+        "'Windowed layers'): refuse = stop at start-up; unseen = run, with those layers left out of the selection as "
+        "unseen (their attention is never read as zero); read by the start-up checks", choices=WINDOWED_LAYERS,
+        flag=False)
+    # the layers the selection leaves out, from the cache (its attention_windows): set by the
+    # stages from the cache's attributes, never by the user
+    unseen_layers: tuple[int, ...] = setting((), "layers left out of the selection (sliding windows)", kind=int,
+                                             config=False, flag=False)
+
     def __post_init__(self) -> None:
         super().__post_init__()
         object.__setattr__(self, "layer_range", parse_layer_range(self.layer_range))   # any form, checked
+        object.__setattr__(self, "unseen_layers", tuple(int(layer) for layer in self.unseen_layers))
 
     @classmethod
     def from_record(cls, record: Mapping[str, Any] | None) -> LadSettings:

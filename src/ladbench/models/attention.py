@@ -80,7 +80,7 @@ def capture_attention_forward(module: torch.nn.Module, query: torch.Tensor, key:
     capture = getattr(module, _CAPTURE_ATTR, None)
     if capture is not None:
         recorder, layer = capture
-        recorder.record(layer, last_row_attention(query, key, attention_mask, scaling))
+        recorder.record(layer, last_row_attention(query, key, attention_mask, scaling), kwargs.get("sliding_window"))
     output = sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
     probe = getattr(module, _PROBE_ATTR, None)
     if probe is not None:
@@ -127,12 +127,15 @@ class LastRowCapture(_ModuleAttributes):
         self.n_layers = len(modules)
         self.segment_ids, self.n_segments = segment_ids, n_segments
         self._mass: dict[int, torch.Tensor] = {}
+        #: the sliding window each layer's kernel applied (the attention call's ``sliding_window``; 0: none)
+        self.windows: dict[int, int] = {}
 
-    def record(self, layer: int, rows: torch.Tensor) -> None:
+    def record(self, layer: int, rows: torch.Tensor, window: int | None = None) -> None:
         if rows.shape[-1] != self.segment_ids.shape[-1]:
             raise RuntimeError(f"layer {layer}: attention row has {rows.shape[-1]} keys but the prompt has "
                                f"{self.segment_ids.shape[-1]} tokens (capture must wrap a prefill, not a cached step)")
         self._mass[layer] = segment_mass(rows, self.segment_ids, self.n_segments)
+        self.windows[layer] = int(window or 0)
 
     def masses(self) -> torch.Tensor:
         missing = [i for i in range(self.n_layers) if i not in self._mass]
@@ -141,6 +144,10 @@ class LastRowCapture(_ModuleAttributes):
                 f"no attention captured for decoder layers {missing}: the model's attention modules do not "
                 f"dispatch through transformers' AttentionInterface with implementation {CAPTURE_ATTENTION!r}")
         return torch.stack([self._mass[i] for i in range(self.n_layers)], dim=1)
+
+    def applied_windows(self) -> list[int]:
+        """The sliding window each layer's kernel applied in the pass (0: none), in layer order."""
+        return [self.windows.get(i, 0) for i in range(self.n_layers)]
 
 
 class AttentionProbe(_ModuleAttributes):
@@ -158,6 +165,8 @@ class AttentionProbe(_ModuleAttributes):
     def __init__(self, modules) -> None:
         super().__init__(_PROBE_ATTR, {m: self for m in modules})
         self.calls: list[tuple[torch.nn.Module, float, tuple[str, ...]]] = []
+        #: the sliding window each module's kernel applied (the call's ``sliding_window``; 0: none)
+        self.windows: dict[torch.nn.Module, int] = {}
 
     def record(self, module: torch.nn.Module, rows: torch.Tensor, value: torch.Tensor, output: torch.Tensor,
                kwargs: dict[str, Any]) -> None:
@@ -167,6 +176,7 @@ class AttentionProbe(_ModuleAttributes):
         deviation = float((kernel - expected).abs().max() / values.abs().max().clamp(min=1e-12))
         unmodelled = tuple(name for name in UNMODELLED_KERNEL_KWARGS if kwargs.get(name) is not None)
         self.calls.append((module, deviation, unmodelled))
+        self.windows[module] = int(kwargs.get("sliding_window") or 0)
 
 
 def sofa_attention_bias(attention_mask: torch.Tensor, image_tokens: torch.Tensor, sigma: float,

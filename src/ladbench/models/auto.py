@@ -82,11 +82,14 @@ def architecture_refusal(model_type: str) -> str | None:
     if model_class is None:
         return f"transformers {transformers.__version__} does not export {class_name}"
     try:
-        encoder_decoder = bool(CONFIG_MAPPING[model_type]().is_encoder_decoder)
+        defaults = CONFIG_MAPPING[model_type]()
     except Exception:                      # noqa: BLE001 (a config without defaults: decided when the model loads)
-        encoder_decoder = False
-    if encoder_decoder:
+        defaults = None
+    if defaults is not None and defaults.is_encoder_decoder:
         return "an encoder-decoder model; the capture reads a decoder-only prompt"
+    if defaults is not None and getattr(defaults.get_text_config(), "cross_attention_layers", None):
+        return ("images enter the decoder through cross-attention layers, not as tokens of the prompt: there is no "
+                "image span for the last token's attention to fall on")
     processor_class = getattr(transformers, PROCESSOR_MAPPING_NAMES.get(model_type) or "", None)
     if processor_class is not None and processor_class.replace_image_token is ProcessorMixin.replace_image_token:
         return (f"its processor ({processor_class.__name__}) does not report which tokens each image becomes "
@@ -148,6 +151,7 @@ class AutoAdapter(ModelAdapter):
         #: the decoder layers with self-attention, in order (all of them unless the decoder is hybrid)
         self.attention_layers: list[int] = []
         self._attention_modules: list[torch.nn.Module] = []
+        self._windows: list[int] = []
         if self.attention == "capture":
             self._find_attention_modules()
 
@@ -242,6 +246,11 @@ class AutoAdapter(ModelAdapter):
                                "through the capture")
         self.attention_layers = sorted(modules)
         self._attention_modules = [modules[i] for i in self.attention_layers]
+        self._windows = [probe.windows[module] for module in self._attention_modules]
+
+    def attention_windows(self) -> list[int]:
+        """The sliding window each captured layer's kernel got in the probe forward (0: none)."""
+        return list(self._windows)
 
     # ------------------------------------------------------------------ inputs
     def template_layout(self, n_images: int) -> list[tuple[int, int]]:
@@ -290,6 +299,9 @@ class AutoAdapter(ModelAdapter):
 
     def _row_spans(self, ids: np.ndarray, offsets: np.ndarray, replaced: list[dict],
                    n_images: int) -> list[tuple[int, int]]:
+        if len(replaced) == 1 < n_images:
+            raise self.refused(f"its processor takes one image per prompt (it expanded 1 of the {n_images} image "
+                               "placeholders); the benchmark shows N images in one prompt")
         if len(replaced) != n_images:
             raise self.refused(f"its processor replaced {len(replaced)} image placeholders in a prompt of {n_images} images")
         real = offsets[:, 1] > offsets[:, 0]

@@ -222,6 +222,11 @@ class ModelAdapter:
         """The self-attention module of every text decoder layer."""
         return [layer.self_attn for layer in self.decoder_layers()]
 
+    def attention_windows(self) -> list[int]:
+        """The sliding window of each captured layer's attention (0: none, the whole prompt;
+        ladbench.windows): the modules' own ``sliding_window``, what they pass their kernel."""
+        return [int(getattr(module, "sliding_window", None) or 0) for module in self.attention_modules()]
+
     def use_batched_vision(self) -> tuple[str, ...]:
         """Family hook: switch the vision tower to a batched implementation if the family has one;
         returns the input keys that should then stay on the host. Default: native tower."""

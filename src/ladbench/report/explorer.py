@@ -70,7 +70,7 @@ THUMBNAIL_QUALITY = 70
 # The per-position rows of each card, in the order shown: array name -> label.
 PER_POSITION = {
     "probability": "Vanilla p",
-    "attention_all": "attn, all layers",
+    "attention_all": "attn, all layers",          # but those with a sliding window (docs/method.md)
     "attention_share": "attn, LAD layers",
     "purified_share": "purified attn",
     "pride": "PriDe p",
@@ -127,7 +127,8 @@ def logits_attention_gap(attention_share: np.ndarray, probability: np.ndarray, t
 def per_position_values(arrays: EvalArrays, calibration: Calibration, settings: methods.LadSettings) -> dict[str, np.ndarray]:
     """The card's rows [I, T, N] (:data:`PER_POSITION`), from the project's method functions."""
     _, profiles = position_profiles(arrays, calibration, settings)
-    every_layer = methods.raw_attention(arrays.attn, methods.LadSettings(layer_range=None, all_layers=True))
+    every_layer = methods.raw_attention(arrays.attn, methods.LadSettings(layer_range=None, all_layers=True,
+                                                                         unseen_layers=settings.unseen_layers))
     values = {
         "probability": profiles["probability"],
         "attention_all": attention_shares(every_layer),

@@ -13,6 +13,7 @@ from ladbench.families import layer_range_for
 from ladbench.methods import LadSettings, MethodSettings, ReadoutSettings
 from ladbench.metrics import Bootstrap
 from ladbench.settings import config_key, is_sequence, kind, option_name, plain, setting_fields
+from ladbench.windows import unseen_layers
 
 
 def add_arguments(parser, cls: type, prefix: str = "", unset: bool = False, **flag_defaults: Any) -> None:
@@ -96,6 +97,9 @@ def bootstrap_settings(args: argparse.Namespace) -> Bootstrap:
 
 
 def method_settings(args: argparse.Namespace, cache_attrs: Mapping[str, Any]) -> MethodSettings:
-    """The flags' settings; without --layer-range, the default of the cache's model family."""
+    """The flags' settings; without --layer-range, the default of the cache's model family. The
+    layers with a sliding window (the cache's ``attention_windows``) are left out as unseen."""
     layer_range = layer_range_for(cache_attrs.get("family"), args.layer_range)
-    return MethodSettings(from_args(LadSettings, args, layer_range=layer_range), from_args(ReadoutSettings, args))
+    unseen = unseen_layers(cache_attrs.get("attention_windows"))
+    return MethodSettings(from_args(LadSettings, args, layer_range=layer_range, unseen_layers=unseen),
+                          from_args(ReadoutSettings, args))
