@@ -63,7 +63,7 @@ def test_the_probe_refuses_a_capture_that_misses_the_kernels_mask(tiny_arch_mode
     """The load-time probe compares the captured row, applied to the values, with the kernel's
     output: a capture blind to the mask (here: Gemma 3's sliding windows and left padding) is
     refused in one line, naming the layer."""
-    from ladbench.inference import attention
+    from ladbench.models import attention
     from ladbench.models import load_adapter
     exact = attention.last_row_attention
     monkeypatch.setattr(attention, "last_row_attention", lambda q, k, mask, scaling: exact(q, k, None, scaling))
