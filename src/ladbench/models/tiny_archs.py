@@ -59,6 +59,17 @@ def _tokenizer(special: tuple[str, ...] = (), bos: str | None = None, **multimod
 SLIDING_WINDOW = 64
 _NORM = dict(image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5])
 
+
+def _sliding_window_text(p, ids, **extra):
+    """A text config of two sliding-window layers (window :data:`SLIDING_WINDOW`) and a full one."""
+    return _text_config(p, ids, head_dim=p["hidden"] // p["heads"], sliding_window=SLIDING_WINDOW,
+                        layer_types=["sliding_attention", "sliding_attention", "full_attention"][:p["layers"]], **extra)
+
+
+def _siglip(p, side: int, patch: int):
+    """A SigLIP vision config without its pooling head."""
+    return dict(model_type="siglip_vision_model", image_size=side, patch_size=patch, vision_use_head=False, **_vision(p))
+
 # llava-hf/llava-1.5-7b-hf: "USER: <image>\n... ASSISTANT:", images first, no end-of-turn token
 LLAVA_CHAT_TEMPLATE = (
     "{% for message in messages %}{% if message['role'] != 'system' %}{{ message['role'].upper() + ': ' }}{% endif %}"
@@ -86,13 +97,20 @@ def _anyres_image_processor():
     return LlavaNextImageProcessor(image_grid_pinpoints=_ANYRES_GRID, **_CLIP_SIZES, **_NORM)
 
 
-def _build_llava(p):
-    """LLaVA-1.5: a CLIP tower, one run of ``<image>`` tokens per image (no markers)."""
-    from transformers import CLIPImageProcessor, LlavaConfig, LlavaForConditionalGeneration, LlavaProcessor
+def _llava_processor(chat_template: str):
+    """LLaVA-1.5's processor (a CLIP image processor, one run of ``<image>`` per image) and the
+    token ids of its tokenizer."""
+    from transformers import CLIPImageProcessor, LlavaProcessor
     tok = _tokenizer(("<image>",), image_token="<image>")
     proc = LlavaProcessor(image_processor=CLIPImageProcessor(**_CLIP_SIZES, **_NORM), tokenizer=tok,
-                          chat_template=LLAVA_CHAT_TEMPLATE, **_LLAVA_PROCESSOR)
-    ids = _ids(tok, QWEN_SPECIAL_TOKENS + ("<image>",))
+                          chat_template=chat_template, **_LLAVA_PROCESSOR)
+    return proc, _ids(tok, QWEN_SPECIAL_TOKENS + ("<image>",))
+
+
+def _build_llava(p):
+    """LLaVA-1.5: a CLIP tower, one run of ``<image>`` tokens per image (no markers)."""
+    from transformers import LlavaConfig, LlavaForConditionalGeneration
+    proc, ids = _llava_processor(LLAVA_CHAT_TEMPLATE)
     cfg = LlavaConfig(text_config=dict(model_type="qwen2", **_text_config(p, ids)), vision_config=_clip_vision(p),
                       image_token_index=ids["<image>"], vision_feature_select_strategy="default",
                       vision_feature_layer=-1, tie_word_embeddings=False)
@@ -173,11 +191,9 @@ def _build_aya_vision(p):
     proc = AyaVisionProcessor(image_processor=improc, tokenizer=tok, patch_size=patch, img_size=side,
                               downsample_factor=downsample, chat_template=AYA_VISION_CHAT_TEMPLATE)
     ids = _ids(tok, QWEN_SPECIAL_TOKENS + special)
-    text = _text_config(p, ids, head_dim=p["hidden"] // p["heads"], sliding_window=SLIDING_WINDOW,
-                        layer_types=["sliding_attention", "sliding_attention", "full_attention"][:p["layers"]])
+    text = _sliding_window_text(p, ids)
     cfg = AyaVisionConfig(text_config=dict(model_type="cohere2", **text),
-                          vision_config=dict(model_type="siglip_vision_model", image_size=side, patch_size=patch,
-                                             vision_use_head=False, **_vision(p)),
+                          vision_config=_siglip(p, side, patch),
                           image_token_index=ids["<|IMG_PATCH|>"], downsample_factor=downsample,
                           vision_feature_select_strategy="full", tie_word_embeddings=False)
     return AyaVisionForConditionalGeneration(cfg), proc
@@ -485,11 +501,8 @@ VIPLLAVA_CHAT_TEMPLATE = (
 
 def _build_vipllava(p):
     """VipLLaVA: LLaVA-1.5's layout; the projector reads several layers of the tower."""
-    from transformers import CLIPImageProcessor, LlavaProcessor, VipLlavaConfig, VipLlavaForConditionalGeneration
-    tok = _tokenizer(("<image>",), image_token="<image>")
-    proc = LlavaProcessor(image_processor=CLIPImageProcessor(**_CLIP_SIZES, **_NORM), tokenizer=tok,
-                          chat_template=VIPLLAVA_CHAT_TEMPLATE, **_LLAVA_PROCESSOR)
-    ids = _ids(tok, QWEN_SPECIAL_TOKENS + ("<image>",))
+    from transformers import VipLlavaConfig, VipLlavaForConditionalGeneration
+    proc, ids = _llava_processor(VIPLLAVA_CHAT_TEMPLATE)
     cfg = VipLlavaConfig(text_config=dict(model_type="llama", **_text_config(p, ids)), vision_config=_clip_vision(p),
                          image_token_index=ids["<image>"], vision_feature_layers=[-2, -1], tie_word_embeddings=False)
     return VipLlavaForConditionalGeneration(cfg), proc
@@ -594,11 +607,9 @@ def _build_cohere2_vision(p):
     proc = Cohere2VisionProcessor(image_processor=improc, tokenizer=tok,
                                   chat_template=AYA_VISION_CHAT_TEMPLATE.replace("<image>", "<|IMG_PATCH|>"))
     ids = _ids(tok, QWEN_SPECIAL_TOKENS + special)
-    text = _text_config(p, ids, head_dim=p["hidden"] // p["heads"], sliding_window=SLIDING_WINDOW,
-                        layer_types=["sliding_attention", "sliding_attention", "full_attention"][:p["layers"]])
+    text = _sliding_window_text(p, ids)
     cfg = Cohere2VisionConfig(text_config=dict(model_type="cohere2", **text),
-                              vision_config=dict(model_type="siglip_vision_model", image_size=side, patch_size=patch,
-                                                 vision_use_head=False, **_vision(p)),
+                              vision_config=_siglip(p, side, patch),
                               image_token_id=ids["<|IMG_PATCH|>"], downsample_factor=downsample,
                               alignment_intermediate_size=64, tie_word_embeddings=False)
     return Cohere2VisionForConditionalGeneration(cfg), proc
@@ -628,8 +639,7 @@ def _build_deepseek_vl(p):
                                tokenizer=tok, chat_template=DEEPSEEK_VL_CHAT_TEMPLATE, num_image_tokens=(side // patch) ** 2)
     ids = _ids(tok, QWEN_SPECIAL_TOKENS + special)
     cfg = DeepseekVLConfig(text_config=dict(model_type="llama", **_text_config(p, ids)),
-                           vision_config=dict(model_type="siglip_vision_model", image_size=side, patch_size=patch,
-                                              vision_use_head=False, **_vision(p)),
+                           vision_config=_siglip(p, side, patch),
                            image_token_id=ids["<image_placeholder>"])
     return DeepseekVLForConditionalGeneration(cfg), proc
 
@@ -685,8 +695,7 @@ def _build_exaone4_5(p):
     sizes = dict(min_pixels=56 * 56, max_pixels=p["max_pixels"])
     proc = Exaone4_5_Processor(image_processor=Qwen2VLImageProcessor(**sizes), video_processor=Qwen2VLVideoProcessor(**sizes),
                                tokenizer=tok, chat_template=_chatml("<|vision_start|><|image_pad|><|vision_end|>"))
-    text = _text_config(p, ids, head_dim=p["hidden"] // p["heads"], sliding_window=SLIDING_WINDOW,
-                        layer_types=["sliding_attention", "sliding_attention", "full_attention"][:p["layers"]])
+    text = _sliding_window_text(p, ids)
     cfg = Exaone4_5_Config(text_config=dict(model_type="exaone4", **text),
                            vision_config=dict(_qwen_vision_config(p, [p["vision_depth"] - 1]),
                                               num_key_value_heads=2),      # grouped-query attention in the tower
