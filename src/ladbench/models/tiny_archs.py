@@ -668,7 +668,8 @@ def _build_janus(p):
 
 def _build_lighton_ocr(p):
     """LightOnOCR (lightonai/LightOnOCR-1B-1025): a Pixtral tower whose rows of ``[IMG]`` carry
-    no break or end tokens here (its processor writes none), a Qwen3 decoder with Qwen's ChatML turns."""
+    no break or end tokens here (its processor writes none), a Qwen3 decoder; ChatML turns as its
+    Qwen3 decoder's (the released template's exact text around an image is not reproduced)."""
     from transformers import LightOnOcrConfig, LightOnOcrForConditionalGeneration, LightOnOcrProcessor, PixtralImageProcessor
     special = ("[IMG]", "[IMG_BREAK]", "[IMG_END]")
     tok = _tokenizer(special, image_token="[IMG]", image_break_token="[IMG_BREAK]", image_end_token="[IMG_END]")
