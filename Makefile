@@ -31,7 +31,7 @@ install: $(STAMP)
 $(CURRENT_STAMP): pyproject.toml requirements-current.txt
 	$(PYTHON) -m venv $(CURRENT_VENV)
 	$(CURRENT_BIN)/pip install -q -c requirements-current.txt torch torchvision
-	$(CURRENT_BIN)/pip install -q -c requirements-current.txt -e ".[test]"
+	$(CURRENT_BIN)/pip install -q -c requirements-current.txt -e ".[test,current]"
 	touch $(CURRENT_STAMP)
 
 install-current: $(CURRENT_STAMP)

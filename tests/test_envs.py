@@ -46,6 +46,27 @@ def test_environment_installs_the_locked_set_and_the_package(env):
     assert pins(line for line in pip_sections[0] if not line.startswith("-")) == locked
 
 
+def installed_versions() -> dict[str, str]:
+    """name -> version of every distribution of the running interpreter but the package itself
+    (what ``pip freeze`` lists, names normalised as :func:`pins` does)."""
+    from importlib.metadata import distributions
+    found = {dist.metadata["Name"].lower().replace("_", "-"): dist.version for dist in distributions()}
+    found.pop("ladbench", None)
+    return {name: version for name, version in found.items() if name not in ("pip", "setuptools", "wheel")}
+
+
+@pytest.mark.lanes
+def test_the_current_lane_installs_only_what_its_lock_pins():
+    """Every package of the installed current lane (dependencies too) is pinned in
+    requirements-current.txt at the installed version; the lock may pin more (the slurm extra)."""
+    from ladbench.models import compat
+    if not compat.on_current_lane():
+        pytest.skip("not on the current lane: requirements-current.txt pins the current lane's install")
+    locked = pins(requirement_lines(ROOT / "requirements-current.txt"))
+    installed = installed_versions()
+    assert {name: version for name, version in installed.items() if locked.get(name) != version} == {}
+
+
 def test_the_pin_check_can_fail():
     assert pins(["torch==2.14.1"]) != pins(["torch==2.14.0"])
     with pytest.raises(AssertionError):

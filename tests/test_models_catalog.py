@@ -23,13 +23,15 @@ def test_every_architecture_once_with_its_status(capsys):
     from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
 
     from ladbench.models.auto import architecture_refusal
-    from ladbench.models.tiny_archs import BUILDS, FAMILY_BUILDS_AUTO_RUNS
+    from ladbench.models.tiny_archs import BUILDS, FAMILY_BUILDS_AUTO_RUNS, NOT_BUILT
     main(["models", "--json"])
     rows = json.loads(capsys.readouterr().out)
     assert [r["model_type"] for r in rows] == sorted(MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES)
     assert all(set(r) == {"model_type", "status", "reason"} and r["reason"] for r in rows)
     tested = {r["model_type"] for r in rows if r["status"] == "tested"}
-    assert tested == set(BUILDS) | set(FAMILY_BUILDS_AUTO_RUNS) and len(tested) >= 15
+    assert tested == set(BUILDS) | set(FAMILY_BUILDS_AUTO_RUNS) and len(tested) >= 30
+    untested = {r["model_type"]: r["reason"] for r in rows if r["status"] == "untested"}
+    assert untested == {name: NOT_BUILT[name] for name in untested}           # each says what is missing
     for r in rows:
         if r["status"] == "refused":
             assert r["reason"] == architecture_refusal(r["model_type"])

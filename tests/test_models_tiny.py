@@ -169,3 +169,31 @@ def test_native_vision_tower_stays_selectable(tiny_model):
     assert "forward" not in vars(adapter.model.model.visual) and adapter.host_input_keys == ()
     with pytest.raises(ValueError, match="vision tower must be one of"):
         load_adapter("qwen2_5_vl", tiny_model("qwen2_5_vl"), device="cpu", vision="fast")
+
+
+@pytest.mark.skipif(not compat.on_current_lane(), reason="family auto runs on the current lane")
+def test_demo_model_builds_an_architecture_that_infer_runs_offline(hf_offline, tmp_path, capsys):
+    """The README's "run your own model": ``demo-model --architecture`` builds a tested
+    architecture's tiny model, and ``ladbench infer`` runs it through family auto into a cache."""
+    from conftest_models import TINY_IMAGE_SIZE, make_demo_benchmark
+    from ladbench.cli import main
+    import numpy as np
+    from ladbench.benchmark import load_benchmark
+    from ladbench.inference.cache import plan_rows, read_cache
+    folder = tmp_path / "model"
+    main(["demo-model", "--architecture", "llava", "--out", str(folder)])
+    assert capsys.readouterr().out.strip() == str(folder)
+    assert json.loads((folder / "config.json").read_text())["model_type"] == "llava"
+    bench, images = make_demo_benchmark(tmp_path, 4, n_eval=1, n_orderings=2, n_cal=1)
+    out = tmp_path / "cache.h5"
+    main(["infer", "--benchmark", str(bench), "--images", str(images), "--out", str(out), "--model-name", "mine",
+          "--family", "auto", "--model-path", str(folder), "--device", "cpu", "--dtype", "float32",
+          "--image-size", str(TINY_IMAGE_SIZE)])
+    scores = read_cache(str(out)).arrays["scores"]
+    assert scores.shape == (len(plan_rows(load_benchmark(bench))), 4) and np.isfinite(scores).all()
+
+
+def test_demo_model_refuses_an_architecture_without_a_tiny_build():
+    parser = build_parser(only="demo-model")
+    with pytest.raises(SystemExit):
+        parser.parse_args(["demo-model", "--architecture", "mllama", "--out", "x"])

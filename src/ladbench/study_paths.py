@@ -32,9 +32,15 @@ class StudyPaths:
     def __init__(self, config: dict) -> None:
         self.config = config
         self.out = config["output_dir"].rstrip("/")
-        # inference.shards > 1: each cache is merged from this many shard caches (infer jobs)
-        self.shards = config["inference"]["shards"]
-        self.n_cal = config["calibration"]["n_cal"]
+
+    @property
+    def shards(self) -> int:
+        """inference.shards > 1: each cache is merged from this many shard caches (infer jobs)."""
+        return self.config["inference"]["shards"]
+
+    @property
+    def n_cal(self) -> int:
+        return self.config["calibration"]["n_cal"]
 
     def log_file(self, *parts: str) -> str:
         """``{OUT}/logs/<stage>/<name>/.../<last>.log``: the log of one job."""

@@ -134,7 +134,7 @@ class AutoAdapter(ModelAdapter):
 
     def __init__(self, model: torch.nn.Module, processor: Any, **kwargs: Any) -> None:
         super().__init__(model, processor, **kwargs)
-        self.placeholder = getattr(processor, "image_token", None)
+        self.placeholder = text_placeholder(processor)
         if not isinstance(self.placeholder, str):
             raise self.refused("its processor names no image placeholder token (processor.image_token)")
         if not getattr(processor, "chat_template", None):
@@ -371,6 +371,14 @@ class AutoAdapter(ModelAdapter):
                                                                 **self._last_logits_only, **kwargs)
         with compat.cache_rollback(state.past_key_values, state.seq_len):
             return self.model(**model_inputs, return_dict=True).logits[:, -1].float()
+
+
+def text_placeholder(processor: Any) -> str | None:
+    """What the chat template writes for one image and the processor expands: the processor's
+    ``image_placeholder_token`` where it names one apart from the feature token it expands
+    into (Qianfan-OCR: ``<image>`` -> ``<img><IMG_CONTEXT>*k</img>``), else ``image_token``."""
+    separate = getattr(processor, "image_placeholder_token", None)
+    return separate if isinstance(separate, str) else getattr(processor, "image_token", None)
 
 
 def _difference(text: str, base: str) -> str:

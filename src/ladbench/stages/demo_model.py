@@ -1,5 +1,6 @@
-"""Stage `demo-model`: build a tiny random model of one family into a folder, offline
-(:func:`ladbench.models.tiny.build_tiny_model`)."""
+"""Stage `demo-model`: build a tiny random model of one family
+(:func:`ladbench.models.tiny.build_tiny_model`) or of one architecture that ``family: auto``
+runs (:func:`ladbench.models.tiny_archs.build_tiny_architecture`) into a folder, offline."""
 
 from __future__ import annotations
 
@@ -7,13 +8,18 @@ import argparse
 
 from ladbench.families import TINY_FAMILIES
 from ladbench.models.tiny import PRESETS, build_tiny_model
+from ladbench.models.tiny_archs import BUILDS, build_tiny_architecture
 from ladbench.stages.options import seed
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("demo-model", help="build a tiny random model of one family into a folder (offline)",
-                                   description=build_tiny_model.__doc__)
-    parser.add_argument("--family", required=True, choices=TINY_FAMILIES, help="model family to build")
+    parser = subparsers.add_parser("demo-model", help="build a tiny random model of one family or architecture into a "
+                                                      "folder (offline)", description=build_tiny_model.__doc__)
+    what = parser.add_mutually_exclusive_group(required=True)
+    what.add_argument("--family", choices=TINY_FAMILIES, help="model family to build")
+    what.add_argument("--architecture", choices=sorted(BUILDS), metavar="NAME",
+                      help="transformers model type to build, run with `family: auto` (current lane; `ladbench "
+                           f"models` lists them as tested): {', '.join(sorted(BUILDS))}")
     parser.add_argument("--out", required=True, help="output folder (replaced if it exists)")
     parser.add_argument("--seed", type=seed, default=0, help="seed of the random weights (default 0)")
     parser.add_argument("--preset", default="tiny", choices=sorted(PRESETS),
@@ -22,4 +28,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    print(build_tiny_model(args.family, args.out, seed=args.seed, preset=args.preset))
+    if args.architecture:
+        print(build_tiny_architecture(args.architecture, args.out, seed=args.seed, preset=args.preset))
+    else:
+        print(build_tiny_model(args.family, args.out, seed=args.seed, preset=args.preset))
