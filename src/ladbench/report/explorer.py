@@ -41,12 +41,13 @@ import numpy as np
 
 from ladbench import methods
 from ladbench.analysis import attention_shares, position_profiles
-from ladbench.atomic import atomic_write_text, file_digest, read_json
+from ladbench.atomic import atomic_write_text, file_digest
 from ladbench.benchmark import load_benchmark
 from ladbench.calibration import Calibration, log_softmax
 from ladbench.data.coco import image_paths, load_image_table
 from ladbench.inference.cache import read_cache
 from ladbench.provenance import LABELS, title_with_kind
+from ladbench.report.study import evaluation_predictions, read_evaluation
 from ladbench.settings import Settings, setting
 from ladbench.arrays import EvalArrays, eval_arrays
 from ladbench.inputs import MismatchError, check_benchmark_table, check_calibrations
@@ -179,13 +180,10 @@ def _unpacked(entry: Mapping[str, Any]) -> np.ndarray:
 # --------------------------------------------------------------------------- inputs
 
 
-def _load_predictions(evaluation_path: str | Path) -> dict[str, np.ndarray]:
-    npz = Path(evaluation_path).with_suffix(".npz")
-    if not npz.exists():
-        raise FileNotFoundError(f"{npz}: missing (the evaluation's predictions, written beside its JSON by "
-                                "`ladbench evaluate`)")
-    with np.load(npz) as data:
-        return {name: data[name] for name in data.files if name.startswith("pred_") or name == "target_pos"}
+def _load_predictions(evaluation_path: str | Path, evaluation: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """The predictions written with the evaluation (checked: its digest, and that it is the pair's)."""
+    data = evaluation_predictions(evaluation_path, dict(evaluation))
+    return {name: values for name, values in data.items() if name.startswith("pred_") or name == "target_pos"}
 
 
 def _check_evaluation(evaluation_path, evaluation: Mapping[str, Any], cache_path, attrs: Mapping[str, Any],
@@ -257,12 +255,12 @@ def explorer_document(
     if cache.has_shifts or "parsed" in cache:
         raise ValueError(f"{cache_path}: the explorer needs a cache of scores and attention, not a "
                          f"{attrs.get('variant')!r} cache")
-    evaluation = read_json(evaluation_path, "evaluation file not found (run `ladbench evaluate`)")
+    evaluation = read_evaluation(evaluation_path)
     _check_evaluation(evaluation_path, evaluation, cache_path, attrs, calibration_path)
     calibration = Calibration.from_npz(calibration_path)
     check_calibrations(cache_path, attrs, [(calibration_path, calibration)], transfer=bool(evaluation.get("transfer")))
     arrays = eval_arrays(cache)
-    predictions = _load_predictions(evaluation_path)
+    predictions = _load_predictions(evaluation_path, evaluation)
     if not np.array_equal(predictions.pop("target_pos"), arrays.target_pos):
         raise MismatchError(f"{evaluation_path}: its predictions are not of {cache_path}'s rows (target positions differ)")
     settings = methods.LadSettings.from_record(evaluation.get("settings"))
@@ -346,8 +344,8 @@ def explorer_index(entries: Sequence[tuple[str, str]], out: str | Path) -> dict[
 
     rows = []
     for page, evaluation_path in entries:
-        evaluation = read_json(evaluation_path, "evaluation file not found (run `ladbench evaluate`)")
-        predictions = _load_predictions(evaluation_path)
+        evaluation = read_evaluation(evaluation_path)
+        predictions = _load_predictions(evaluation_path, evaluation)
         flags = card_flags(predictions, predictions["target_pos"])
         kind = evaluation.get("model_kind")
         rows.append({
