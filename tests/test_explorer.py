@@ -110,6 +110,57 @@ def test_refuses_a_calibration_the_evaluation_did_not_use(study, tmp_path, capsy
     assert not (tmp_path / "p.html").exists()
 
 
+def _edit(evaluation: Path, edit: str) -> None:
+    """The issue's edits of an evaluation beside a page: a shown number, a prediction (the
+    .npz re-saved by numpy), the digest stripped, and a JSON and an .npz of two runs (what a
+    kill between two separate writes left)."""
+    npz = evaluation.with_suffix(".npz")
+    doc = json.loads(evaluation.read_text())
+    with np.load(npz) as data:
+        arrays = dict(data)
+    if edit == "acc_mean":
+        doc["methods"]["lad"]["acc_mean"] = 95.9
+        evaluation.write_text(json.dumps(doc))
+    elif edit == "stripped":
+        del doc["content_sha256"]
+        doc["model"] = "another model"
+        evaluation.write_text(json.dumps(doc))
+    elif edit == "pred":
+        arrays["pred_lad"] = arrays["target_pos"]
+        np.savez(npz, **arrays)
+    else:                                            # the same JSON beside the .npz of another run, itself intact
+        from ladbench.atomic import write_json_with_arrays
+        arrays.pop("content_sha256")
+        arrays["pred_lad"] = arrays["target_pos"]
+        old = evaluation.read_text()
+        write_json_with_arrays(evaluation, {key: value for key, value in doc.items()
+                                            if key not in ("content_sha256", "arrays_sha256")}, arrays)
+        evaluation.write_text(old)
+
+
+@pytest.mark.parametrize("edit", ["acc_mean", "stripped", "pred", "two runs"])
+def test_every_reader_refuses_an_edited_or_mismatched_evaluation(study, tmp_path, capsys, edit):
+    import shutil
+    evaluation = tmp_path / "evaluation.json"
+    shutil.copy(study["evaluation"], evaluation)
+    shutil.copy(Path(study["evaluation"]).with_suffix(".npz"), evaluation.with_suffix(".npz"))
+    main(["explore-index", "--pages", "p.html", "--evaluations", str(evaluation), "--out", str(tmp_path / "i.html")])
+    _edit(evaluation, edit)
+    named = str(evaluation.with_suffix(".npz") if edit in ("pred", "two runs") else evaluation)
+    calls = {"explore": ["--cache", study["cache"], "--calibration", study["calibration"], "--evaluation",
+                         str(evaluation), "--out", str(tmp_path / "p2.html")],
+             "explore-index": ["--pages", "p.html", "--evaluations", str(evaluation), "--out", str(tmp_path / "i2.html")],
+             "report": ["confusion", "--predictions", str(evaluation.with_suffix(".npz")), "--out",
+                        str(tmp_path / "c.png")]}
+    for command, argv in calls.items():
+        with pytest.raises(SystemExit):
+            main([command, *argv])
+        error = capsys.readouterr().err.strip().splitlines()
+        assert len(error) == 1 and error[0].startswith(f"ladbench {command}: error: {named}: "), error
+        assert "`ladbench evaluate`" in error[0], error
+    assert not any(tmp_path.glob("*2.html")) and not (tmp_path / "c.png").exists()
+
+
 def test_without_an_image_table_the_page_names_the_images(study):
     document = explorer_document(study["cache"], study["calibration"], study["evaluation"])
     assert document["thumbnails"] == [] and len(document["image_ids"]) == 48
