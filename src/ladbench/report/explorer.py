@@ -44,7 +44,7 @@ from ladbench.analysis import attention_shares, position_profiles
 from ladbench.atomic import atomic_write_text, file_digest
 from ladbench.benchmark import load_benchmark
 from ladbench.calibration import Calibration, log_softmax
-from ladbench.data.coco import image_paths, load_image_table
+from ladbench.data.coco import image_digests, image_paths, load_image_table, read_image
 from ladbench.inference.cache import read_cache
 from ladbench.provenance import LABELS, title_with_kind
 from ladbench.report.study import evaluation_predictions, read_evaluation
@@ -93,19 +93,20 @@ class Thumbnails(Settings):
     quality: int = setting(THUMBNAIL_QUALITY, "JPEG quality of the explorer's thumbnails", minimum=1, maximum=95,
                            key="thumbnail_quality")
 
-    def encode(self, path: str | Path) -> str:
-        """A ``data:`` URI of the image at ``path`` as a small JPEG."""
-        from PIL import Image, UnidentifiedImageError
+    def encode(self, path: str | Path, sha256: str | None = None, table_path: str | None = None) -> str:
+        """A ``data:`` URI of the image at ``path`` (its bytes checked against ``sha256``, what the
+        image table ``table_path`` records) as a small JPEG."""
+        from PIL import UnidentifiedImageError
 
         try:
-            with Image.open(path) as image:
+            with read_image(path, sha256, table_path) as image:
                 image.draft("RGB", (self.size, self.size))   # JPEG: decode at a reduced scale (fast)
                 image = image.convert("RGB")
                 image.thumbnail((self.size, self.size))
                 buffer = io.BytesIO()
                 image.save(buffer, format="JPEG", quality=self.quality, optimize=True)
-        except FileNotFoundError:
-            raise FileNotFoundError(f"{path}: image not found (the image table's image_root is wrong?)") from None
+        except FileNotFoundError:                     # read_image's line says where the images should be
+            raise
         except (OSError, UnidentifiedImageError) as error:
             raise ValueError(f"{path}: not a readable image ({error})") from None
         return "data:image/jpeg;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
@@ -232,7 +233,8 @@ def _thumbnails(bench: Mapping[str, Any], bench_path: str, images_path: str | No
     missing = [image_id for image_id in ids if image_id not in paths]
     if missing:
         raise MismatchError(f"{images_path} does not list image ids {missing[:5]} that {bench_path} uses")
-    uris = [thumbnails.encode(paths[image_id]) for image_id in tqdm(ids, desc="thumbnails", disable=not progress)]
+    digests = image_digests(table)
+    uris = [thumbnails.encode(paths[image_id], digests[image_id], images_path) for image_id in tqdm(ids, desc="thumbnails", disable=not progress)]
     return candidates, uris, ids
 
 
