@@ -51,20 +51,58 @@ def _remove(path: Path) -> None:
             pass
 
 
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:          # another user's live process
+        return True
+    return True
+
+
+def remove_stale_temporaries(target: Path) -> None:
+    """Remove the temporaries ``<target>.<pid>.tmp`` that killed runs left (their pid is no
+    process on this machine): a kill during a cache's assembly left a full-size copy that no
+    rerun removed. Those of live processes (another writer's, this one's) are kept."""
+    prefix = f"{target.name}."
+    try:
+        names = [entry.name for entry in os.scandir(target.parent)]
+    except FileNotFoundError:
+        return
+    for name in names:
+        pid = name[len(prefix):-len(".tmp")] if name.startswith(prefix) and name.endswith(".tmp") else ""
+        if pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
+            _remove(target.parent / name)
+
+
+def _reserve(tmp: Path, folder: bool) -> None:
+    """Create ``tmp`` (an empty file, or a folder) where nothing is: never through a symbolic
+    link planted there (``O_EXCL | O_NOFOLLOW``; ``mkdir`` does not follow one either), so a
+    writer never writes outside the output's folder."""
+    if folder:
+        tmp.mkdir()
+    else:
+        os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644))
+
+
 @contextmanager
-def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+def atomic_path(path: str | os.PathLike, folder: bool = False) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; rename it onto ``path`` on success.
 
-    The parent folder is created if needed. The yielded path does not exist yet; the
-    caller creates it (a file or a folder). On an exception inside the block the
-    temporary is removed and the exception propagates; ``path`` is not touched.
-    A folder can only replace a missing or empty folder (``os.replace`` semantics).
+    The parent folder is created if needed. The yielded path exists, created by this
+    function: an empty file (the caller opens it for writing), or with ``folder`` an empty
+    folder. On an exception inside the block the temporary is removed and the exception
+    propagates; ``path`` is not touched. A folder can only replace a missing or empty folder
+    (``os.replace`` semantics). Temporaries of killed runs beside ``path`` are removed first.
     """
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temporaries(target)
     tmp = _tmp_path_for(target)
     _remove(tmp)  # a leftover from a killed run with a recycled pid
     try:
+        _reserve(tmp, folder)
         yield tmp
         if not tmp.exists():
             raise FileNotFoundError(f"atomic_path: nothing was written to {tmp} for {target}")
@@ -85,8 +123,11 @@ def replacing_together(paths: Sequence[str | os.PathLike]) -> Iterator[list[Path
     temporaries = [_tmp_path_for(target) for target in targets]
     for target, tmp in zip(targets, temporaries):
         target.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale_temporaries(target)
         _remove(tmp)
     try:
+        for tmp in temporaries:
+            _reserve(tmp, folder=False)
         yield temporaries
         unwritten = [str(tmp) for tmp in temporaries if not tmp.exists()]
         if unwritten:
@@ -302,6 +343,10 @@ class LockedError(OSError):
     """An output (or output folder) is being written by another process; the message names it."""
 
 
+class LockPathError(LockedError):
+    """A lock file's path is a symbolic link (refused: the lock would write through it)."""
+
+
 def _holder() -> str:
     return (f"pid {os.getpid()} on {socket.gethostname()}, started {time.strftime('%Y-%m-%d %H:%M:%S')} in "
             f"{os.getcwd()}: {' '.join(sys.argv)[:300]}")
@@ -314,7 +359,13 @@ def _acquire(path: str | os.PathLike) -> int | str:
     import fcntl
 
     while True:
-        descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:    # never through a symbolic link: it would write the holder's line into its target
+            descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        except OSError as error:
+            if error.errno != errno.ELOOP:
+                raise
+            raise LockPathError(f"{path}: a symbolic link where a lock file goes; refused (a lock never writes "
+                                "through a link: remove it, or use another output path)") from None
         try:
             fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

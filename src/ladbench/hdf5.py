@@ -399,8 +399,7 @@ class ResumableFile:
             warn(f"{work}: a work file of an older ladbench (one file, not a folder); starting over")
             os.remove(work)
         try:
-            with atomic_path(work) as tmp:
-                tmp.mkdir()
+            with atomic_path(work, folder=True) as tmp:
                 with open_h5(tmp / INPUTS_FILE, "w") as h5:
                     for key, values in fixed.items():
                         h5.create_dataset(key, data=values, **CHECKSUMS)

@@ -1,0 +1,77 @@
+"""Files as a hostile user or a full disk leaves them (issue #35): locks and temporary files
+never follow a symbolic link, killed runs' temporaries are removed, a config is data (no
+YTE templating), a full disk or a file-size limit and Ctrl-C are one line with the work kept."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ladbench import atomic
+from ladbench.atomic import LockedError, atomic_write_text, hold_lock, lock_output_dir
+from ladbench.hdf5 import writing
+
+
+# ------------------------------------------------------------------------ locks and symlinks
+@pytest.mark.parametrize("lock", ["output", "workflow"])
+def test_a_lock_path_that_is_a_symlink_is_refused_and_its_target_untouched(tmp_path, lock):
+    """The issue's attack: `ln -s ~/victim out.h5.lock; ladbench infer --out out.h5` wrote the
+    holder's line into the victim; a link at {output_dir}/.workflow.lock did the same."""
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    link = out / ("out.h5.lock" if lock == "output" else ".workflow.lock")
+    link.symlink_to(victim)
+    with pytest.raises(LockedError) as error:
+        if lock == "output":
+            with writing(out / "out.h5", "inference cache"):
+                pass
+        else:
+            lock_output_dir(out)
+    assert str(error.value).startswith(f"{link}: a symbolic link where a lock file goes; refused")
+    assert "\n" not in str(error.value)
+    assert victim.read_text() == "precious\n" and link.is_symlink()
+
+
+def test_a_lock_on_a_plain_file_still_works(tmp_path):
+    lock = hold_lock(tmp_path / "x.lock", "x")
+    assert "pid" in (tmp_path / "x.lock").read_text()
+    lock.release()
+    assert not (tmp_path / "x.lock").exists()
+
+
+def test_a_temporary_never_writes_through_a_planted_link(tmp_path, monkeypatch):
+    """A link planted at this process's temporary name is removed, not followed; one planted
+    after that (a race) is refused by O_EXCL | O_NOFOLLOW, never written through."""
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    target = tmp_path / "out.json"
+    (tmp_path / f"out.json.{os.getpid()}.tmp").symlink_to(victim)
+    atomic_write_text(target, "new\n")
+    assert target.read_text() == "new\n" and victim.read_text() == "precious\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.json", "victim"]
+
+    monkeypatch.setattr(atomic, "_remove", lambda path: None)       # the link arrives after the clean-up
+    (tmp_path / f"out.json.{os.getpid()}.tmp").symlink_to(victim)
+    with pytest.raises(FileExistsError):
+        atomic_write_text(target, "newer\n")
+    assert target.read_text() == "new\n" and victim.read_text() == "precious\n"
+
+
+def test_a_killed_runs_temporaries_are_removed_by_the_next_write(tmp_path):
+    """`<out>.<pid>.tmp` of a dead pid (a killed run's full-size cache copy) is removed; one of
+    a live process (another writer) is kept."""
+    finished = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                              text=True, check=True)
+    dead, alive = int(finished.stdout), os.getppid()
+    target = tmp_path / "c.h5"
+    (tmp_path / f"c.h5.{dead}.tmp").write_bytes(b"\0" * 1000)
+    (tmp_path / f"c.h5.{alive}.tmp").write_bytes(b"in flight")
+    (tmp_path / "other.h5.1.tmp").write_bytes(b"another output's")
+    atomic_write_text(target, "x")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.h5", f"c.h5.{alive}.tmp", "other.h5.1.tmp"]
