@@ -75,3 +75,56 @@ def test_a_killed_runs_temporaries_are_removed_by_the_next_write(tmp_path):
     (tmp_path / "other.h5.1.tmp").write_bytes(b"another output's")
     atomic_write_text(target, "x")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.h5", f"c.h5.{alive}.tmp", "other.h5.1.tmp"]
+
+
+# ------------------------------------------------------------------------ a config is data
+def _yte_config(folder: Path, name: str = "config.yaml") -> Path:
+    """The demo config with YTE turned on and an expression that would leave a file behind."""
+    from workflow_runner import DEMO_CONFIG
+    path = folder / name
+    path.write_text(f"__use_yte__: true\nmarker: ?__import__('pathlib').Path({str(folder / 'PWNED')!r}).touch()\n"
+                    + DEMO_CONFIG.read_text())
+    return path
+
+
+def test_the_yte_switch_is_refused_wherever_it_is(tmp_path):
+    from ladbench.config import ConfigError, read_yaml
+    path = tmp_path / "c.yaml"
+    for text, line in [("__use_yte__: true\nx: 1\n", 1), ("a:\n  b:\n    __use_yte__: false\n", 3)]:
+        path.write_text(text)
+        with pytest.raises(ConfigError, match=rf"^{path}: line {line}: __use_yte__ turns on Snakemake's YTE "
+                                              r"templating.*a config is data"):
+            read_yaml(path)
+    path.write_text("x: '?not an expression, just text'\n")
+    assert read_yaml(path) == {"x": "?not an expression, just text"}
+
+
+@pytest.mark.parametrize("args", [["--list-rules"], ["-n"]])
+def test_a_yte_config_in_the_working_folder_is_refused_before_it_runs(tmp_path, args):
+    """The issue's case: as ./config.yaml even `--list-rules` ran the config's Python. The
+    Snakefile reads the raw file before its `configfile:` directive and stops there."""
+    from workflow_runner import ROOT, environment
+    _yte_config(tmp_path)
+    result = subprocess.run([str(Path(sys.executable).parent / "snakemake"), "--snakefile", str(ROOT / "Snakefile"),
+                             "--directory", str(tmp_path), "--cores", "1", *args],
+                            capture_output=True, text=True, env=environment(None), timeout=300)
+    assert result.returncode != 0
+    assert "config.yaml: line 1: __use_yte__ turns on Snakemake's YTE templating" in result.stderr + result.stdout
+    assert not (tmp_path / "PWNED").exists()
+
+
+def test_a_yte_configfile_is_refused_at_start_up(tmp_path):
+    """With --configfile Snakemake (9.x) evaluates YTE while it reads its command line, before
+    any workflow code: the workflow stops at start-up, before any job; `ladbench where`
+    checks a config without evaluating anything."""
+    from workflow_runner import snakemake_command, environment
+    config = _yte_config(tmp_path, "evil.yaml")
+    result = subprocess.run(snakemake_command(tmp_path, "-n", configfile=config), capture_output=True, text=True,
+                            env=environment(None), timeout=300)
+    assert result.returncode != 0 and "evil.yaml: line 1: __use_yte__" in result.stderr + result.stdout
+    (tmp_path / "PWNED").unlink(missing_ok=True)
+    where = subprocess.run([str(Path(sys.executable).parent / "ladbench"), "where", "--configfile", str(config)],
+                           capture_output=True, text=True, cwd=tmp_path, env=environment(None), timeout=300)
+    assert where.returncode != 0 and not (tmp_path / "PWNED").exists()
+    assert where.stderr.strip().splitlines()[-1].startswith("ladbench where: error: ")
+    assert "__use_yte__" in where.stderr
