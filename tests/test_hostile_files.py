@@ -128,3 +128,88 @@ def test_a_yte_configfile_is_refused_at_start_up(tmp_path):
     assert where.returncode != 0 and not (tmp_path / "PWNED").exists()
     assert where.stderr.strip().splitlines()[-1].startswith("ladbench where: error: ")
     assert "__use_yte__" in where.stderr
+
+
+# ------------------------------------------------------------------------ full disks, Ctrl-C
+_LIMITED = """
+import resource, signal, sys
+sys.path.insert(0, {tests!r})
+from test_integrity import _writer, _scores
+from pathlib import Path
+from ladbench.cli import one_line
+writer, n = _writer(Path({folder!r}))
+if {phase!r} == "assembly":
+    writer.write(list(range(n)), _scores(range(n)))
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)          # as a shell's `ulimit -f`: EFBIG, not a kill
+resource.setrlimit(resource.RLIMIT_FSIZE, ({limit}, {limit}))
+try:
+    if {phase!r} == "chunks":
+        writer.write(list(range(n)), _scores(range(n)))
+    writer.finish({{}})
+except OSError as error:
+    print(one_line(error), file=sys.stderr)
+    sys.exit(2)
+"""
+
+
+@pytest.mark.parametrize("phase", ["chunks", "assembly"])
+def test_a_file_size_limit_is_one_line_and_the_work_kept(tmp_path, phase):
+    """The issue's case: `ulimit -f` during the cache's final assembly ended in a segmentation
+    fault after thousands of lines of h5py tracebacks; during chunk writes a 33-line traceback.
+    Each limit (from the first bytes on) is now one line naming the file, the rows finished
+    before are kept, and the rerun's cache equals an uninterrupted one."""
+    from test_integrity import _writer, _scores
+    from ladbench.inference.cache import read_cache
+    sys.path.insert(0, str(Path(__file__).parent))
+    tests = str(Path(__file__).parent)
+    for limit in (200, 1000, 1500, 2000, 5000):
+        folder = tmp_path / f"{phase}{limit}"
+        folder.mkdir()
+        script = _LIMITED.format(tests=tests, folder=str(folder), phase=phase, limit=limit)
+        result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+        assert result.returncode == 2, (limit, result.returncode, result.stderr[-2000:])   # not -11 (SIGSEGV)
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and str(folder / "c.h5") in lines[0], (limit, result.stderr[-3000:])
+        assert "disk is full" in lines[0] and "kept" in lines[0]
+        assert (folder / "c.h5.partial").is_dir() and not (folder / "c.h5").exists()
+        assert not list(folder.glob("*.tmp")) and not list((folder / "c.h5.partial").glob("*.tmp"))
+        writer, n = _writer(folder)
+        writer.write(writer.pending_rows(), _scores(writer.pending_rows()))
+        writer.finish({})
+        assert read_cache(str(folder / "c.h5"))["scores"][:, 0].tolist() == list(range(n))
+
+
+def test_a_full_disk_under_the_report_names_the_folder(tmp_path, monkeypatch):
+    """A report on a full disk said `No space left on device` without a path."""
+    import errno
+    from ladbench.atomic import replacing_together
+    real_open = open
+
+    def full(path, *args, **kwargs):
+        handle = real_open(path, *args, **kwargs)
+        if str(path).endswith(".tmp"):
+            handle.write = lambda data: (_ for _ in ()).throw(OSError(errno.ENOSPC, "No space left on device"))
+        return handle
+    with pytest.raises(OSError) as error:
+        with replacing_together([tmp_path / "report" / "table1.md", tmp_path / "report" / "table1.csv"]) as files:
+            monkeypatch.setattr("builtins.open", full)
+            with open(files[0], "w") as handle:
+                handle.write("| a |")
+    monkeypatch.undo()
+    assert str(error.value).startswith(f"[Errno 28] {tmp_path / 'report'}: cannot write (No space left on device")
+    assert not list((tmp_path / "report").iterdir())
+
+
+def test_ctrl_c_is_one_line_and_the_work_kept(tmp_path):
+    """Ctrl-C (SIGINT) printed a 25-line traceback."""
+    script = ("import os, signal, sys\n"
+              "from ladbench import cli\n"
+              "from ladbench.stages import calibrate\n"
+              "def interrupted(args):\n"
+              "    os.kill(os.getpid(), signal.SIGINT)\n"
+              "calibrate.run = interrupted\n"
+              "cli.main(['calibrate', '--cache', 'x.h5', '--n-cal', '2', '--seed', '0', '--out', 'c.npz'])\n")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert result.returncode == 130
+    assert result.stderr.strip().splitlines() == [
+        "ladbench calibrate: interrupted (Ctrl-C); the work finished so far is kept, and a rerun goes on from it"]

@@ -51,6 +51,19 @@ def _remove(path: Path) -> None:
             pass
 
 
+#: A write refused for want of room: a full disk, a quota, a file-size limit (``ulimit -f``).
+NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+def _named(error: BaseException, target: Path) -> BaseException:
+    """A full disk met while writing ``target``, as one line naming it (a failed ``write`` names
+    no file: "No space left on device" alone); any other error as it is."""
+    if isinstance(error, OSError) and error.errno in NO_ROOM and str(target) not in str(error):
+        return OSError(error.errno, f"{target}: cannot write ({error.strerror}: the disk is full or the file is "
+                                    "over the size limit); free space and rerun (finished outputs are kept)")
+    return error
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -107,9 +120,12 @@ def atomic_path(path: str | os.PathLike, folder: bool = False) -> Iterator[Path]
         if not tmp.exists():
             raise FileNotFoundError(f"atomic_path: nothing was written to {tmp} for {target}")
         os.replace(tmp, target)
-    except BaseException:
+    except BaseException as error:
         _remove(tmp)
-        raise
+        named = _named(error, target)
+        if named is error:
+            raise
+        raise named from None
 
 
 @contextmanager
@@ -132,10 +148,13 @@ def replacing_together(paths: Sequence[str | os.PathLike]) -> Iterator[list[Path
         unwritten = [str(tmp) for tmp in temporaries if not tmp.exists()]
         if unwritten:
             raise FileNotFoundError(f"replacing_together: nothing was written to {', '.join(unwritten)}")
-    except BaseException:
+    except BaseException as error:
         for tmp in temporaries:
             _remove(tmp)
-        raise
+        named = _named(error, targets[0].parent)
+        if named is error:
+            raise
+        raise named from None
     for target in targets:
         _remove(target)
     for target, tmp in zip(targets, temporaries):
