@@ -277,6 +277,65 @@ def test_the_page_in_a_browser(study):
         assert console_errors(driver) == []
 
 
+#: Inputs that left the page blank (issue #35): comment- and script-like text in captions, and
+#: `<!--` in the output folder (the page records its input paths).
+PAYLOADS = ("<!--<script>", "a <script>alert(1)</script> b", "</script><!--", "<!-- x", "\u2028<SCRIPT")
+
+
+@pytest.fixture(scope="module")
+def hostile_study(tmp_path_factory) -> dict[str, str]:
+    folder = tmp_path_factory.mktemp("explorer") / "out <!--<script>"
+    files = build_study(folder, instances=5, caption_texts=PAYLOADS)
+    page, index = folder / "page.html", folder / "index.html"
+    main(["explore", "--cache", files["cache"], "--calibration", files["calibration"], "--evaluation", files["evaluation"],
+          "--images", files["images"], "--out", str(page)])
+    main(["explore-index", "--pages", str(page), "--evaluations", files["evaluation"], "--out", str(index)])
+    return {**files, "page": str(page), "index": str(index)}
+
+
+def test_script_like_inputs_are_data_in_the_page(hostile_study):
+    text = Path(hostile_study["page"]).read_text()
+    data = re.search(r'<script id="explorer-data" type="application/json">(.*?)</script>', text, re.S).group(1)
+    assert "<" not in data and ">" not in data
+    captions = json.loads(data)["captions"]
+    assert [caption.split(" ", 4)[4] for caption in captions] == [PAYLOADS[i % len(PAYLOADS)] for i in range(5)]
+    assert "<!--<script>" in json.loads(data)["inputs"]["cache"]
+
+
+def test_a_page_that_would_not_render_is_refused(hostile_study, tmp_path, monkeypatch, capsys):
+    """The explorer checks its own output: with the old escaping (only ``</`` escaped) these
+    inputs gave a blank page that `ladbench explore` called a success."""
+    from ladbench.report import explorer
+    monkeypatch.setattr(explorer, "_script_json", lambda document: json.dumps(document).replace("</", "<\\/"))
+    out = tmp_path / "p.html"
+    with pytest.raises(SystemExit):
+        main(["explore", "--cache", hostile_study["cache"], "--calibration", hostile_study["calibration"],
+              "--evaluation", hostile_study["evaluation"], "--out", str(out)])
+    error = capsys.readouterr().err.strip().splitlines()
+    assert error == [f"ladbench explore: error: {out}: the page would not render its cards (a script holds '<!--', "
+                     "'<script' or '</script'); not written"]
+    assert not out.exists()
+
+
+@needs_browser
+def test_script_like_inputs_render_in_a_browser(hostile_study):
+    """Headless Chromium: every card is there, the captions read as written, no script ran."""
+    from selenium.webdriver.common.by import By
+
+    with headless_chromium() as driver:
+        open_page(driver, hostile_study["page"])
+        select(driver, "page-size", "all")
+        assert len(driver.find_elements(By.CSS_SELECTOR, "#cards .card")) == 5 * 3
+        text = driver.find_element(By.ID, "cards").text
+        for payload in PAYLOADS:
+            assert payload.strip("\u2028") in text, payload
+        assert driver.execute_script("return document.querySelectorAll('script').length") == 2
+        assert console_errors(driver) == []
+        open_page(driver, hostile_study["index"])
+        assert len(driver.find_elements(By.CSS_SELECTOR, "#pages tr[data-setting]")) == 1
+        assert console_errors(driver) == []
+
+
 @needs_browser
 @pytest.mark.slow
 def test_the_demo_explorer_pages_in_a_browser(demo_run):

@@ -32,6 +32,7 @@ import base64
 import html
 import io
 import json
+import re
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -315,8 +316,34 @@ def _asset(name: str) -> str:
 
 
 def _script_json(document: Any) -> str:
-    """JSON safe inside a <script> element (no ``</`` can close it)."""
-    return json.dumps(document, separators=(",", ":"), allow_nan=False).replace("</", "<\\/")
+    """JSON safe inside a <script> element: ``<``, ``>`` and ``&`` written as JSON escapes, so no
+    text of the inputs (a caption ``<!--<script>``, an output folder named ``<!--``) can close
+    the element or switch the HTML parser into the script states where ``</script>`` no longer
+    closes it (the page was blank); non-ASCII (U+2028 included) is escaped too."""
+    text = json.dumps(document, separators=(",", ":"), allow_nan=False, ensure_ascii=True)
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+#: What inside an inline <script> makes the HTML parser end it early or never (HTML's script
+#: data states): none may occur in a page's scripts, whatever the inputs.
+_SCRIPT_HAZARDS = re.compile(r"<!--|<script|</script", re.IGNORECASE)
+_INLINE_SCRIPTS = re.compile(r"<script\b[^>]*>(.*?)</script>", re.IGNORECASE | re.DOTALL)
+
+
+def check_page(page: str, document: Mapping[str, Any], where: str | Path) -> None:
+    """The explorer checks its own output: the page has its two scripts, none holds text that
+    would end it early or never, and its data element reads back as ``document``; otherwise the
+    page would show no cards, and this is an error naming ``where``."""
+    scripts = _INLINE_SCRIPTS.findall(page)
+    problem = None
+    if len(scripts) != 2:
+        problem = f"{len(scripts)} inline scripts where 2 were written"
+    elif any(_SCRIPT_HAZARDS.search(script) for script in scripts):
+        problem = "a script holds '<!--', '<script' or '</script'"
+    elif json.loads(scripts[0]) != json.loads(json.dumps(document, allow_nan=False)):
+        problem = "its data does not read back as written"
+    if problem:
+        raise ValueError(f"{where}: the page would not render its cards ({problem}); not written")
 
 
 def render_page(document: Mapping[str, Any], body: str = "explorer.html", script: str = "explorer.js") -> str:
@@ -330,8 +357,10 @@ def render_page(document: Mapping[str, Any], body: str = "explorer.html", script
 
 
 def write_explorer(document: Mapping[str, Any], out: str | Path) -> None:
-    """Write the page atomically."""
-    atomic_write_text(out, render_page(document))
+    """Write the page atomically, once it passed :func:`check_page`."""
+    page = render_page(document)
+    check_page(page, document, out)
+    atomic_write_text(out, page)
 
 
 # --------------------------------------------------------------------------- the index
@@ -363,4 +392,6 @@ def explorer_index(entries: Sequence[tuple[str, str]], out: str | Path) -> dict[
 
 def write_explorer_index(entries: Sequence[tuple[str, str]], out: str | Path) -> None:
     document = explorer_index(entries, out)
-    atomic_write_text(out, render_page(document, "explorer_index.html", "explorer_index.js"))
+    page = render_page(document, "explorer_index.html", "explorer_index.js")
+    check_page(page, document, out)
+    atomic_write_text(out, page)
