@@ -213,3 +213,33 @@ def test_ctrl_c_is_one_line_and_the_work_kept(tmp_path):
     assert result.returncode == 130
     assert result.stderr.strip().splitlines() == [
         "ladbench calibrate: interrupted (Ctrl-C); the work finished so far is kept, and a rerun goes on from it"]
+
+
+# ------------------------------------------------------------------------ the workflow
+@pytest.mark.slow
+def test_an_edited_evaluation_stops_the_workflow_before_any_table(demo_run, tmp_path):
+    """The issue's case: an evaluation edited in a workflow's output folder (its digest
+    stripped, Table 1's number changed) reached Table 1 with a warning only in the job's log.
+    Now the jobs that read it fail, naming the file; Table 1 keeps the true number."""
+    import json
+    import shutil
+    from workflow_runner import environment, snakemake_command
+    workdir = tmp_path / "copy"
+    shutil.copytree(demo_run, workdir, symlinks=True)
+    evaluation = workdir / "results/demo/eval/tiny_qwen2_5_vl/scenes_random_N4/vanilla/cal-scenes_random_N4.json"
+    doc = json.loads(evaluation.read_text())
+    del doc["content_sha256"]
+    doc["methods"]["vanilla"]["acc_mean"] = 95.9
+    evaluation.write_text(json.dumps(doc))
+    result = subprocess.run(snakemake_command(workdir, "--cores", "1"), capture_output=True, text=True,
+                            env=environment(None), timeout=1200)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0, output[-3000:]
+    # each job that read it (its log: Snakemake names it) stopped with one line naming the file
+    logs = [path for path in (workdir / "results/demo/logs/report").rglob("*.log") if path.stat().st_mtime >=
+            evaluation.stat().st_mtime]
+    lines = [path.read_text().strip().splitlines()[-1] for path in logs]
+    expected = "results/demo/eval/tiny_qwen2_5_vl/scenes_random_N4/vanilla/cal-scenes_random_N4.json: evaluation file: " \
+               "has no content_sha256"
+    assert lines and all(line.startswith("ladbench ") and expected in line for line in lines), (lines, output[-3000:])
+    assert "95.9" not in (workdir / "results/demo/report/table1.md").read_text()
