@@ -134,6 +134,11 @@ class _GuardedH5(h5py.File):
             self._guard.close()
             raise
 
+    @property
+    def filename(self) -> str:
+        """The file's path (h5py would name the file object)."""
+        return self._guard.path
+
     def close(self) -> None:
         try:
             super().close()
