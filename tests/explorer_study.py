@@ -36,8 +36,10 @@ def write_images(folder: Path, count: int, size: tuple[int, int], rng: np.random
 
 
 def build_study(folder: Path, *, instances: int = 12, orderings: int = 3, n: int = 4, layers: int = 4, pool: int = 6,
-                image_size: tuple[int, int] = (48, 36), seed: int = 0, images: bool = True) -> dict[str, str]:
-    """Every file an explorer page is built from; returns their paths."""
+                image_size: tuple[int, int] = (48, 36), seed: int = 0, images: bool = True,
+                caption_texts: tuple[str, ...] = ("<b>&</b>",)) -> dict[str, str]:
+    """Every file an explorer page is built from; returns their paths. Each caption ends in one
+    of ``caption_texts`` (in turn): markup that must stay text."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
@@ -51,7 +53,8 @@ def build_study(folder: Path, *, instances: int = 12, orderings: int = 3, n: int
     def instance(i: int, first: int, with_orderings: bool) -> dict:
         candidates = list(range(first, first + n))
         rng.shuffle(candidates)
-        entry = {"id": i, "caption": f"caption of scene {candidates[0]} <b>&</b>", "target": candidates[0],
+        entry = {"id": i, "caption": f"caption of scene {candidates[0]} {caption_texts[i % len(caption_texts)]}",
+                 "target": candidates[0],
                  "candidates": candidates}
         if with_orderings:
             entry["orderings"] = shared

@@ -147,10 +147,40 @@ def test_fit_calibration_uses_only_the_drawn_instances_and_round_trips(tmp_path)
 
 
 def test_from_npz_names_the_missing_array(tmp_path):
+    from ladbench.atomic import write_signed_npz
     path = tmp_path / "bad.npz"
-    np.savez(path, L=np.eye(2))
+    write_signed_npz(path, {"L": np.eye(2)})
     with pytest.raises(ValueError, match="bad.npz.*'B'"):
         Calibration.from_npz(path)
+
+
+def _calibration(tmp_path):
+    rng = np.random.default_rng(0)
+    scores, attn = rng.normal(size=(12, 4, 4)), rng.random((12, 4, 3, 4))
+    path = tmp_path / "c.npz"
+    fit_calibration(scores, attn, np.tile((2 - np.arange(4)) % 4, (12, 1)), n_cal=5, seed=7).to_npz(path)
+    return path
+
+
+@pytest.mark.parametrize("edit", ["zero B", "strip the digest"])
+def test_an_edited_calibration_is_refused_in_one_line(tmp_path, edit):
+    """The issue's attack: loaded with numpy, B set to 0, saved with np.savez (its CRC-32s
+    recomputed): PriDe moved silently. Stripping the digest member does not pass either."""
+    path = _calibration(tmp_path)
+    Calibration.from_npz(path)
+    with np.load(path) as data:
+        arrays = dict(data)
+    if edit == "zero B":
+        arrays["B"] = np.zeros_like(arrays["B"])
+    else:
+        del arrays["content_sha256"]
+    np.savez(path, **arrays)
+    with pytest.raises(ValueError) as error:
+        Calibration.from_npz(path)
+    message = str(error.value)
+    assert "\n" not in message and message.startswith(f"{path}: calibration file: ")
+    assert ("changed since it was written" if edit == "zero B" else "has no content_sha256") in message
+    assert "`ladbench calibrate`" in message
 
 
 def test_fit_calibration_checks_shapes():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -49,10 +50,14 @@ def test_first_listed_caption_and_sorted_category_sets(coco_files):
     table = coco.build_image_table(captions, instances, root, "coco")
     assert table["dataset"] == "coco" and table["image_root"] == str(root.resolve())
     assert table["has_categories"] is True
+    jpeg = hashlib.sha256(b"jpeg").hexdigest()                 # each image's bytes, recorded
     assert table["images"] == [
-        {"image_id": 7, "file_name": "COCO_val2014_000000000007.jpg", "caption": "Two cats.", "categories": [17]},
-        {"image_id": 19, "file_name": "COCO_val2014_000000000019.jpg", "caption": "An empty street", "categories": []},
-        {"image_id": 42, "file_name": "COCO_val2014_000000000042.jpg", "caption": "A dog on a sofa.", "categories": [1, 18]},
+        {"image_id": 7, "file_name": "COCO_val2014_000000000007.jpg", "caption": "Two cats.", "categories": [17],
+         "sha256": jpeg},
+        {"image_id": 19, "file_name": "COCO_val2014_000000000019.jpg", "caption": "An empty street", "categories": [],
+         "sha256": jpeg},
+        {"image_id": 42, "file_name": "COCO_val2014_000000000042.jpg", "caption": "A dog on a sofa.", "categories": [1, 18],
+         "sha256": jpeg},
     ]
 
 
@@ -61,7 +66,36 @@ def test_table_round_trips_through_its_file(coco_files, tmp_path):
     table = coco.build_image_table(captions, instances, root, "coco")
     coco.write_image_table(table, tmp_path / "images.json")
     assert coco.load_image_table(tmp_path / "images.json") == table
-    assert json.loads((tmp_path / "images.json").read_text()) == signed(table)  # plain JSON, with its digest
+    # plain JSON, with its digest; the image folder inside the table's folder recorded relative to it
+    assert json.loads((tmp_path / "images.json").read_text()) == signed({**table, "image_root": "val2014"})
+
+
+def test_a_copied_output_folder_reads_its_own_images(coco_files, tmp_path):
+    """The issue's case: an absolute image_root made a copy read (changed) images from the
+    original's folder. The copy now reads its own; an image changed after the table was made
+    is refused in one line naming it; images missing are named with where they should be."""
+    import shutil
+    captions, instances, root = coco_files
+    coco.write_image_table(coco.build_image_table(captions, instances, root, "coco"), tmp_path / "images.json")
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    shutil.copy(tmp_path / "images.json", copy / "images.json")
+    shutil.copytree(root, copy / "val2014")
+    table = coco.load_image_table(copy / "images.json")
+    paths, digests = coco.image_paths(table), coco.image_digests(table)
+    assert paths[7] == str(copy.resolve() / "val2014" / "COCO_val2014_000000000007.jpg")
+    (root / "COCO_val2014_000000000007.jpg").write_bytes(b"changed in the original")   # not the copy's input
+    from PIL import UnidentifiedImageError
+    with pytest.raises(UnidentifiedImageError):           # past the digest (the copy's bytes): b"jpeg" is no image
+        coco.read_image(paths[7], digests[7])
+    (copy / "val2014" / "COCO_val2014_000000000019.jpg").write_bytes(b"jpeg, changed")
+    with pytest.raises(coco.AnnotationError, match=r"COCO_val2014_000000000019.jpg: image changed since the image "
+                                                   r"table .* recorded it .*`ladbench captions`"):
+        coco.read_image(paths[19], digests[19], copy / "images.json")
+    shutil.rmtree(copy / "val2014")
+    with pytest.raises(FileNotFoundError, match=r"000042.jpg: image not found \(the image table .* says the images are "
+                                                r"in .*copy/val2014"):
+        coco.read_image(paths[42], digests[42], copy / "images.json")
 
 
 def test_without_instances_every_category_list_is_empty(coco_files):

@@ -110,6 +110,57 @@ def test_refuses_a_calibration_the_evaluation_did_not_use(study, tmp_path, capsy
     assert not (tmp_path / "p.html").exists()
 
 
+def _edit(evaluation: Path, edit: str) -> None:
+    """The issue's edits of an evaluation beside a page: a shown number, a prediction (the
+    .npz re-saved by numpy), the digest stripped, and a JSON and an .npz of two runs (what a
+    kill between two separate writes left)."""
+    npz = evaluation.with_suffix(".npz")
+    doc = json.loads(evaluation.read_text())
+    with np.load(npz) as data:
+        arrays = dict(data)
+    if edit == "acc_mean":
+        doc["methods"]["lad"]["acc_mean"] = 95.9
+        evaluation.write_text(json.dumps(doc))
+    elif edit == "stripped":
+        del doc["content_sha256"]
+        doc["model"] = "another model"
+        evaluation.write_text(json.dumps(doc))
+    elif edit == "pred":
+        arrays["pred_lad"] = arrays["target_pos"]
+        np.savez(npz, **arrays)
+    else:                                            # the same JSON beside the .npz of another run, itself intact
+        from ladbench.atomic import write_json_with_arrays
+        arrays.pop("content_sha256")
+        arrays["pred_lad"] = arrays["target_pos"]
+        old = evaluation.read_text()
+        write_json_with_arrays(evaluation, {key: value for key, value in doc.items()
+                                            if key not in ("content_sha256", "arrays_sha256")}, arrays)
+        evaluation.write_text(old)
+
+
+@pytest.mark.parametrize("edit", ["acc_mean", "stripped", "pred", "two runs"])
+def test_every_reader_refuses_an_edited_or_mismatched_evaluation(study, tmp_path, capsys, edit):
+    import shutil
+    evaluation = tmp_path / "evaluation.json"
+    shutil.copy(study["evaluation"], evaluation)
+    shutil.copy(Path(study["evaluation"]).with_suffix(".npz"), evaluation.with_suffix(".npz"))
+    main(["explore-index", "--pages", "p.html", "--evaluations", str(evaluation), "--out", str(tmp_path / "i.html")])
+    _edit(evaluation, edit)
+    named = str(evaluation.with_suffix(".npz") if edit in ("pred", "two runs") else evaluation)
+    calls = {"explore": ["--cache", study["cache"], "--calibration", study["calibration"], "--evaluation",
+                         str(evaluation), "--out", str(tmp_path / "p2.html")],
+             "explore-index": ["--pages", "p.html", "--evaluations", str(evaluation), "--out", str(tmp_path / "i2.html")],
+             "report": ["confusion", "--predictions", str(evaluation.with_suffix(".npz")), "--out",
+                        str(tmp_path / "c.png")]}
+    for command, argv in calls.items():
+        with pytest.raises(SystemExit):
+            main([command, *argv])
+        error = capsys.readouterr().err.strip().splitlines()
+        assert len(error) == 1 and error[0].startswith(f"ladbench {command}: error: {named}: "), error
+        assert "`ladbench evaluate`" in error[0], error
+    assert not any(tmp_path.glob("*2.html")) and not (tmp_path / "c.png").exists()
+
+
 def test_without_an_image_table_the_page_names_the_images(study):
     document = explorer_document(study["cache"], study["calibration"], study["evaluation"])
     assert document["thumbnails"] == [] and len(document["image_ids"]) == 48
@@ -223,6 +274,65 @@ def test_the_page_in_a_browser(study):
         assert row.find_element(By.TAG_NAME, "a").get_attribute("href") == Path(study["page"]).resolve().as_uri()
         assert str(int(groups["filter-divergence"]["raw_attention"].sum())) in row.text
         assert [o.text for o in driver.find_elements(By.CSS_SELECTOR, "#filter-setting option")] == ["any (1)", "random (1)"]
+        assert console_errors(driver) == []
+
+
+#: Inputs that left the page blank (issue #35): comment- and script-like text in captions, and
+#: `<!--` in the output folder (the page records its input paths).
+PAYLOADS = ("<!--<script>", "a <script>alert(1)</script> b", "</script><!--", "<!-- x", "\u2028<SCRIPT")
+
+
+@pytest.fixture(scope="module")
+def hostile_study(tmp_path_factory) -> dict[str, str]:
+    folder = tmp_path_factory.mktemp("explorer") / "out <!--<script>"
+    files = build_study(folder, instances=5, caption_texts=PAYLOADS)
+    page, index = folder / "page.html", folder / "index.html"
+    main(["explore", "--cache", files["cache"], "--calibration", files["calibration"], "--evaluation", files["evaluation"],
+          "--images", files["images"], "--out", str(page)])
+    main(["explore-index", "--pages", str(page), "--evaluations", files["evaluation"], "--out", str(index)])
+    return {**files, "page": str(page), "index": str(index)}
+
+
+def test_script_like_inputs_are_data_in_the_page(hostile_study):
+    text = Path(hostile_study["page"]).read_text()
+    data = re.search(r'<script id="explorer-data" type="application/json">(.*?)</script>', text, re.S).group(1)
+    assert "<" not in data and ">" not in data
+    captions = json.loads(data)["captions"]
+    assert [caption.split(" ", 4)[4] for caption in captions] == [PAYLOADS[i % len(PAYLOADS)] for i in range(5)]
+    assert "<!--<script>" in json.loads(data)["inputs"]["cache"]
+
+
+def test_a_page_that_would_not_render_is_refused(hostile_study, tmp_path, monkeypatch, capsys):
+    """The explorer checks its own output: with the old escaping (only ``</`` escaped) these
+    inputs gave a blank page that `ladbench explore` called a success."""
+    from ladbench.report import explorer
+    monkeypatch.setattr(explorer, "_script_json", lambda document: json.dumps(document).replace("</", "<\\/"))
+    out = tmp_path / "p.html"
+    with pytest.raises(SystemExit):
+        main(["explore", "--cache", hostile_study["cache"], "--calibration", hostile_study["calibration"],
+              "--evaluation", hostile_study["evaluation"], "--out", str(out)])
+    error = capsys.readouterr().err.strip().splitlines()
+    assert error == [f"ladbench explore: error: {out}: the page would not render its cards (a script holds '<!--', "
+                     "'<script' or '</script'); not written"]
+    assert not out.exists()
+
+
+@needs_browser
+def test_script_like_inputs_render_in_a_browser(hostile_study):
+    """Headless Chromium: every card is there, the captions read as written, no script ran."""
+    from selenium.webdriver.common.by import By
+
+    with headless_chromium() as driver:
+        open_page(driver, hostile_study["page"])
+        select(driver, "page-size", "all")
+        assert len(driver.find_elements(By.CSS_SELECTOR, "#cards .card")) == 5 * 3
+        text = driver.find_element(By.ID, "cards").text
+        for payload in PAYLOADS:
+            assert payload.strip("\u2028") in text, payload
+        assert driver.execute_script("return document.querySelectorAll('script').length") == 2
+        assert console_errors(driver) == []
+        open_page(driver, hostile_study["index"])
+        assert len(driver.find_elements(By.CSS_SELECTOR, "#pages tr[data-setting]")) == 1
         assert console_errors(driver) == []
 
 

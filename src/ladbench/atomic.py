@@ -24,12 +24,16 @@ import shutil
 import socket
 import sys
 import time
+import zipfile
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
+import numpy as np
+
 __all__ = ["atomic_path", "replacing_together", "atomic_write_text", "atomic_write_json", "json_one_item_per_line", "read_json",
-           "signed", "read_signed_json", "exclusive_lock", "LockedError", "file_digest", "sampled_digest"]
+           "signed", "read_signed_json", "write_signed_npz", "read_signed_npz", "write_json_with_arrays",
+           "read_arrays_beside", "exclusive_lock", "LockedError", "file_digest", "sampled_digest"]
 
 
 def _tmp_path_for(path: Path) -> Path:
@@ -47,27 +51,81 @@ def _remove(path: Path) -> None:
             pass
 
 
+#: A write refused for want of room: a full disk, a quota, a file-size limit (``ulimit -f``).
+NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+def _named(error: BaseException, target: Path) -> BaseException:
+    """A full disk met while writing ``target``, as one line naming it (a failed ``write`` names
+    no file: "No space left on device" alone); any other error as it is."""
+    if isinstance(error, OSError) and error.errno in NO_ROOM and str(target) not in str(error):
+        return OSError(error.errno, f"{target}: cannot write ({error.strerror}: the disk is full or the file is "
+                                    "over the size limit); free space and rerun (finished outputs are kept)")
+    return error
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:          # another user's live process
+        return True
+    return True
+
+
+def remove_stale_temporaries(target: Path) -> None:
+    """Remove the temporaries ``<target>.<pid>.tmp`` that killed runs left (their pid is no
+    process on this machine): a kill during a cache's assembly left a full-size copy that no
+    rerun removed. Those of live processes (another writer's, this one's) are kept."""
+    prefix = f"{target.name}."
+    try:
+        names = [entry.name for entry in os.scandir(target.parent)]
+    except FileNotFoundError:
+        return
+    for name in names:
+        pid = name[len(prefix):-len(".tmp")] if name.startswith(prefix) and name.endswith(".tmp") else ""
+        if pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
+            _remove(target.parent / name)
+
+
+def _reserve(tmp: Path, folder: bool) -> None:
+    """Create ``tmp`` (an empty file, or a folder) where nothing is: never through a symbolic
+    link planted there (``O_EXCL | O_NOFOLLOW``; ``mkdir`` does not follow one either), so a
+    writer never writes outside the output's folder."""
+    if folder:
+        tmp.mkdir()
+    else:
+        os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644))
+
+
 @contextmanager
-def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+def atomic_path(path: str | os.PathLike, folder: bool = False) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; rename it onto ``path`` on success.
 
-    The parent folder is created if needed. The yielded path does not exist yet; the
-    caller creates it (a file or a folder). On an exception inside the block the
-    temporary is removed and the exception propagates; ``path`` is not touched.
-    A folder can only replace a missing or empty folder (``os.replace`` semantics).
+    The parent folder is created if needed. The yielded path exists, created by this
+    function: an empty file (the caller opens it for writing), or with ``folder`` an empty
+    folder. On an exception inside the block the temporary is removed and the exception
+    propagates; ``path`` is not touched. A folder can only replace a missing or empty folder
+    (``os.replace`` semantics). Temporaries of killed runs beside ``path`` are removed first.
     """
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temporaries(target)
     tmp = _tmp_path_for(target)
     _remove(tmp)  # a leftover from a killed run with a recycled pid
     try:
+        _reserve(tmp, folder)
         yield tmp
         if not tmp.exists():
             raise FileNotFoundError(f"atomic_path: nothing was written to {tmp} for {target}")
         os.replace(tmp, target)
-    except BaseException:
+    except BaseException as error:
         _remove(tmp)
-        raise
+        named = _named(error, target)
+        if named is error:
+            raise
+        raise named from None
 
 
 @contextmanager
@@ -81,16 +139,22 @@ def replacing_together(paths: Sequence[str | os.PathLike]) -> Iterator[list[Path
     temporaries = [_tmp_path_for(target) for target in targets]
     for target, tmp in zip(targets, temporaries):
         target.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale_temporaries(target)
         _remove(tmp)
     try:
+        for tmp in temporaries:
+            _reserve(tmp, folder=False)
         yield temporaries
         unwritten = [str(tmp) for tmp in temporaries if not tmp.exists()]
         if unwritten:
             raise FileNotFoundError(f"replacing_together: nothing was written to {', '.join(unwritten)}")
-    except BaseException:
+    except BaseException as error:
         for tmp in temporaries:
             _remove(tmp)
-        raise
+        named = _named(error, targets[0].parent)
+        if named is error:
+            raise
+        raise named from None
     for target in targets:
         _remove(target)
     for target, tmp in zip(targets, temporaries):
@@ -177,26 +241,129 @@ def signed(doc: dict) -> dict:
     return {**body, DIGEST_KEY: _json_digest(body)}
 
 
-def read_signed_json(path: str | os.PathLike, what: str, remedy: str, error: type[Exception] = ValueError) -> Any:
+def _unsigned(path: str | os.PathLike, what: str, remedy: str, required: bool, error: type[Exception]) -> None:
+    """A file without a digest: refused when ``required`` (a file only ladbench writes, cheap to
+    rebuild: a digest stripped by an edit must not pass), else read with a one-line warning."""
+    if required:
+        raise error(f"{path}: {what}: has no {DIGEST_KEY} (edited, or made by hand or by an older ladbench); "
+                    f"{remedy}")
+    warn_unchecked(path, what)
+
+
+def read_signed_json(path: str | os.PathLike, what: str, remedy: str, error: type[Exception] = ValueError,
+                     required: bool = False) -> Any:
     """A JSON output (:func:`read_json`, ``<what> not found; <remedy>`` when missing) whose
     content digest, if it has one, matches; the digest key is removed. A mismatch raises
     ``error``: one line naming the file and ``remedy`` (the command that rebuilds it). A file
-    without a digest is accepted with a one-line warning."""
+    without a digest is refused if ``required``, else accepted with a one-line warning."""
     doc = read_json(path, f"{what} not found; {remedy}", error)
     if not isinstance(doc, dict):
         raise error(f"{path}: not a {what} (a JSON object was expected); {remedy}")
     recorded = doc.pop(DIGEST_KEY, None)
     if recorded is None:
-        warn_unchecked(path, what)
+        _unsigned(path, what, remedy, required, error)
     elif recorded != _json_digest(doc):
         raise error(f"{path}: {what}: changed since it was written (its content does not match its {DIGEST_KEY}); "
                     f"{remedy}")
     return doc
 
 
+# ---------------------------------------------------------------------------- NPZ outputs
+# Calibrations, evaluations' predictions and analyses' per-row arrays are .npz archives. Their
+# content digest is one more member, ``content_sha256``: the sha256 of every other member's
+# name, dtype, shape and bytes (names sorted), so that an archive re-saved with an edited
+# array (its CRC-32s recomputed by numpy) is refused like an edited JSON.
+
+
+def arrays_digest(arrays: dict) -> str:
+    """The content digest of named arrays as :func:`write_signed_npz` records it."""
+    digest = hashlib.sha256()
+    for name in sorted(key for key in arrays if key != DIGEST_KEY):
+        values = np.ascontiguousarray(arrays[name])
+        digest.update(json.dumps([name, values.dtype.str, list(values.shape)]).encode())
+        digest.update(values.tobytes())
+    return digest.hexdigest()
+
+
+def write_signed_npz(path: str | os.PathLike, arrays: dict) -> str:
+    """Write ``arrays`` (no pickled objects) to the ``.npz`` ``path`` atomically, with their
+    digest; returns the digest."""
+    digest = arrays_digest(arrays)
+    with atomic_path(path) as tmp:
+        _save_npz(tmp, arrays, digest)
+    return digest
+
+
+def _save_npz(tmp: Path, arrays: dict, digest: str) -> None:
+    # An open handle: np.savez would otherwise append ".npz" to the ".tmp" name.
+    with open(tmp, "wb") as handle:
+        np.savez(handle, **{name: value for name, value in arrays.items() if name != DIGEST_KEY},
+                 **{DIGEST_KEY: np.asarray(digest)})
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def read_signed_npz(path: str | os.PathLike, what: str, remedy: str, error: type[Exception] = ValueError,
+                    required: bool = True) -> dict:
+    """Every array of an ``.npz`` written by :func:`write_signed_npz`, checked against its digest
+    (the digest member removed). Missing, unreadable (not a zip, a CRC-32 that fails, pickled
+    objects), changed or, if ``required``, unsigned: one line naming the file and ``remedy``."""
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            arrays = {name: data[name] for name in data.files}
+    except FileNotFoundError:
+        raise error(f"{path}: {what} not found; {remedy}") from None
+    except (OSError, EOFError, ValueError, zipfile.BadZipFile) as exc:
+        raise error(f"{path}: not a readable {what} ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__}); "
+                    f"{remedy}") from None
+    recorded = arrays.pop(DIGEST_KEY, None)
+    if recorded is None:
+        _unsigned(path, what, remedy, required, error)
+    elif str(recorded) != arrays_digest(arrays):
+        raise error(f"{path}: {what}: changed since it was written (its arrays do not match its {DIGEST_KEY}); "
+                    f"{remedy}")
+    return arrays
+
+
+#: The key of a JSON output holding the digest of the ``.npz`` written with it (one unit).
+ARRAYS_KEY = "arrays_sha256"
+
+
+def write_json_with_arrays(path: str | os.PathLike, doc: dict, arrays: dict) -> Path:
+    """Write the JSON output ``path`` (signed, ``indent=1``) and the ``.npz`` of the same name as
+    one unit: the JSON records the arrays' digest (:data:`ARRAYS_KEY`) and both files are replaced
+    together (:func:`replacing_together`), so no reader ever pairs files of two runs. Returns the
+    ``.npz`` path."""
+    npz = Path(path).with_suffix(".npz")
+    digest = arrays_digest(arrays)
+    with replacing_together([path, npz]) as (json_tmp, npz_tmp):
+        with open(json_tmp, "w", encoding="utf-8") as handle:
+            handle.write(json.dumps(signed({**doc, ARRAYS_KEY: digest}), indent=1) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        _save_npz(npz_tmp, arrays, digest)
+    return npz
+
+
+def read_arrays_beside(path: str | os.PathLike, doc: dict, what: str, remedy: str,
+                       error: type[Exception] = ValueError) -> dict:
+    """The ``.npz`` written with the JSON output ``path`` (``doc``, as read), checked as
+    :func:`read_signed_npz` does and refused unless it is the one ``doc`` records."""
+    npz = Path(path).with_suffix(".npz")
+    arrays = read_signed_npz(npz, f"{what}'s arrays", remedy, error)
+    if doc.get(ARRAYS_KEY) != arrays_digest(arrays):
+        raise error(f"{npz}: not the arrays written with {path} (the two files are of two runs, or the JSON "
+                    f"records no {ARRAYS_KEY}); {remedy}")
+    return arrays
+
+
 # ---------------------------------------------------------------------------- locks
 class LockedError(OSError):
     """An output (or output folder) is being written by another process; the message names it."""
+
+
+class LockPathError(LockedError):
+    """A lock file's path is a symbolic link (refused: the lock would write through it)."""
 
 
 def _holder() -> str:
@@ -211,7 +378,13 @@ def _acquire(path: str | os.PathLike) -> int | str:
     import fcntl
 
     while True:
-        descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:    # never through a symbolic link: it would write the holder's line into its target
+            descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        except OSError as error:
+            if error.errno != errno.ELOOP:
+                raise
+            raise LockPathError(f"{path}: a symbolic link where a lock file goes; refused (a lock never writes "
+                                "through a link: remove it, or use another output path)") from None
         try:
             fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import json
 import os
-import zipfile
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
 
-from ladbench.atomic import atomic_path
+from ladbench.atomic import read_signed_npz, write_signed_npz
 from ladbench.settings import Settings, setting
 
 __all__ = [
@@ -295,42 +294,30 @@ class Calibration:
             settings["source"] = np.asarray(json.dumps(self.source, sort_keys=True))
         if self.warnings:
             settings["warnings"] = np.asarray(json.dumps(list(self.warnings)))
-        with atomic_path(path) as tmp:
-            # An open handle: np.savez would otherwise append ".npz" to the ".tmp" name.
-            with open(tmp, "wb") as handle:
-                np.savez(
-                    handle,
-                    instances=self.instances,
-                    L=self.L,
-                    B=self.B,
-                    k=np.asarray(self.k),
-                    attn_prior=self.attn_prior,
-                    pride_prior=self.pride_prior,
-                    pride_original_prior=self.pride_original_prior,
-                    **settings,
-                )
+        write_signed_npz(path, dict(
+            instances=self.instances,
+            L=self.L,
+            B=self.B,
+            k=np.asarray(self.k),
+            attn_prior=self.attn_prior,
+            pride_prior=self.pride_prior,
+            pride_original_prior=self.pride_original_prior,
+            **settings,
+        ))
 
     @classmethod
     def from_npz(cls, path: str | os.PathLike) -> "Calibration":
         """Read a calibration written by :meth:`to_npz`; one-line errors name the file (a
-        missing array; a file that is no .npz or whose CRC-32 checks fail)."""
+        missing array; a file that is no .npz, whose CRC-32 checks fail or whose arrays are not
+        what its content digest records)."""
         required = ("instances", "L", "B", "k", "attn_prior", "pride_prior", "pride_original_prior")
-        try:
-            with np.load(path, allow_pickle=False) as data:
-                missing = [name for name in required if name not in data.files]
-                arrays = {name: data[name] for name in required if name in data.files}
-                settings = {
-                    name[len("settings_"):]: data[name].item()
-                    for name in data.files
-                    if name.startswith("settings_")
-                }
-                source = json.loads(data["source"].item()) if "source" in data.files else {}
-                warnings = tuple(json.loads(data["warnings"].item())) if "warnings" in data.files else ()
-        except FileNotFoundError:
-            raise FileNotFoundError(f"{path}: calibration file not found (run `ladbench calibrate`)") from None
-        except (OSError, EOFError, ValueError, zipfile.BadZipFile) as exc:  # not an .npz, or CRC-32 fails
-            raise ValueError(f"{path}: not a readable calibration file ({exc}); delete it and rerun "
-                             "the workflow (or `ladbench calibrate`) to rebuild it") from exc
+        data = read_signed_npz(path, "calibration file", "delete it and rerun the workflow (or `ladbench calibrate`) "
+                               "to rebuild it")
+        missing = [name for name in required if name not in data]
+        arrays = {name: data[name] for name in required if name in data}
+        settings = {name[len("settings_"):]: data[name].item() for name in data if name.startswith("settings_")}
+        source = json.loads(data["source"].item()) if "source" in data else {}
+        warnings = tuple(json.loads(data["warnings"].item())) if "warnings" in data else ()
         if missing:
             raise ValueError(f"calibration file {path}: missing array(s) {missing}")
         return cls(

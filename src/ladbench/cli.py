@@ -146,6 +146,14 @@ def main(argv: list[str] | None = None) -> None:
             raise
         print(f"ladbench {args.command}: error: {one_line(error)}", file=sys.stderr)
         raise SystemExit(2) from None
+    except KeyboardInterrupt:
+        # Ctrl-C: every output is written atomically or in resumable chunks, so what was
+        # finished is on disk and a rerun goes on from there; no traceback.
+        if args.debug or os.environ.get("LADBENCH_DEBUG"):
+            raise
+        print(f"ladbench {args.command}: interrupted (Ctrl-C); the work finished so far is kept, and a rerun goes on "
+              "from it", file=sys.stderr)
+        raise SystemExit(130) from None
     except Exception as error:         # noqa: BLE001 (out of memory: the only other failure a user causes)
         if not is_out_of_memory(error) or args.debug or os.environ.get("LADBENCH_DEBUG"):
             raise

@@ -32,13 +32,27 @@ class ConfigError(ValueError):
     """A configuration value is missing, of the wrong type or out of range."""
 
 
+#: The key that turns on Snakemake's YTE templating: the config's ``?...`` expressions would
+#: run as Python when Snakemake loads it. A config is data: the key is refused wherever it is.
+YTE_KEY = "__use_yte__"
+
+
+class _CodeInConfig(yaml.MarkedYAMLError):
+    """A construct that would run code (YTE templating) where data is expected."""
+
+
 class _StrictLoader(yaml.SafeLoader):
-    """YAML's safe loader, refusing a key given twice in one mapping (PyYAML keeps the last)."""
+    """YAML's safe loader (no Python tags), refusing a key given twice in one mapping (PyYAML
+    keeps the last) and Snakemake's YTE switch (:data:`YTE_KEY`)."""
 
     def construct_mapping(self, node, deep=False):
         first_line: dict[Any, int] = {}
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=deep)
+            if key == YTE_KEY:
+                raise _CodeInConfig(problem=f"{YTE_KEY} turns on Snakemake's YTE templating, which runs the Python in "
+                                    "the config's ?-expressions; a config is data: remove it",
+                                    problem_mark=key_node.start_mark)
             try:
                 seen = key in first_line
             except TypeError:  # an unhashable key; the base class reports it
@@ -60,6 +74,8 @@ def read_yaml(path: Path | str) -> Any:
         raise ConfigError(f"{path}: no such config file") from None
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason}); save it as UTF-8") from None
+    except _CodeInConfig as exc:
+        raise ConfigError(f"{path}: line {exc.problem_mark.line + 1}: {exc.problem}") from None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""

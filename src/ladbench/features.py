@@ -41,7 +41,7 @@ from PIL import Image
 
 from ladbench.atomic import atomic_path, atomic_write_json, file_digest
 from ladbench.clip import TINY_CLIP_NAME, ClipSettings
-from ladbench.data.coco import load_image_table, table_fingerprint
+from ladbench.data.coco import load_image_table, read_image, table_fingerprint
 from ladbench.hdf5 import (ResumableFile, RowDataset, attributes, check_digest, discard_work, is_complete, reading,
                            writing)
 from ladbench.progress import progress_bar
@@ -196,8 +196,9 @@ class ImageFiles(torch.utils.data.Dataset):
     instead of a worker crashing with a traceback that hides the file name.
     """
 
-    def __init__(self, paths: list[Path], rows: list[int], preprocess: Callable):
+    def __init__(self, paths: list[Path], rows: list[int], preprocess: Callable, digests: list[str | None] | None = None):
         self.paths, self.rows, self.preprocess = paths, rows, preprocess
+        self.digests = digests or [None] * len(paths)
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -205,7 +206,7 @@ class ImageFiles(torch.utils.data.Dataset):
     def __getitem__(self, item: int) -> tuple[int, torch.Tensor | None, str | None]:
         row = self.rows[item]
         try:
-            with Image.open(self.paths[row]) as image:
+            with read_image(self.paths[row], self.digests[row]) as image:   # bytes checked against the table
                 tensor = self.preprocess(image.convert("RGB"))
             return row, tensor, None
         except Exception as err:  # PIL raises several types for truncated/corrupt files
@@ -309,7 +310,7 @@ def _compute_features(images_json, out, model_name, pretrained, model_config, ba
     bad = json.loads(writer.attr("bad_images"))
     if pending:
         loader = torch.utils.data.DataLoader(
-            ImageFiles(paths, pending, preprocess), batch_size=batch_size, shuffle=False,
+            ImageFiles(paths, pending, preprocess, [row.get("sha256") for row in rows]), batch_size=batch_size, shuffle=False,
             num_workers=workers, collate_fn=collate_rows, pin_memory=torch_device.type == "cuda")
         with progress_bar(len(rows), initial=len(rows) - len(pending), desc="features", unit="img") as bar:
             for batch in loader:

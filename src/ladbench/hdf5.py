@@ -23,6 +23,7 @@
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import logging
 import os
@@ -50,8 +51,102 @@ class HDF5FileError(ValueError):
 
 
 def open_h5(path: str | os.PathLike, mode: str = "r", **options: Any) -> h5py.File:
-    """``h5py.File`` without the HDF5 file lock (new files in the 1.10 format)."""
+    """``h5py.File`` without the HDF5 file lock (new files in the 1.10 format). A new file
+    (mode ``"w"``) is written through :class:`_GuardedFile`: a full disk or a file-size limit
+    is one ``OSError`` naming the file, never HDF5's tracebacks at close nor a crash at exit."""
+    if mode == "w":
+        return _GuardedH5(path, **options)
     return h5py.File(path, mode, locking=False, libver=LIBVER, **options)
+
+
+class _GuardedFile(io.RawIOBase):
+    """The binary file under a new HDF5 file. Its first failed write (ENOSPC, EFBIG) raises in
+    the writer; HDF5 then still holds unwritten metadata and retries at every close, in object
+    destructors and at interpreter exit (thousands of ignored tracebacks, then a segmentation
+    fault). After that first failure writes are discarded, so those retries succeed: the file
+    is garbage and its writer removes it (it is always a temporary)."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path, self.failure = os.fspath(path), None
+        self._handle = open(path, "w+b", buffering=0)
+
+    def readable(self) -> bool:
+        return True
+
+    def writable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        return self._handle.readinto(buffer)
+
+    def write(self, data) -> int:
+        if self.failure is None:
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[self._handle.write(view):]
+            except OSError as exc:
+                self.failure = exc
+                raise
+        return len(data)
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        return self._handle.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self._handle.tell()
+
+    def truncate(self, size: int | None = None) -> int:
+        if self.failure is None:
+            try:
+                return self._handle.truncate(size)
+            except OSError as exc:
+                self.failure = exc
+                raise
+        return self.tell() if size is None else size
+
+    def flush(self) -> None:
+        if self.failure is None and not self._handle.closed:
+            self._handle.flush()
+
+    def close(self) -> None:
+        if not self._handle.closed:
+            self._handle.close()
+        super().close()
+
+
+class _GuardedH5(h5py.File):
+    """A new HDF5 file written through :class:`_GuardedFile`; closing it raises the first
+    write failure (an ``OSError`` naming the file), if one happened."""
+
+    def __init__(self, path: str | os.PathLike, **options: Any) -> None:
+        self._guard = _GuardedFile(path)
+        # No chunk cache unless asked for: a chunk is then written inside the call that writes it
+        # (whole-chunk writes lose nothing), never later by a dataset's destructor, where a failed
+        # write leaves HDF5 a half-closed dataset that crashes it at exit (write_rows otherwise).
+        options.setdefault("rdcc_nbytes", 0)
+        try:
+            super().__init__(self._guard, "w", libver=LIBVER, **options)
+        except BaseException:
+            self._guard.close()
+            raise
+
+    @property
+    def filename(self) -> str:
+        """The file's path (h5py would name the file object)."""
+        return self._guard.path
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            self._guard.close()
+        failure = self._guard.failure
+        if failure is not None:
+            raise OSError(failure.errno, f"{self._guard.path}: cannot write ({failure.strerror})") from None
 
 
 def _problem(exc: OSError) -> str:
@@ -286,6 +381,15 @@ def stored_text(values: np.ndarray, n_bytes: int | None = None) -> np.ndarray:
     return np.array(encoded, dtype=_text_dtype(width)).reshape(values.shape)
 
 
+def write_rows(h5: h5py.File, key: str, where: Any, values: np.ndarray) -> None:
+    """``h5[key][where] = values`` (texts stored as the dataset's fixed-length strings), flushed:
+    with a chunk cache, a full disk is raised here rather than in the dataset's destructor (see
+    :class:`_GuardedH5`)."""
+    dataset = h5[key]
+    dataset[where] = stored_text(values, dataset.dtype.itemsize) if values.dtype == object else values
+    dataset.flush()
+
+
 def create_row_dataset(h5: h5py.File, name: str, spec: RowDataset, chunk_rows: int = CHUNK_ROWS) -> h5py.Dataset:
     """A dataset of ``spec``'s shape chunked by rows, with checksums (a text dataset must have a
     fixed-length string dtype: :func:`stored_text`)."""
@@ -399,8 +503,7 @@ class ResumableFile:
             warn(f"{work}: a work file of an older ladbench (one file, not a folder); starting over")
             os.remove(work)
         try:
-            with atomic_path(work) as tmp:
-                tmp.mkdir()
+            with atomic_path(work, folder=True) as tmp:
                 with open_h5(tmp / INPUTS_FILE, "w") as h5:
                     for key, values in fixed.items():
                         h5.create_dataset(key, data=values, **CHECKSUMS)
@@ -513,16 +616,15 @@ class ResumableFile:
                 # a chunk cache of 64 MB: rows arrive a chunk file at a time, not in HDF5 chunks
                 with open_h5(tmp, "w", rdcc_nbytes=64 << 20) as h5:
                     for key, values in fixed.items():
-                        h5.create_dataset(key, data=values, **CHECKSUMS)
+                        h5.create_dataset(key, data=values, **CHECKSUMS).flush()   # see write_rows
                     for key, spec in datasets.items():
                         create_row_dataset(h5, key, spec, chunk_rows)
                     for chunk in self._chunks():
                         rows, results, chunk_attrs = self._read_chunk_or_drop(chunk)
                         where = _rows_selection(rows)
                         for key, values in results.items():
-                            h5[key][where] = stored_text(values, h5[key].dtype.itemsize) if values.dtype == object \
-                                else values
-                        h5["done"][where] = True
+                            write_rows(h5, key, where, values)
+                        write_rows(h5, "done", where, np.ones(len(rows), np.bool_))
                         merged.update(chunk_attrs)
                     write_attrs(h5, {**merged, **attrs, "complete": True})
                     sign(h5)

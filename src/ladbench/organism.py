@@ -481,10 +481,10 @@ def outcomes_from_files(evaluation_path: Path, analysis_path: Path) -> dict[str,
     JSON, its ``.npz`` beside it, the analysis JSON), with the reference's Vanilla readout
     (greedy reply, parsed): its parse rate and its agreement with the argmax readout (% of
     rows; an unparsed reply disagrees)."""
-    import json
-    evaluation = json.loads(Path(evaluation_path).read_text())
-    predictions = dict(np.load(Path(evaluation_path).with_suffix(".npz")))
-    outcomes = paper_outcomes(evaluation, predictions, json.loads(Path(analysis_path).read_text()))
+    from ladbench.report.study import evaluation_predictions, read_analysis, read_evaluation
+    evaluation = read_evaluation(evaluation_path)
+    predictions = evaluation_predictions(evaluation_path, evaluation)
+    outcomes = paper_outcomes(evaluation, predictions, read_analysis(analysis_path))
     agree = predictions["pred_vanilla_generate"] == predictions["pred_vanilla"]
     return {**outcomes, "greedy_parsed": evaluation["methods"]["vanilla_generate"]["parse_success"],
             "greedy_agrees": 100.0 * float(np.mean(agree))}

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import io
 import json
 import os
 import sys
@@ -177,7 +178,9 @@ def build_image_table(captions_json: str | os.PathLike, instances_json: str | os
             print(f"captions: skipped {len(skipped)} images whose files are missing under {root}", file=sys.stderr)
     skipped_set = set(skipped)
     rows = [{"image_id": image_id, "file_name": files[image_id], "caption": captions[image_id],
-             "categories": categories.get(image_id, [])}
+             "categories": categories.get(image_id, []),
+             # the image's bytes, checked whenever it is read (read_image): a changed file is refused
+             **({"sha256": file_digest(root / files[image_id])} if check_files else {})}
             for image_id in sorted(files) if files[image_id] not in skipped_set]
     if reference_tables is not None:
         for row in rows:        # listed with an empty set: still pooled, as the reference pools it
@@ -201,16 +204,25 @@ def _check_file_names(files: Iterable[tuple[int, Any]], source: str | os.PathLik
                                   "set the dataset's files_outside_root: true in the config if that is meant")
 
 
+_REBUILD_TABLE = "rebuild it with `ladbench captions` (or delete it and rerun the workflow)"
+
+
 def write_image_table(table: dict, out: str | os.PathLike) -> None:
-    """Write the image table atomically (signed): one image per line, so diffs stay readable."""
+    """Write the image table atomically (signed): one image per line, so diffs stay readable.
+    An ``image_root`` inside the table's folder is recorded relative to it, so that a copied
+    output folder reads its own images."""
+    root = Path(table["image_root"])
+    folder = Path(out).resolve().parent
+    if root.is_absolute() and root.resolve().is_relative_to(folder):
+        table = {**table, "image_root": root.resolve().relative_to(folder).as_posix() or "."}
     atomic_write_text(out, json_one_item_per_line(signed(table), ["images"]))
 
 
 def load_image_table(path: str | os.PathLike) -> dict:
-    """Read an image table and check its shape (keys, sorted unique ids)."""
+    """Read an image table and check its shape (keys, sorted unique ids); a relative
+    ``image_root`` is resolved against the table's folder."""
     path = Path(path)
-    table = read_signed_json(path, "image table", "rebuild it with `ladbench captions` (or delete it and rerun the "
-                             "workflow)", AnnotationError)
+    table = read_signed_json(path, "image table", _REBUILD_TABLE, AnnotationError)
     for key in ("dataset", "image_root", "images"):
         if key not in table:
             raise AnnotationError(f"{path}: missing key '{key}' (docs/formats.md §1)")
@@ -224,7 +236,31 @@ def load_image_table(path: str | os.PathLike) -> dict:
     if not table.get("files_outside_root", False):
         _check_file_names(((row["image_id"], row.get("file_name")) for row in table["images"]), path)
     table.setdefault("has_categories", any(row["categories"] for row in table["images"]))
+    table["image_root"] = str(path.resolve().parent / table["image_root"])   # an absolute root is kept as it is
     return table
+
+
+def image_digests(table: dict) -> dict[int, str | None]:
+    """image_id -> the sha256 of its bytes the table records (None in a table made before it did)."""
+    return {int(im["image_id"]): im.get("sha256") for im in table["images"]}
+
+
+def read_image(path: str | os.PathLike, sha256: str | None, table_path: str | os.PathLike | None = None):
+    """The image at ``path`` (a PIL image, opened on its bytes in memory), refused in one line if its bytes are not
+    those the image table ``table_path`` recorded (``sha256``; None: unchecked) or if the file is
+    not there (naming where the table says the images are)."""
+    from PIL import Image
+
+    try:
+        data = Path(path).read_bytes()
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path}: image not found (the image table {table_path or ''} says the images are in "
+                                f"{Path(path).parent}; copy them there or rebuild the table with `ladbench captions` "
+                                "naming where they are)") from None
+    if sha256 is not None and hashlib.sha256(data).hexdigest() != sha256:
+        raise AnnotationError(f"{path}: image changed since the image table {table_path or ''} recorded it (its bytes "
+                              f"do not match its sha256); restore it, or {_REBUILD_TABLE}")
+    return Image.open(io.BytesIO(data))
 
 
 def image_paths(table: dict) -> dict[int, str]:
@@ -233,11 +269,13 @@ def image_paths(table: dict) -> dict[int, str]:
 
 
 def table_fingerprint(table: dict) -> str:
-    """sha256 of what the later stages take from an image table: ids, file names and
-    captions (not ``image_root``: the same images moved elsewhere are the same inputs)."""
+    """sha256 of what the later stages take from an image table: ids, file names, captions
+    and, where recorded, the images' bytes digests (not ``image_root``: the same images moved
+    elsewhere are the same inputs; a table without image digests keeps its fingerprint)."""
     digest = hashlib.sha256()
     for row in table["images"]:
-        digest.update(json.dumps([row["image_id"], row["file_name"], row["caption"]]).encode())
+        key = [row["image_id"], row["file_name"], row["caption"]]
+        digest.update(json.dumps(key + [row["sha256"]] if row.get("sha256") else key).encode())
     return digest.hexdigest()
 
 

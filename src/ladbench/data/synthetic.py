@@ -165,8 +165,8 @@ def build_scenes(out_dir: str | os.PathLike, n_images: int, seed: int = 0, image
     listing_order = rng.permutation(n_images)  # COCO's images list is not sorted by id either
 
     images, captions, instances = [], [], []
-    with atomic_path(out) as tmp:
-        (tmp / "images").mkdir(parents=True)
+    with atomic_path(out, folder=True) as tmp:
+        (tmp / "images").mkdir()
         (tmp / "annotations").mkdir()
         for image_id in tqdm(image_ids.tolist(), desc="demo-scenes", unit="img"):
             objects = sample_scene(rng, image_size)

@@ -17,7 +17,7 @@ import h5py
 import numpy as np
 
 from ladbench.atomic import atomic_path
-from ladbench.hdf5 import (DIGEST_ATTR, RowDataset, create_row_dataset, open_h5, reading, sign, stored_text, write_attrs,
+from ladbench.hdf5 import (DIGEST_ATTR, RowDataset, create_row_dataset, open_h5, reading, sign, write_attrs, write_rows,
                            writing)
 
 from .cache import REBUILD, RowPlan, read_cache, read_cache_attributes, throughput
@@ -107,7 +107,7 @@ def merge_shards(paths: Sequence[str], out: str) -> dict[str, Any]:
     shards = _shard_attributes(paths)
     n_rows = shards[0]["n_rows_total"]
     attrs = merged_attributes(shards)
-    with writing(out, "inference cache"), atomic_path(out) as tmp, open_h5(tmp, "w") as dst:
+    with writing(out, "inference cache"), atomic_path(out) as tmp, open_h5(tmp, "w", rdcc_nbytes=64 << 20) as dst:
         with reading(shards[0]["path"], "inference cache", REBUILD) as f:
             specs = {key: RowDataset((n_rows,) + ds.shape[1:], ds.dtype, ds.fillvalue) for key, ds in f.items()}
         longest = {key: 1 for key, spec in specs.items() if h5py.check_string_dtype(spec.dtype) is not None}
@@ -124,8 +124,7 @@ def merge_shards(paths: Sequence[str], out: str) -> dict[str, Any]:
             if set(arrays) != set(dst):
                 raise ValueError(f"{shard['path']}: datasets {sorted(arrays)} differ from {sorted(dst)}")
             for key, values in arrays.items():
-                values = stored_text(values, dst[key].dtype.itemsize) if values.dtype == object else values
-                dst[key][shard["shard_start"]:shard["shard_stop"]] = values
+                write_rows(dst, key, slice(shard["shard_start"], shard["shard_stop"]), values)
         if not dst["done"][()].all():
             raise ValueError(f"{out}: a complete shard has rows not done (corrupt shard?)")
         attrs.update(throughput(dst["seconds"][()], dst["n_generated"][()] if "n_generated" in dst else None))

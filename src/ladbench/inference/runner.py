@@ -29,7 +29,9 @@ import numpy as np
 
 from ladbench.atomic import atomic_path, file_digest, sampled_digest
 from ladbench.benchmark import load_benchmark
-from ladbench.data.coco import caption_problem, image_paths, load_image_table, table_fingerprint
+from ladbench.data.checks import AnnotationError
+from ladbench.data.coco import (caption_problem, image_digests, image_paths, load_image_table, read_image,
+                               table_fingerprint)
 from ladbench.families import DEVICE_PATTERN, DTYPES, FAMILIES, VISION_TOWERS
 from ladbench.inputs import check_benchmark_table
 from ladbench.progress import progress_bar
@@ -264,12 +266,13 @@ class RowRunner:
     """
 
     def __init__(self, adapter, settings: InferenceSettings, bench: dict, plan: RowPlan,
-                 paths: dict[int, str]) -> None:
+                 paths: dict[int, str], digests: dict[int, str | None] | None = None) -> None:
         self.adapter, self.s, self.bench, self.plan = adapter, settings, bench, plan
         self.n = int(bench["n_candidates"])
         self.ids = identifiers(settings.identifiers, self.n)
         self._image = lru_cache(maxsize=512)(self._load_image)
         self._paths = paths
+        self._digests = digests or {}
         self.generative = settings.variant.generative
         if not self.generative:
             self.trie = IdentifierTrie.build(self.ids, identifier_encoder(adapter.tokenizer), adapter.end_of_turn_id)
@@ -283,8 +286,10 @@ class RowRunner:
         from ladbench.models.base import resize_square
         path = self._paths[image_id]
         try:
-            with Image.open(path) as im:
+            with read_image(path, self._digests.get(image_id), self.s.images) as im:
                 return resize_square(im, self.s.image_size)
+        except (AnnotationError, FileNotFoundError):        # changed or missing: its own line
+            raise
         except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:  # what PIL raises
             raise ValueError(f"{path}: cannot read image {image_id} ({exc}); restore the file (it was readable when "
                              "the features were computed), or rebuild the features and benchmarks without it "
@@ -583,7 +588,7 @@ def _run_inference(settings: InferenceSettings) -> str:
         log.info("%s: resuming, %d of %d rows already done", writer.path, len(plan) - len(pending), len(plan))
     if settings.limit_rows is not None:
         pending = pending[: settings.limit_rows]
-    runner = RowRunner(adapter, settings, bench, plan, paths)
+    runner = RowRunner(adapter, settings, bench, plan, paths, digests=image_digests(table))
     step = runner.generate_batch if generative else runner.score_batch
     if settings.group_by_length or generative:      # generation pads (and waits) for the longest prompt
         pending = runner.grouped_by_length(pending, settings.chunk_size)

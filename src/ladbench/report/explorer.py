@@ -32,6 +32,7 @@ import base64
 import html
 import io
 import json
+import re
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -41,12 +42,13 @@ import numpy as np
 
 from ladbench import methods
 from ladbench.analysis import attention_shares, position_profiles
-from ladbench.atomic import atomic_write_text, file_digest, read_json
+from ladbench.atomic import atomic_write_text, file_digest
 from ladbench.benchmark import load_benchmark
 from ladbench.calibration import Calibration, log_softmax
-from ladbench.data.coco import image_paths, load_image_table
+from ladbench.data.coco import image_digests, image_paths, load_image_table, read_image
 from ladbench.inference.cache import read_cache
 from ladbench.provenance import LABELS, title_with_kind
+from ladbench.report.study import evaluation_predictions, read_evaluation
 from ladbench.settings import Settings, setting
 from ladbench.arrays import EvalArrays, eval_arrays
 from ladbench.inputs import MismatchError, check_benchmark_table, check_calibrations
@@ -92,19 +94,20 @@ class Thumbnails(Settings):
     quality: int = setting(THUMBNAIL_QUALITY, "JPEG quality of the explorer's thumbnails", minimum=1, maximum=95,
                            key="thumbnail_quality")
 
-    def encode(self, path: str | Path) -> str:
-        """A ``data:`` URI of the image at ``path`` as a small JPEG."""
-        from PIL import Image, UnidentifiedImageError
+    def encode(self, path: str | Path, sha256: str | None = None, table_path: str | None = None) -> str:
+        """A ``data:`` URI of the image at ``path`` (its bytes checked against ``sha256``, what the
+        image table ``table_path`` records) as a small JPEG."""
+        from PIL import UnidentifiedImageError
 
         try:
-            with Image.open(path) as image:
+            with read_image(path, sha256, table_path) as image:
                 image.draft("RGB", (self.size, self.size))   # JPEG: decode at a reduced scale (fast)
                 image = image.convert("RGB")
                 image.thumbnail((self.size, self.size))
                 buffer = io.BytesIO()
                 image.save(buffer, format="JPEG", quality=self.quality, optimize=True)
-        except FileNotFoundError:
-            raise FileNotFoundError(f"{path}: image not found (the image table's image_root is wrong?)") from None
+        except FileNotFoundError:                     # read_image's line says where the images should be
+            raise
         except (OSError, UnidentifiedImageError) as error:
             raise ValueError(f"{path}: not a readable image ({error})") from None
         return "data:image/jpeg;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
@@ -180,13 +183,10 @@ def _unpacked(entry: Mapping[str, Any]) -> np.ndarray:
 # --------------------------------------------------------------------------- inputs
 
 
-def _load_predictions(evaluation_path: str | Path) -> dict[str, np.ndarray]:
-    npz = Path(evaluation_path).with_suffix(".npz")
-    if not npz.exists():
-        raise FileNotFoundError(f"{npz}: missing (the evaluation's predictions, written beside its JSON by "
-                                "`ladbench evaluate`)")
-    with np.load(npz) as data:
-        return {name: data[name] for name in data.files if name.startswith("pred_") or name == "target_pos"}
+def _load_predictions(evaluation_path: str | Path, evaluation: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """The predictions written with the evaluation (checked: its digest, and that it is the pair's)."""
+    data = evaluation_predictions(evaluation_path, dict(evaluation))
+    return {name: values for name, values in data.items() if name.startswith("pred_") or name == "target_pos"}
 
 
 def _check_evaluation(evaluation_path, evaluation: Mapping[str, Any], cache_path, attrs: Mapping[str, Any],
@@ -235,7 +235,8 @@ def _thumbnails(bench: Mapping[str, Any], bench_path: str, images_path: str | No
     missing = [image_id for image_id in ids if image_id not in paths]
     if missing:
         raise MismatchError(f"{images_path} does not list image ids {missing[:5]} that {bench_path} uses")
-    uris = [thumbnails.encode(paths[image_id]) for image_id in tqdm(ids, desc="thumbnails", disable=not progress)]
+    digests = image_digests(table)
+    uris = [thumbnails.encode(paths[image_id], digests[image_id], images_path) for image_id in tqdm(ids, desc="thumbnails", disable=not progress)]
     return candidates, uris, ids
 
 
@@ -258,12 +259,12 @@ def explorer_document(
     if cache.has_shifts or "parsed" in cache:
         raise ValueError(f"{cache_path}: the explorer needs a cache of scores and attention, not a "
                          f"{attrs.get('variant')!r} cache")
-    evaluation = read_json(evaluation_path, "evaluation file not found (run `ladbench evaluate`)")
+    evaluation = read_evaluation(evaluation_path)
     _check_evaluation(evaluation_path, evaluation, cache_path, attrs, calibration_path)
     calibration = Calibration.from_npz(calibration_path)
     check_calibrations(cache_path, attrs, [(calibration_path, calibration)], transfer=bool(evaluation.get("transfer")))
     arrays = eval_arrays(cache)
-    predictions = _load_predictions(evaluation_path)
+    predictions = _load_predictions(evaluation_path, evaluation)
     if not np.array_equal(predictions.pop("target_pos"), arrays.target_pos):
         raise MismatchError(f"{evaluation_path}: its predictions are not of {cache_path}'s rows (target positions differ)")
     settings = methods.LadSettings.from_record(evaluation.get("settings"))
@@ -316,8 +317,34 @@ def _asset(name: str) -> str:
 
 
 def _script_json(document: Any) -> str:
-    """JSON safe inside a <script> element (no ``</`` can close it)."""
-    return json.dumps(document, separators=(",", ":"), allow_nan=False).replace("</", "<\\/")
+    """JSON safe inside a <script> element: ``<``, ``>`` and ``&`` written as JSON escapes, so no
+    text of the inputs (a caption ``<!--<script>``, an output folder named ``<!--``) can close
+    the element or switch the HTML parser into the script states where ``</script>`` no longer
+    closes it (the page was blank); non-ASCII (U+2028 included) is escaped too."""
+    text = json.dumps(document, separators=(",", ":"), allow_nan=False, ensure_ascii=True)
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+#: What inside an inline <script> makes the HTML parser end it early or never (HTML's script
+#: data states): none may occur in a page's scripts, whatever the inputs.
+_SCRIPT_HAZARDS = re.compile(r"<!--|<script|</script", re.IGNORECASE)
+_INLINE_SCRIPTS = re.compile(r"<script\b[^>]*>(.*?)</script>", re.IGNORECASE | re.DOTALL)
+
+
+def check_page(page: str, document: Mapping[str, Any], where: str | Path) -> None:
+    """The explorer checks its own output: the page has its two scripts, none holds text that
+    would end it early or never, and its data element reads back as ``document``; otherwise the
+    page would show no cards, and this is an error naming ``where``."""
+    scripts = _INLINE_SCRIPTS.findall(page)
+    problem = None
+    if len(scripts) != 2:
+        problem = f"{len(scripts)} inline scripts where 2 were written"
+    elif any(_SCRIPT_HAZARDS.search(script) for script in scripts):
+        problem = "a script holds '<!--', '<script' or '</script'"
+    elif json.loads(scripts[0]) != json.loads(json.dumps(document, allow_nan=False)):
+        problem = "its data does not read back as written"
+    if problem:
+        raise ValueError(f"{where}: the page would not render its cards ({problem}); not written")
 
 
 def render_page(document: Mapping[str, Any], body: str = "explorer.html", script: str = "explorer.js") -> str:
@@ -331,8 +358,10 @@ def render_page(document: Mapping[str, Any], body: str = "explorer.html", script
 
 
 def write_explorer(document: Mapping[str, Any], out: str | Path) -> None:
-    """Write the page atomically."""
-    atomic_write_text(out, render_page(document))
+    """Write the page atomically, once it passed :func:`check_page`."""
+    page = render_page(document)
+    check_page(page, document, out)
+    atomic_write_text(out, page)
 
 
 # --------------------------------------------------------------------------- the index
@@ -347,8 +376,8 @@ def explorer_index(entries: Sequence[tuple[str, str]], out: str | Path) -> dict[
 
     rows = []
     for page, evaluation_path in entries:
-        evaluation = read_json(evaluation_path, "evaluation file not found (run `ladbench evaluate`)")
-        predictions = _load_predictions(evaluation_path)
+        evaluation = read_evaluation(evaluation_path)
+        predictions = _load_predictions(evaluation_path, evaluation)
         flags = card_flags(predictions, predictions["target_pos"])
         kind = evaluation.get("model_kind")
         rows.append({
@@ -364,4 +393,6 @@ def explorer_index(entries: Sequence[tuple[str, str]], out: str | Path) -> dict[
 
 def write_explorer_index(entries: Sequence[tuple[str, str]], out: str | Path) -> None:
     document = explorer_index(entries, out)
-    atomic_write_text(out, render_page(document, "explorer_index.html", "explorer_index.js"))
+    page = render_page(document, "explorer_index.html", "explorer_index.js")
+    check_page(page, document, out)
+    atomic_write_text(out, page)

@@ -4,13 +4,10 @@ one vanilla-prompt cache (``ladbench.analysis``; docs/formats.md §8)."""
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
-
-import numpy as np
 
 from ladbench import analysis, metrics
 from ladbench.analysis import SweepSettings, analyze
-from ladbench.atomic import atomic_path, atomic_write_json, signed
+from ladbench.atomic import write_json_with_arrays
 from ladbench.calibration import FitSettings
 from ladbench.cli import output_file
 from ladbench.inference.cache import read_cache_attributes
@@ -45,11 +42,7 @@ def run(args: argparse.Namespace) -> None:
         fit=from_args(FitSettings, args), sweeps=from_args(SweepSettings, args), boot=bootstrap_settings(args),
         progress=True,
     )
-    atomic_write_json(args.out, signed(metrics.json_safe(document)), indent=1)
-    npz = Path(args.out).with_suffix(".npz")
-    with atomic_path(npz) as tmp:
-        with open(tmp, "wb") as handle:
-            np.savez(handle, **arrays)
+    npz = write_json_with_arrays(args.out, metrics.json_safe(document), arrays)
     for row in document["readouts"]:
         if "metrics" in row:
             print(metrics_line(row["label"], row["metrics"]))

@@ -7,11 +7,8 @@ per-instance predictions (the first draw) for figures and paired tests.
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
-import numpy as np
-
-from ladbench.atomic import atomic_path, atomic_write_json, signed
+from ladbench.atomic import write_json_with_arrays
 from ladbench.cli import output_file
 from ladbench.evaluation import evaluate, metrics_line
 from ladbench.stages.options import add_bootstrap_arguments, add_method_arguments, bootstrap_settings, method_settings
@@ -44,11 +41,7 @@ def run(args: argparse.Namespace) -> None:
     settings = method_settings(args, read_cache_attributes(args.cache))
     result, predictions = evaluate(args.cache, args.calibration, args.methods, settings, bootstrap_settings(args),
                                    transfer=args.transfer)
-    atomic_write_json(args.out, signed(result), indent=1)
-    npz = Path(args.out).with_suffix(".npz")
-    with atomic_path(npz) as tmp:
-        with open(tmp, "wb") as handle:
-            np.savez(handle, **predictions)
+    npz = write_json_with_arrays(args.out, result, predictions)      # one unit: never a JSON of another run's arrays
     for name, summary in result["methods"].items():
         print(metrics_line(name, summary))
     for warning in result["warnings"]:

@@ -12,8 +12,6 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-import numpy as np
-
 from ladbench.provenance import title_with_kind
 from ladbench.report.render import TABLE_FORMATS
 
@@ -52,7 +50,8 @@ def register(subparsers) -> None:
     tables.set_defaults(func=run_tables)
 
     confusion = kinds.add_parser("confusion", help="position confusion matrices, Vanilla vs LAD (Fig. 1/8)")
-    confusion.add_argument("--predictions", required=True, help="evaluation .npz")
+    confusion.add_argument("--predictions", required=True,
+                           help="evaluation .npz (checked against the evaluation JSON beside it, written with it)")
     confusion.add_argument("--methods", nargs="+", default=["vanilla", "lad"], help="one panel per method")
     confusion.add_argument("--title", default="", help="figure title")
     confusion.add_argument("--out", nargs="+", required=True, help="output figure files (.png, .pdf)")
@@ -96,17 +95,12 @@ def run_tables(args: argparse.Namespace) -> None:
         print(f"wrote {', '.join(map(str, outputs))}")
 
 
-def _npz(path: str | Path) -> dict[str, np.ndarray]:
-    if not Path(path).exists():
-        raise FileNotFoundError(f"{path}: missing (written beside the JSON by `ladbench analyze`/`evaluate`)")
-    with np.load(path) as data:
-        return dict(data)
-
-
 def run_confusion(args: argparse.Namespace) -> None:
     from ladbench.report.figures import confusion_figure, save_figure
 
-    predictions = _npz(args.predictions)
+    from ladbench.report.study import evaluation_predictions
+
+    predictions = evaluation_predictions(Path(args.predictions).with_suffix(".json"))
     kind = str(predictions.pop("model_kind", ""))
     save_figure(confusion_figure(predictions, args.methods, title_with_kind(args.title, kind)), args.out)
     print("wrote " + ", ".join(args.out))
@@ -119,10 +113,10 @@ def run_figures(args: argparse.Namespace) -> None:
         save_figures,
         score_profile_figure,
     )
-    from ladbench.report.study import read_analysis
+    from ladbench.report.study import analysis_arrays, read_analysis
 
     analysis = read_analysis(args.analysis)
-    arrays = _npz(Path(args.analysis).with_suffix(".npz"))
+    arrays = analysis_arrays(args.analysis, analysis)
     kind = analysis.get("model_kind")
     prefix = f"{args.title}: " if args.title else ""
     save_figures([
@@ -136,7 +130,7 @@ def run_figures(args: argparse.Namespace) -> None:
 
 def run_model_figures(args: argparse.Namespace) -> None:
     from ladbench.report.figures import accuracy_vs_n_figure, divergence_figure, save_figures
-    from ladbench.report.study import accuracy_by_n
+    from ladbench.report.study import accuracy_by_n, analysis_arrays
 
     study = _load(args)
     if args.model not in study.models:
@@ -146,8 +140,8 @@ def run_model_figures(args: argparse.Namespace) -> None:
     entries = []
     for (model, benchmark, variant), analysis in study.analyses.items():   # keyed by what each file records
         if model == args.model and benchmark in study.benchmarks:
-            npz = study.analysis_files[(model, benchmark, variant)].with_suffix(".npz")
-            entries.append((study.setting_label(benchmark), _npz(npz), analysis["divergence"]))
+            arrays = analysis_arrays(study.analysis_files[(model, benchmark, variant)], analysis)
+            entries.append((study.setting_label(benchmark), arrays, analysis["divergence"]))
     save_figures([(accuracy, args.accuracy_vs_n),
                   (divergence_figure(entries, title=title_with_kind(f"{args.model}: do logits and attention follow the image?", kind)),
                    args.divergence)])
