@@ -52,6 +52,11 @@ def unreproduced_options(adapter) -> list[str]:
     return [name for name in UNREPRODUCED_OPTIONS if getattr(config, name, None) not in (None, 0, [], {}, 1.0)]
 
 
+class UnrepeatableCache(ValueError):
+    """A cache whose layers transformers cannot repeat per sample (5.x linear-attention layers):
+    self-consistency then generates through ``generate`` (``RowRunner``)."""
+
+
 @dataclass
 class DecodeStats:
     """Counts of one or more decode runs (``bench_inference.py --generation``, tests)."""
@@ -113,6 +118,8 @@ def take(flight: Flight, rows: Sequence[int], *, joinable: bool) -> Flight:
         if list(rows) != [r for r in range(len(flight)) for _ in range(repeats)]:
             raise ValueError("a cache that cannot be cut takes whole groups only")
         cache = flight.cache
+        if repeats > 1 and not all(hasattr(layer, "batch_repeat_interleave") for layer in getattr(cache, "layers", [])):
+            raise UnrepeatableCache(f"{type(cache).__name__}'s layers cannot be repeated along the batch")
         cache.batch_repeat_interleave(repeats)
     return Flight(cache, flight.mask.index_select(0, idx), _index(flight.positions, idx, -2),
                   flight.logits.index_select(0, idx), _index(flight.seen, idx),

@@ -281,6 +281,8 @@ class RowRunner:
         from .decode import DecodeStats
         #: counts of the decode loop, and the token slots ``generate`` computed (the benchmark reads both)
         self.decode_stats, self.generate_slots = DecodeStats(), 0
+        #: why this model generates through transformers' generate instead (None: the decode loop)
+        self.generate_reason: str | None = None
         if not self.generative:
             self.trie = IdentifierTrie.build(self.ids, identifier_encoder(adapter.tokenizer), adapter.end_of_turn_id)
             self.nodes = self.trie.nodes_needing_logits(settings.score_mode)
@@ -398,7 +400,7 @@ class RowRunner:
         instead, the path the loop replaced (its replies are the same on the CPU in float32)."""
         import torch
 
-        from .decode import SlotDecoder, unreproduced_options
+        from .decode import SlotDecoder, UnrepeatableCache, unreproduced_options
         from .sampling import KeyedSampler, sequence_keys
         s, entry, options = self.s, self.s.variant, self.s.options
         batch = self._prepared(batch)
@@ -406,20 +408,27 @@ class RowRunner:
         samples = options.samples if entry.sampled else 1
         keys = sequence_keys(s.seed, torch.as_tensor(np.asarray(rows, dtype=np.int64) + self.plan.first_row),
                              samples) if entry.sampled else None
-        skipped = unreproduced_options(self.adapter)
-        if s.decode == "generate" or skipped:
-            if skipped and s.decode != "generate":
-                log.info("generation config sets %s: generating through transformers' generate", ", ".join(skipped))
-            texts, counts = self._generate_groups(groups, keys, samples)
-        else:
+        if s.decode == "slots" and self.generate_reason is None:
+            skipped = unreproduced_options(self.adapter)
+            self.generate_reason = f"its generation config sets {', '.join(skipped)}" if skipped else None
+        texts = None
+        if s.decode == "slots" and self.generate_reason is None:
             sampler = KeyedSampler(keys, 0, options.temperature, options.top_k) if entry.sampled else None
             decoder = SlotDecoder(self.adapter, samples=samples, slots=samples * len(groups[0]["input_ids"]),
                                   max_new_tokens=options.max_new_tokens, keys=keys,
                                   draw=sampler.draw if sampler else lambda scores, _keys, _steps: scores.argmax(-1))
-            replies = decoder.run(groups)
-            self.decode_stats.add(decoder.stats)
-            texts = self.adapter.tokenizer.batch_decode(replies, skip_special_tokens=True)
-            counts = [len(reply) for reply in replies]
+            try:
+                replies = decoder.run(groups)
+            except UnrepeatableCache as exc:
+                self.generate_reason = str(exc)
+            else:
+                self.decode_stats.add(decoder.stats)
+                texts = self.adapter.tokenizer.batch_decode(replies, skip_special_tokens=True)
+                counts = [len(reply) for reply in replies]
+            if self.generate_reason:
+                log.warning("generating through transformers' generate: %s", self.generate_reason)
+        if texts is None:
+            texts, counts = self._generate_groups(rows, len(groups[0]["input_ids"]), keys, samples)
         texts = np.array(texts, dtype=object).reshape(len(rows), samples)
         parsed = np.array([[entry.parse(t, self.n, s.identifiers) for t in row] for row in texts], np.int16)
         n_generated = np.asarray(counts, dtype=np.int32).reshape(len(rows), samples).sum(-1).astype(np.int32)
@@ -428,28 +437,35 @@ class RowRunner:
         return {"text": texts, "parsed": np.array([majority_vote(row) for row in parsed], dtype=np.int16),
                 "sample_parsed": parsed, "n_generated": n_generated}
 
-    def _generate_groups(self, groups: list[dict], keys, samples: int) -> tuple[list[str], list[int]]:
-        """The replies through ``generate(num_return_sequences=S)``, one call per group of rows (the
-        path the decode loop replaced; the reference of its tests and of the generation benchmark)."""
+    def _generate_groups(self, rows: list[int], group_size: int, keys, samples: int) -> tuple[list[str], list[int]]:
+        """The replies through transformers' ``generate``, one call per group of rows, each of a row's S
+        samples encoded as its own row (the path the decode loop replaced, at its cost: S vision passes
+        and prefills per row; the reference of its tests and of the generation benchmark).
+
+        Not ``num_return_sequences=S``: transformers 4.53 expands every input along dim 0, which
+        repeats each IMAGE S times rather than each row's images, so the samples of InternVL,
+        LLaVA-OneVision and LLaVA-OV-1.5 prompts were given other rows' images (Qwen2.5-VL's own
+        expansion is right, and equals this)."""
         from .sampling import KeyedSampler
-        options, texts, counts, first = self.s.options, [], [], 0
-        for group in groups:
-            inputs = self.adapter.to_device(group)
-            size = inputs["input_ids"].shape[0] * samples
+        options, texts, counts = self.s.options, [], []
+        for first in range(0, len(rows), group_size):
+            prompts, images = zip(*(self._row_inputs(r) for r in rows[first:first + group_size]))
+            inputs = self.adapter.encode([t for t in prompts for _ in range(samples)],
+                                         [im for im in images for _ in range(samples)])
+            size = inputs["input_ids"].shape[0]
             if keys is None:
                 kwargs: dict[str, Any] = dict(do_sample=False)
             else:
                 # The sampler leaves one finite logit per sequence: transformers' own sampling then
                 # takes it whatever its warpers (disabled here) would do.
-                sampler = KeyedSampler(keys[first:first + size], prompt_length=inputs["input_ids"].shape[1],
-                                       temperature=options.temperature, top_k=options.top_k)
-                kwargs = dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, num_return_sequences=samples,
-                              logits_processor=[sampler])
+                sampler = KeyedSampler(keys[first * samples:first * samples + size],
+                                       prompt_length=inputs["input_ids"].shape[1], temperature=options.temperature,
+                                       top_k=options.top_k)
+                kwargs = dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, logits_processor=[sampler])
             group_texts, group_counts = self.adapter.generate(inputs, max_new_tokens=options.max_new_tokens, **kwargs)
             texts += group_texts
             counts += group_counts.cpu().tolist()
             self.generate_slots += size * int(group_counts.max())
-            first += size
         return texts, counts
 
 
