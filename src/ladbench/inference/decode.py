@@ -52,6 +52,12 @@ def unreproduced_options(adapter) -> list[str]:
     return [name for name in UNREPRODUCED_OPTIONS if getattr(config, name, None) not in (None, 0, [], {}, 1.0)]
 
 
+def _full_attention_only(text_config: Any) -> bool:
+    """Every decoder layer attends to the whole sequence (no sliding window, no other layer kind)."""
+    types = getattr(text_config, "layer_types", None) or ["full_attention"]
+    return set(types) == {"full_attention"} and not getattr(text_config, "use_sliding_window", False)
+
+
 class UnrepeatableCache(ValueError):
     """A cache whose layers transformers cannot repeat per sample (5.x linear-attention layers):
     self-consistency then generates through ``generate`` (``RowRunner``)."""
@@ -177,7 +183,8 @@ class SlotDecoder:
         inputs = ad.to_device(inputs)
         logits, state = ad.prefill(inputs, use_cache=True)
         positions = ad.decode_positions(state)
-        self.joinable = self.joinable and positions is not None and compat.plain_kv(state.past_key_values) is not None
+        self.joinable = (self.joinable and positions is not None and _full_attention_only(ad.text_config)
+                         and compat.plain_kv(state.past_key_values) is not None)
         rows = inputs["input_ids"].shape[0]
         self.stats.prefills += 1
         self.stats.prefilled_rows += rows
@@ -266,7 +273,10 @@ class SlotDecoder:
         if flight.seen is not None:
             flight.seen = flight.seen.scatter(1, fed[:, None], True)
         flight.mask = torch.cat([flight.mask, flight.mask.new_ones(len(keep), 1)], 1)
-        flight.logits = self.adapter.decode_logits(flight.cache, fed[:, None], flight.mask, flight.positions)
+        # a joinable cache is full attention only: the padding mask of a one-token query is the whole
+        # mask, handed over as such (4-D), so that transformers does not read it back to see if it can skip it
+        mask = flight.mask.bool()[:, None, None, :] if self.joinable else flight.mask
+        flight.logits = self.adapter.decode_logits(flight.cache, fed[:, None], mask, flight.positions)
         if flight.positions is not None:
             flight.positions = flight.positions + 1
         flight.steps = flight.steps + 1

@@ -348,8 +348,8 @@ class ModelAdapter:
                       position_ids: torch.Tensor) -> torch.Tensor:
         """One decode step: next-token logits [B, V] (float32) after appending ``ids`` [B, 1] at
         ``position_ids`` to ``cache`` (kept: the loop owns the cache); ``attention_mask`` [B, T + 1]
-        covers the cache and the new token."""
-        length = attention_mask.shape[1] - 1
+        (or its 4-D form [B, 1, 1, T + 1]) covers the cache and the new token."""
+        length = attention_mask.shape[-1] - 1
         kwargs = dict(input_ids=ids, attention_mask=attention_mask, past_key_values=cache, use_cache=True,
                       position_ids=position_ids, return_dict=True,
                       cache_position=torch.arange(length, length + 1, device=ids.device))
