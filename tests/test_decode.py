@@ -82,7 +82,7 @@ def test_decode_loop_replies_equal_generate_and_keep_slots_useful(ending, tmp_pa
     assert stats.useful_tokens == int(lengths.sum())
     assert stats.useful_fraction() >= 0.9
     today = stats.useful_tokens / reference.generate_slots  # generate: every sequence until its batch's longest ends
-    assert today < stats.useful_fraction()
+    assert today <= stats.useful_fraction()
 
 
 @pytest.mark.parametrize("family", QWEN_BUILDS)
