@@ -58,12 +58,12 @@ def ending(tiny_model):
     return get
 
 
-def generated(adapter, folder, prompt: str, decode: str):
+def generated(adapter, folder, prompt: str, decode: str, batch_size: int = 2):
     """One step of the infer stage over all rows: its results and the runner (counts)."""
     from ladbench.variants import variant
     options = dataclasses.replace(variant(prompt).options(), **VARIANTS[prompt])
     runner = demo_runner(adapter, folder, 4, bench_options=dict(n_eval=3, n_orderings=2, n_cal=1), prompt=prompt,
-                         decode=decode, options=options, batch_size=2)
+                         decode=decode, options=options, batch_size=batch_size)
     return runner.generate_batch(runner.prepare(ROWS)), runner
 
 
@@ -83,6 +83,25 @@ def test_decode_loop_replies_equal_generate_and_keep_slots_useful(ending, tmp_pa
     assert stats.useful_fraction() >= 0.9
     today = stats.useful_tokens / reference.generate_slots  # generate: every sequence until its batch's longest ends
     assert today <= stats.useful_fraction()
+
+
+@pytest.mark.parametrize("prompt", sorted(VARIANTS))
+def test_a_repetition_penalty_is_applied_as_generate_applies_it_to_one_row(tiny_model, tmp_path, prompt):
+    """The generation config's repetition penalty (the real Qwen models set 1.05), over each row's
+    own tokens: the loop at batch 2 equals ``generate`` row by row (batch 1: no padding to penalise)."""
+    from ladbench.models import load_adapter
+    family = QWEN_BUILDS[0]
+    adapter = load_adapter(family, tiny_model("qwen2_5_vl"), device="cpu", dtype="float32")
+    with torch.no_grad():
+        adapter.model.get_output_embeddings().weight[adapter.end_of_turn_id] *= 2
+    adapter.model.generation_config.repetition_penalty = 1.5
+    new, loop = generated(adapter, tmp_path / "loop", prompt, "slots")
+    old, _ = generated(adapter, tmp_path / "generate", prompt, "generate", batch_size=1)
+    assert loop.generate_reason is None and loop.decode_stats.decode_steps
+    assert (new["text"] == old["text"]).all() and (new["n_generated"] == old["n_generated"]).all()
+    adapter.model.generation_config.repetition_penalty = 1.0                 # the penalty changes the replies
+    plain, _ = generated(adapter, tmp_path / "plain", prompt, "slots")
+    assert (plain["text"] != new["text"]).any()
 
 
 @pytest.mark.parametrize("family", QWEN_BUILDS)

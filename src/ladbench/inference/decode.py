@@ -171,7 +171,8 @@ class SlotDecoder:
         self.adapter, self.samples, self.max_new_tokens, self.draw = adapter, samples, max_new_tokens, draw
         self.slots = max(slots, samples)
         self.keys = keys
-        self.ends = torch.tensor(adapter.end_token_ids(), device=adapter.device)
+        self.end_ids = set(adapter.end_token_ids())
+        self.ends = torch.tensor(sorted(self.end_ids), device=adapter.device)
         self.penalty = repetition_penalty(adapter)
         self.stats = DecodeStats(slots=self.slots)
         self.joinable = True            # decided by the first prefill (plain cache, explicit positions)
@@ -253,7 +254,7 @@ class SlotDecoder:
         live = []
         for b, (seq, token, end) in enumerate(zip(flight.seq, host[0], host[1])):
             reply = replies[seq]
-            if reply and (reply[-1] in self._end_set or len(reply) == self.max_new_tokens):
+            if reply and (reply[-1] in self.end_ids or len(reply) == self.max_new_tokens):
                 continue                                   # finished earlier, kept in a padded batch
             reply.append(int(token))
             self.stats.useful_tokens += 1
@@ -283,7 +284,3 @@ class SlotDecoder:
         self.stats.decode_steps += 1
         self.stats.decode_rows += len(keep)
         return flight
-
-    @property
-    def _end_set(self) -> set[int]:
-        return set(self.adapter.end_token_ids())

@@ -126,7 +126,7 @@ class InferenceSettings(Settings):
         "slots", "generative variants: slots = the decode loop (one prefill per row, self-consistency's samples "
         "continue from it, a finished sequence's slot taken by the next; inference/decode.py); generate = "
         "transformers' generate(num_return_sequences=S) per batch, the path it replaced (the same replies on the CPU)",
-        choices=("slots", "generate"), group=EXECUTION_GROUP, hashed=False)
+        choices=("slots", "generate"), config=False, group=EXECUTION_GROUP, hashed=False)
     seed: int = setting(
         0, "self-consistency: sampling seed (each sample is keyed by the seed, its row and its index: see "
         "inference/sampling.py)", config=False, group="generation (generative variants)")
