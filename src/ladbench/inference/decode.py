@@ -20,8 +20,9 @@ generation config has one (applied to the row's own tokens, as a batch of one). 
 float32 the replies equal ``generate``'s reply for reply (tests/test_generation.py).
 
 transformers 5.x's ``generate_batch`` / ``ContinuousBatchingManager`` is not used: its requests
-are token ids only (no pixel values, no multi-axis positions), so it cannot serve these image
-inputs; both lanes run this loop. Caches that are not plain full-attention layers (sliding
+are token ids only (5.23: ``generate_batch(inputs: list[list[int]])``, ``add_request(input_ids:
+list[int])``; no pixel values, no multi-axis positions), so it cannot serve these image inputs;
+both lanes run this loop. Caches that are not plain full-attention layers (sliding
 windows, linear attention: ``compat.plain_kv``) or models that take no position ids keep the
 padded path inside the same loop: a group's sequences run together until all have ended
 (finished ones fed the pad token, as ``generate`` does), then the next group starts. A static
