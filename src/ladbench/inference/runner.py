@@ -125,7 +125,8 @@ class InferenceSettings(Settings):
     decode: str = setting(
         "slots", "generative variants: slots = the decode loop (one prefill per row, self-consistency's samples "
         "continue from it, a finished sequence's slot taken by the next; inference/decode.py); generate = "
-        "transformers' generate(num_return_sequences=S) per batch, the path it replaced (the same replies on the CPU)",
+        "transformers' generate per batch, each sample encoded as its own row: the path it replaced, at its cost "
+        "(the same replies on the CPU)",
         choices=("slots", "generate"), config=False, group=EXECUTION_GROUP, hashed=False)
     seed: int = setting(
         0, "self-consistency: sampling seed (each sample is keyed by the seed, its row and its index: see "
@@ -396,8 +397,8 @@ class RowRunner:
 
         The decode loop (``decode.py``) prefills each group of ``batch_size`` rows once and keeps
         ``batch_size`` x S sequences in flight; ``--decode generate`` (or a generation config with
-        options only ``generate`` applies) runs ``generate(num_return_sequences=S)`` per group
-        instead, the path the loop replaced (its replies are the same on the CPU in float32)."""
+        options only ``generate`` applies, or a cache transformers cannot repeat per sample) runs
+        ``generate`` per group instead (:meth:`_generate_groups`; the same replies on the CPU in float32)."""
         import torch
 
         from .decode import SlotDecoder, UnrepeatableCache, unreproduced_options
