@@ -106,7 +106,7 @@ def _family(model_dir: str) -> str:
 
 
 def _runner(model_dir: str, n: int, *, attention: str, image_size: int, device: str, n_eval: int = 1,
-            vision: str = "batched", greedy_reply: bool = True, family: str | None = None):
+            vision: str = "batched", greedy_reply: bool = True, family: str | None = None, **settings):
     from ladbench.benchmark import load_benchmark
     from ladbench.data.coco import load_image_table
     from ladbench.inference.cache import plan_rows
@@ -120,7 +120,7 @@ def _runner(model_dir: str, n: int, *, attention: str, image_size: int, device: 
     bench_path, images_path = _demo_inputs(tmp, n, n_eval=n_eval)
     settings = InferenceSettings(benchmark=bench_path, images=images_path, out=os.path.join(tmp, "x.h5"),
                                  model_name="bench", family=family, model_path=model_dir, image_size=image_size,
-                                 device=device, **({} if greedy_reply else {"greedy_reply": False}))
+                                 device=device, **({} if greedy_reply else {"greedy_reply": False}), **settings)
     bench = load_benchmark(bench_path)
     return RowRunner(adapter, settings, bench, plan_rows(bench), image_paths(load_image_table(images_path)))
 
@@ -425,6 +425,125 @@ def split_worker(n: int, model_dir: str, batch: int, image_size: int, device: st
             "device_step_ms": 1e3 * step}
 
 
+# ------------------------------------------------------------------------ 5. generation
+GENERATION_VARIANTS = ("cot", "sc")
+
+
+def _generation_runner(model_dir: str, prompt: str, args: argparse.Namespace):
+    """A CoT or SC runner over ``--gen-rows`` rows (captions of three lengths) whose model's end-of-turn
+    logit is scaled by ``--end-boost`` (random weights seldom end a reply: this makes lengths mixed)."""
+    import dataclasses
+
+    import torch
+
+    from ladbench.variants import variant
+    options = variant(prompt).options()
+    options = dataclasses.replace(options, max_new_tokens=args.gen_max_new_tokens,
+                                  **({"samples": args.gen_samples} if prompt == "sc" else {}))
+    runner = _runner(model_dir, args.n[0], attention="capture", image_size=args.image_size, device=args.device,
+                     n_eval=args.gen_rows, family=args.family, prompt=prompt, options=options,
+                     batch_size=args.gen_batch)
+    ad = runner.adapter
+    with torch.no_grad():
+        ad.model.get_output_embeddings().weight[ad.end_of_turn_id] *= args.end_boost
+    return runner, [r for r in range(len(runner.plan))][:args.gen_rows]
+
+
+def plain_generate(runner, prepared) -> tuple[list[int], int]:
+    """``generate(num_return_sequences=S)`` on each group of a prepared step, as the stage did before
+    the decode loop: the reply lengths and the token slots computed."""
+    from ladbench.inference.sampling import KeyedSampler, sequence_keys
+    import torch
+    entry, options, ad = runner.s.variant, runner.s.options, runner.adapter
+    samples = options.samples if entry.sampled else 1
+    counts, slots, first = [], 0, 0
+    for group in prepared.groups:
+        inputs = ad.to_device(group)
+        rows = torch.as_tensor(prepared.rows[first:first + inputs["input_ids"].shape[0]]) + runner.plan.first_row
+        kwargs = dict(do_sample=False)
+        if entry.sampled:
+            sampler = KeyedSampler(sequence_keys(runner.s.seed, rows, samples), inputs["input_ids"].shape[1],
+                                   options.temperature, options.top_k)
+            kwargs = dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, num_return_sequences=samples,
+                          logits_processor=[sampler])
+        _, n = ad.generate(inputs, max_new_tokens=options.max_new_tokens, **kwargs)
+        counts += n.tolist()
+        slots += len(n) * int(n.max())
+        first += len(rows)
+    return counts, slots
+
+
+def generation_worker(model_dir: str, args: argparse.Namespace) -> list[dict]:
+    """Per variant: the decode loop (``ladbench infer``'s path) against plain ``generate`` on the same
+    prepared rows: replies equal, useful tokens / token slots, vision passes and prefilled tokens
+    per row, host syncs per decode step (a separate, untimed run), seconds of each (device work only)."""
+    import dataclasses
+
+    from torch.profiler import ProfilerActivity, profile
+
+    from ladbench.inference.decode import SlotDecoder
+    results = []
+    for prompt in args.gen_variants:
+        runner, rows = _generation_runner(model_dir, prompt, args)
+        prepared = runner.prepare(rows)
+        runner.generate_batch(runner.prepare(rows[:2]))                       # warm-up
+        runner.decode_stats = type(runner.decode_stats)()
+        _sync(args.device)
+        t0 = time.perf_counter()
+        ours = runner.generate_batch(prepared)
+        _sync(args.device)
+        ours_s = time.perf_counter() - t0
+        stats = dataclasses.replace(runner.decode_stats)                     # (the counting run adds to it)
+        t0 = time.perf_counter()
+        plain_counts, plain_slots = plain_generate(runner, prepared)
+        _sync(args.device)
+        plain_s = time.perf_counter() - t0
+        runner.s.decode = "generate"
+        reference = runner.generate_batch(prepared)                          # each sample its own row
+        runner.s.decode = "slots"
+        per_step, step = [], SlotDecoder.step
+
+        def counted(self, flight, replies, step=step, per_step=per_step):
+            with count_tensor_calls(HOST_COPY_METHODS) as calls, profile(activities=[ProfilerActivity.CPU]) as prof:
+                out = step(self, flight, replies)
+            per_step.append(_syncs(collections.Counter(e.name for e in prof.events()), calls))
+            return out
+        SlotDecoder.step = counted
+        try:
+            runner.generate_batch(prepared)
+        finally:
+            SlotDecoder.step = step
+        samples = runner.s.options.samples if prompt == "sc" else 1
+        tokens = int(ours["n_generated"].sum())
+        results.append({
+            "variant": prompt, "rows": len(rows), "samples": samples, "batch": args.gen_batch,
+            "device": args.device, "same_replies": bool((ours["text"] == reference["text"]).all()),
+            "useful_tokens": tokens, "reply_lengths": sorted(set(int(x) for x in plain_counts)),
+            "ours_token_slots": stats.token_slots, "ours_useful_fraction": stats.useful_fraction(),
+            "ours_occupancy": stats.occupancy(), "plain_token_slots": plain_slots,
+            "plain_useful_fraction": sum(plain_counts) / plain_slots,
+            "ours_prefilled_rows_per_row": stats.prefilled_rows / len(rows), "plain_prefilled_rows_per_row": samples,
+            "ours_prefilled_tokens": stats.prefilled_tokens, "decode_steps": stats.decode_steps,
+            "syncs_per_step_max": max(per_step), "syncs_per_step_mean": sum(per_step) / len(per_step),
+            "ours_s": ours_s, "plain_s": plain_s, "ours_tokens_per_s": tokens / ours_s,
+            "plain_tokens_per_s": sum(plain_counts) / plain_s, "ours_rows_per_s": len(rows) / ours_s,
+            "plain_rows_per_s": len(rows) / plain_s})
+        print(f"generation {prompt}: {results[-1]}", file=sys.stderr)
+    return results
+
+
+def generation_table(rows: list[dict]) -> str:
+    lines = ["| variant | rows x samples | device | replies equal | useful / token slots: plain generate | ours "
+             "| batch occupancy (ours) | prefills per row: plain / ours | host syncs per decode step (max) "
+             "| tokens/s: plain / ours | rows/s: plain / ours |", "|---" * 11 + "|"]
+    lines += [f"| {r['variant']} | {r['rows']} x {r['samples']} | {r['device']} | {r['same_replies']} | "
+              f"{r['plain_useful_fraction']:.2f} | {r['ours_useful_fraction']:.2f} | {r['ours_occupancy']:.2f} | "
+              f"{r['plain_prefilled_rows_per_row']} / {r['ours_prefilled_rows_per_row']:.0f} | "
+              f"{r['syncs_per_step_max']} | {r['plain_tokens_per_s']:.1f} / {r['ours_tokens_per_s']:.1f} | "
+              f"{r['plain_rows_per_s']:.2f} / {r['ours_rows_per_s']:.2f} |" for r in rows]
+    return "\n".join(lines)
+
+
 # ------------------------------------------------------------------------------ driver
 def _run_worker(kind: str, n: int, args: argparse.Namespace, *, model_dir: str, src: str | None = None,
                 extra: tuple[str, ...] = ()) -> list[dict]:
@@ -606,6 +725,17 @@ def main() -> None:
                    help="GPU part: which measurements to run (all three; each model load costs time on a lent machine)")
     p.add_argument("--workers", type=int, default=None, help="GPU part: infer's --workers (its default if omitted)")
     p.add_argument("--gpu-rows", type=int, default=128, help="GPU part: rows per infer run (128)")
+    p.add_argument("--generation", action="store_true",
+                   help="part 5: CoT and SC through the decode loop against plain generate (tiny model on the CPU, "
+                        "--arch on a GPU)")
+    p.add_argument("--gen-variants", nargs="+", default=list(GENERATION_VARIANTS), choices=GENERATION_VARIANTS)
+    p.add_argument("--gen-rows", type=int, default=24, help="generation: rows (24)")
+    p.add_argument("--gen-batch", type=int, default=4, help="generation: batch size (rows per prefill group; 4)")
+    p.add_argument("--gen-samples", type=int, default=5, help="generation: SC samples per row (5)")
+    p.add_argument("--gen-max-new-tokens", type=int, default=24, help="generation: longest reply (24)")
+    p.add_argument("--end-boost", type=float, default=2.0,
+                   help="generation: scale of the end-of-turn row of the LM head (random weights seldom end a "
+                        "reply; 2 gives replies of mixed length on the tiny model)")
     p.add_argument("--json", default=None, help="also write the raw results here")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -623,7 +753,17 @@ def main() -> None:
         print(json.dumps(result))
         return
     raw: dict = {"threads": args.threads, "device": args.device, "date": time.strftime("%Y-%m-%d")}
-    if args.architectures:
+    if args.generation:
+        from ladbench.models.tiny import build_tiny_model
+        models = [build_architecture(arch, os.path.join(tempfile.mkdtemp(), arch), small=args.arch_scale == "small",
+                                     device=args.device) for arch in args.arch] or [
+            args.model_dir or build_tiny_model("qwen2_5_vl", os.path.join(tempfile.mkdtemp(), "tiny_qwen2_5_vl"),
+                                               seed=0, preset="tiny")]
+        import torch
+        torch.set_num_threads(args.threads)
+        raw["generation"] = [dict(r, model=os.path.basename(m)) for m in models for r in generation_worker(m, args)]
+        print(generation_table(raw["generation"]))
+    elif args.architectures:
         raw["proxies"] = architecture_proxies(args)
         print(architecture_table(raw["proxies"]))
     elif args.arch:

@@ -169,3 +169,17 @@ def test_organism_seeds_sweeps_the_demo_recipe_with_changes_the_schema_checks(tm
     path, _ = seeds.sweep_config(tmp_path, [0], {"stepz": 900})
     with pytest.raises(ConfigError, match="stepz"):
         load_config(path)
+
+
+def test_bench_inference_generation_counts_the_decode_loop_against_generate(tmp_path):
+    out = run_script("bench_inference.py", "--generation", "--n", "4", "--image-size", "56", "--threads", "1",
+                     "--gen-rows", "8", "--gen-batch", "2", "--gen-samples", "2", "--gen-max-new-tokens", "8",
+                     "--json", str(tmp_path / "raw.json"))
+    rows = {r["variant"]: r for r in json.loads((tmp_path / "raw.json").read_text())["generation"]}
+    assert set(rows) == {"cot", "sc"}
+    for r in rows.values():
+        assert r["same_replies"] and r["syncs_per_step_max"] <= 1 and r["ours_prefilled_rows_per_row"] == 1
+        assert r["ours_useful_fraction"] == r["useful_tokens"] / r["ours_token_slots"] >= 0.9
+        assert r["plain_useful_fraction"] <= r["ours_useful_fraction"]
+    assert rows["sc"]["plain_prefilled_rows_per_row"] == 2 and rows["cot"]["plain_prefilled_rows_per_row"] == 1
+    assert [cells[:3] for cells in table_rows(out, "sc")] == [["sc", "8 x 2", "cpu"]]

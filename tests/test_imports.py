@@ -144,11 +144,12 @@ FLOORS = {
                      "ladbench.inference.sampling", "ladbench.inference.scoring", "ladbench.inference.greedy",
                      "ladbench.inference.devices", "ladbench.inference.cache", "ladbench.inference.merge",
                      "ladbench.models.attention", "ladbench.models.compat", "ladbench.models.vision",
-                     "ladbench.models.tiny_ov15", "ladbench.report.render", "ladbench.study_paths"), 1),
+                     "ladbench.models.tiny_ov15", "ladbench.report.render", "ladbench.study_paths", "ladbench.records"), 1),
     # 2, what the stages are made of: models (adapters, tiny builds), methods, prompt variants,
     # benchmarks, features, the arrays of a cache and the checks of inputs
     **dict.fromkeys(("ladbench.models", "ladbench.methods", "ladbench.variants", "ladbench.benchmark",
-                     "ladbench.features", "ladbench.arrays", "ladbench.inputs", "ladbench.divergence"), 2),
+                     "ladbench.features", "ladbench.arrays", "ladbench.inputs", "ladbench.divergence",
+                     "ladbench.inference.decode"), 2),
     # 3, the stages' work: inference, evaluation, analysis, the organism's training, the plan
     **dict.fromkeys(("ladbench.inference.runner", "ladbench.evaluation", "ladbench.analysis", "ladbench.organism",
                      "ladbench.plan", "ladbench.model_checks"), 3),

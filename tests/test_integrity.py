@@ -116,7 +116,7 @@ def test_damage_anywhere_is_one_line_or_changes_nothing(tmp_path):
 def _json_outputs(tmp_path):
     from ladbench.benchmark import load_benchmark
     from ladbench.data.coco import load_image_table
-    from ladbench.report.study import read_analysis, read_evaluation
+    from ladbench.records import read_analysis, read_evaluation
     table = {"dataset": "scenes", "image_root": str(tmp_path), "images": [
         {"image_id": 1, "file_name": "a.png", "caption": "a red circle", "categories": []}]}
     return [(load_benchmark, benchmark(4), "a red", "ladbench benchmark"),

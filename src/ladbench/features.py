@@ -37,7 +37,6 @@ from typing import Any, Callable
 
 import numpy as np
 import torch
-from PIL import Image
 
 from ladbench.atomic import atomic_path, atomic_write_json, file_digest
 from ladbench.clip import TINY_CLIP_NAME, ClipSettings

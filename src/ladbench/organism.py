@@ -481,7 +481,7 @@ def outcomes_from_files(evaluation_path: Path, analysis_path: Path) -> dict[str,
     JSON, its ``.npz`` beside it, the analysis JSON), with the reference's Vanilla readout
     (greedy reply, parsed): its parse rate and its agreement with the argmax readout (% of
     rows; an unparsed reply disagrees)."""
-    from ladbench.report.study import evaluation_predictions, read_analysis, read_evaluation
+    from ladbench.records import evaluation_predictions, read_analysis, read_evaluation
     evaluation = read_evaluation(evaluation_path)
     predictions = evaluation_predictions(evaluation_path, evaluation)
     outcomes = paper_outcomes(evaluation, predictions, read_analysis(analysis_path))

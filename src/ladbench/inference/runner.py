@@ -124,6 +124,12 @@ class InferenceSettings(Settings):
         config=False, group=EXECUTION_GROUP, hashed=False)
     # the prompt variant's own settings (its dataclass, ladbench.variants); None: its defaults
     options: Any = field(default=None, metadata=UNHASHED)      # hashed through its variant (hashed_settings)
+    decode: str = setting(
+        "slots", "generative variants: slots = the decode loop (one prefill per row, self-consistency's samples "
+        "continue from it, a finished sequence's slot taken by the next; inference/decode.py); generate = "
+        "transformers' generate per batch, each sample encoded as its own row: the path it replaced, at its cost "
+        "(the same replies on the CPU)",
+        choices=("slots", "generate"), config=False, group=EXECUTION_GROUP, hashed=False)
     seed: int = setting(
         0, "self-consistency: sampling seed (each sample is keyed by the seed, its row and its index: see "
         "inference/sampling.py)", config=False, group="generation (generative variants)")
@@ -250,11 +256,13 @@ class PreparedBatch:
     rows: list[int]
     inputs: dict[str, Any]
     segments: Any = None                       # torch.Tensor [B, T] (scoring variants)
+    groups: list[dict[str, Any]] | None = None     # generative variants: inputs of each group of rows
 
     def pin_memory(self) -> "PreparedBatch":
         """Called by the DataLoader's pinning thread on a GPU run: page-locked tensors copy asynchronously."""
         segments = self.segments.pin_memory() if self.segments is not None else None
-        return PreparedBatch(self.rows, {k: v.pin_memory() for k, v in self.inputs.items()}, segments)
+        groups = [{k: v.pin_memory() for k, v in g.items()} for g in self.groups] if self.groups else None
+        return PreparedBatch(self.rows, {k: v.pin_memory() for k, v in self.inputs.items()}, segments, groups)
 
 
 class RowRunner:
@@ -274,6 +282,11 @@ class RowRunner:
         self._paths = paths
         self._digests = digests or {}
         self.generative = settings.variant.generative
+        from .decode import DecodeStats
+        #: counts of the decode loop, and the token slots ``generate`` computed (the benchmark reads both)
+        self.decode_stats, self.generate_slots = DecodeStats(), 0
+        #: why this model generates through transformers' generate instead (None: the decode loop)
+        self.generate_reason: str | None = None
         if not self.generative:
             self.trie = IdentifierTrie.build(self.ids, identifier_encoder(adapter.tokenizer), adapter.end_of_turn_id)
             self.nodes = self.trie.nodes_needing_logits(settings.score_mode)
@@ -323,8 +336,11 @@ class RowRunner:
         """The host part of a batch (runs in DataLoader workers): inputs and token segments."""
         import torch
         texts, images = zip(*(self._row_inputs(r) for r in rows))
-        if self.generative:
-            return PreparedBatch([int(r) for r in rows], self.adapter.encode_on_host(list(texts), list(images)))
+        if self.generative:           # groups of batch_size rows, each prefilled once (generate_batch)
+            size = self.s.batch_size
+            groups = [self.adapter.encode_on_host(list(texts[i:i + size]), list(images[i:i + size]))
+                      for i in range(0, len(texts), size)]
+            return PreparedBatch([int(r) for r in rows], {}, groups=groups)
         inputs, row_spans = self.adapter.encode_with_spans(list(texts), list(images), for_prefill=True)
         batch = PreparedBatch([int(r) for r in rows], inputs)
         ids, mask = inputs["input_ids"].numpy(), inputs["attention_mask"].numpy()
@@ -382,36 +398,84 @@ class RowRunner:
         return out
 
     def generate_batch(self, batch: Sequence[int] | PreparedBatch) -> dict[str, np.ndarray]:
-        """Replies and parsed answers of a batch of rows, generated together, each sequence
-        stopping at its end token. A greedy variant (CoT): one reply per row. A sampled one
-        (self-consistency): the S samples of every row of the batch in one batch, each drawn
-        with its own key (sampling.py), so the samples do not depend on the batch size,
-        chunking or shards; the answer is their majority vote."""
+        """Replies and parsed answers of the rows of a step, each sequence stopping at its end
+        token. A greedy variant (CoT): one reply per row. A sampled one (self-consistency): S
+        samples per row, each drawn with its own key (sampling.py), so the samples do not depend
+        on the batch size, chunking or shards; the answer is their majority vote.
+
+        The decode loop (``decode.py``) prefills each group of ``batch_size`` rows once and keeps
+        ``batch_size`` x S sequences in flight; ``--decode generate`` (or a generation config with
+        options only ``generate`` applies, or a cache transformers cannot repeat per sample) runs
+        ``generate`` per group instead (:meth:`_generate_groups`; the same replies on the CPU in float32)."""
         import torch
 
+        from .decode import SlotDecoder, UnrepeatableCache, unreproduced_options
         from .sampling import KeyedSampler, sequence_keys
         s, entry, options = self.s, self.s.variant, self.s.options
         batch = self._prepared(batch)
-        rows, inputs = batch.rows, self.adapter.to_device(batch.inputs)
+        rows, groups = batch.rows, batch.groups or [batch.inputs]
+        samples = options.samples if entry.sampled else 1
+        keys = sequence_keys(s.seed, torch.as_tensor(np.asarray(rows, dtype=np.int64) + self.plan.first_row),
+                             samples) if entry.sampled else None
+        if s.decode == "slots" and self.generate_reason is None:
+            skipped = unreproduced_options(self.adapter)
+            self.generate_reason = f"its generation config sets {', '.join(skipped)}" if skipped else None
+        texts = None
+        if s.decode == "slots" and self.generate_reason is None:
+            sampler = KeyedSampler(keys, 0, options.temperature, options.top_k) if entry.sampled else None
+            decoder = SlotDecoder(self.adapter, samples=samples, slots=samples * len(groups[0]["input_ids"]),
+                                  max_new_tokens=options.max_new_tokens, keys=keys,
+                                  draw=sampler.draw if sampler else lambda scores, _keys, _steps: scores.argmax(-1))
+            try:
+                replies = decoder.run(groups)
+            except UnrepeatableCache as exc:
+                self.generate_reason = str(exc)
+            else:
+                self.decode_stats.add(decoder.stats)
+                texts = self.adapter.tokenizer.batch_decode(replies, skip_special_tokens=True)
+                counts = [len(reply) for reply in replies]
+            if self.generate_reason:
+                log.warning("generating through transformers' generate: %s", self.generate_reason)
+        if texts is None:
+            texts, counts = self._generate_groups(rows, len(groups[0]["input_ids"]), keys, samples)
+        texts = np.array(texts, dtype=object).reshape(len(rows), samples)
+        parsed = np.array([[entry.parse(t, self.n, s.identifiers) for t in row] for row in texts], np.int16)
+        n_generated = np.asarray(counts, dtype=np.int32).reshape(len(rows), samples).sum(-1).astype(np.int32)
         if not entry.sampled:
-            texts, counts = self.adapter.generate(inputs, max_new_tokens=options.max_new_tokens, do_sample=False)
-            parsed = [entry.parse(t, self.n, s.identifiers) for t in texts]
-            return {"text": np.array(texts, dtype=object), "parsed": np.array(parsed, dtype=np.int16),
-                    "n_generated": counts.cpu().numpy().astype(np.int32)}
-        plan_rows_of_batch = torch.as_tensor(np.asarray(rows, dtype=np.int64) + self.plan.first_row)
-        sampler = KeyedSampler(sequence_keys(s.seed, plan_rows_of_batch, options.samples),
-                               prompt_length=inputs["input_ids"].shape[1], temperature=options.temperature,
-                               top_k=options.top_k)
-        # The sampler leaves one finite logit per sequence: transformers' own sampling then
-        # takes it whatever its warpers (disabled here) would do.
-        texts, counts = self.adapter.generate(inputs, max_new_tokens=options.max_new_tokens, do_sample=True,
-                                              temperature=1.0, top_k=0, top_p=1.0,
-                                              num_return_sequences=options.samples, logits_processor=[sampler])
-        texts = np.array(texts, dtype=object).reshape(len(rows), options.samples)
-        samples = np.array([[entry.parse(t, self.n, s.identifiers) for t in row] for row in texts], np.int16)
-        return {"text": texts, "parsed": np.array([majority_vote(row) for row in samples], dtype=np.int16),
-                "sample_parsed": samples,
-                "n_generated": counts.view(len(rows), options.samples).sum(-1).cpu().numpy().astype(np.int32)}
+            return {"text": texts[:, 0], "parsed": parsed[:, 0], "n_generated": n_generated}
+        return {"text": texts, "parsed": np.array([majority_vote(row) for row in parsed], dtype=np.int16),
+                "sample_parsed": parsed, "n_generated": n_generated}
+
+    def _generate_groups(self, rows: list[int], group_size: int, keys, samples: int) -> tuple[list[str], list[int]]:
+        """The replies through transformers' ``generate``, one call per group of rows, each of a row's S
+        samples encoded as its own row (the path the decode loop replaced, at its cost: S vision passes
+        and prefills per row; the reference of its tests and of the generation benchmark).
+
+        Not ``num_return_sequences=S``: transformers 4.53 expands every input along dim 0, which
+        repeats each IMAGE S times rather than each row's images, so the samples of InternVL,
+        LLaVA-OneVision and LLaVA-OV-1.5 prompts were given other rows' images (Qwen2.5-VL's own
+        expansion is right, and equals this)."""
+        from .sampling import KeyedSampler
+        options, texts, counts = self.s.options, [], []
+        for first in range(0, len(rows), group_size):
+            prompts, images = zip(*(self._row_inputs(r) for r in rows[first:first + group_size]))
+            inputs = self.adapter.encode([t for t in prompts for _ in range(samples)],
+                                         [im for im in images for _ in range(samples)])
+            size = inputs["input_ids"].shape[0]
+            if keys is None:
+                kwargs: dict[str, Any] = dict(do_sample=False)
+            else:
+                # The sampler leaves one finite logit per sequence: transformers' own sampling then
+                # takes it whatever its warpers (disabled here) would do.
+                sampler = KeyedSampler(keys[first * samples:first * samples + size],
+                                       prompt_length=inputs["input_ids"].shape[1], temperature=options.temperature,
+                                       top_k=options.top_k)
+                kwargs = dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, logits_processor=[sampler])
+            group_texts, group_counts = self.adapter.generate(inputs, max_new_tokens=options.max_new_tokens, **kwargs)
+            texts += group_texts
+            counts += group_counts.cpu().tolist()
+            self.generate_slots += size * int(group_counts.max())
+        return texts, counts
 
 
 def to_host(tensors: dict[Any, "torch.Tensor"]) -> dict[Any, np.ndarray]:
@@ -590,18 +654,20 @@ def _run_inference(settings: InferenceSettings) -> str:
         pending = pending[: settings.limit_rows]
     runner = RowRunner(adapter, settings, bench, plan, paths, digests=image_digests(table))
     step = runner.generate_batch if generative else runner.score_batch
+    # generation: a step decodes a whole chunk (groups of batch_size rows), so finished sequences' slots refill
+    step_rows = settings.chunk_size if generative else settings.batch_size
     if settings.group_by_length or generative:      # generation pads (and waits) for the longest prompt
         pending = runner.grouped_by_length(pending, settings.chunk_size)
 
     started = time.perf_counter()
     with progress_bar(len(pending), unit="row", desc=f"infer {settings.model_name}/{settings.prompt}") as bar:
-        used = run_batches(step, runner.prepare, pending, batch_size=settings.batch_size,
+        used = run_batches(step, runner.prepare, pending, batch_size=step_rows,
                            chunk_size=settings.chunk_size, workers=settings.loader_workers(),
                            pin_memory=device.startswith("cuda"), write=writer.write, batch_done=bar.update)
     done_now = len(pending)
     final = {**writer.throughput(), **_peak_memory(writer, device),
              "last_run_rows": done_now, "last_run_s": time.perf_counter() - started,
-             "batch_size_used": used if len(pending) else writer.attr("batch_size_used", settings.batch_size)}
+             "batch_size_used": min(used, settings.batch_size) if len(pending) else writer.attr("batch_size_used", settings.batch_size)}
     if len(writer.pending_rows()):
         writer.set_attrs(final)
         log.warning("%s: stopped after %d rows (--limit-rows); run again to continue", writer.path, done_now)

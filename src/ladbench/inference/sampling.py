@@ -41,8 +41,9 @@ def _mix(x: torch.Tensor) -> torch.Tensor:
     return x ^ (x >> 16)
 
 
-def uniform(keys: torch.Tensor, step: int, tokens: torch.Tensor) -> torch.Tensor:
-    """Uniform numbers in (0, 1), one per (sequence key [B], token id [B, K]), for ``step``."""
+def uniform(keys: torch.Tensor, step: int | torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """Uniform numbers in (0, 1), one per (sequence key [B], token id [B, K]), for ``step`` (one
+    for all sequences, or each sequence's own [B]: the same numbers either way)."""
     h = _mix(_mix(keys.long()) ^ step)                                   # [B]
     h = _mix(h[:, None] ^ _mix(tokens.long() + 0x9E3779B9))              # [B, K]
     return (h.double() + 0.5) / 2.0 ** 32
@@ -65,8 +66,13 @@ class KeyedSampler:
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         step = input_ids.shape[1] - self.prompt_length
-        values, tokens = scores.float().topk(min(self.top_k, scores.shape[-1]), dim=-1)
-        gumbel = -torch.log(-torch.log(uniform(self.keys.to(scores.device), step, tokens)))
-        drawn = tokens.gather(-1, (values.double() / self.temperature + gumbel).argmax(-1, keepdim=True))
+        drawn = self.draw(scores, self.keys.to(scores.device), step)
         out = torch.full_like(scores, float("-inf"))
-        return out.scatter_(-1, drawn, 0.0)
+        return out.scatter_(-1, drawn[:, None], 0.0)
+
+    def draw(self, scores: torch.Tensor, keys: torch.Tensor, step: int | torch.Tensor) -> torch.Tensor:
+        """The token [B] each sequence (its key [B]) draws at ``step`` (one for all, or each
+        sequence's own [B]: the number of tokens it has generated before) from ``scores`` [B, V]."""
+        values, tokens = scores.float().topk(min(self.top_k, scores.shape[-1]), dim=-1)
+        gumbel = -torch.log(-torch.log(uniform(keys, step, tokens)))
+        return tokens.gather(-1, (values.double() / self.temperature + gumbel).argmax(-1, keepdim=True))[:, 0]

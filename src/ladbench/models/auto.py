@@ -372,6 +372,20 @@ class AutoAdapter(ModelAdapter):
         with compat.cache_rollback(state.past_key_values, state.seq_len):
             return self.model(**model_inputs, return_dict=True).logits[:, -1].float()
 
+    def decode_positions(self, state: PrefillState) -> torch.Tensor | None:
+        """The prefill's last position ids (as ``generate`` computed them: 1-D or multi-axis)
+        plus one; None where the model takes no position ids (it counts from the cache)."""
+        pos = state.model_kwargs.get("position_ids")
+        return None if pos is None else pos[..., -1:] + 1
+
+    @torch.no_grad()
+    def decode_logits(self, cache: Any, ids: torch.Tensor, attention_mask: torch.Tensor,
+                      position_ids: torch.Tensor | None) -> torch.Tensor:
+        kwargs = {} if position_ids is None else {"position_ids": position_ids}
+        out = self.model(input_ids=ids, attention_mask=attention_mask, past_key_values=cache, use_cache=True,
+                         return_dict=True, **self._last_logits_only, **kwargs)
+        return out.logits[:, -1].float()
+
 
 def text_placeholder(processor: Any) -> str | None:
     """What the chat template writes for one image and the processor expands: the processor's

@@ -364,6 +364,27 @@ class ModelAdapter:
             hidden = out.last_hidden_state[:, -1:]
             return self.model.get_output_embeddings()(hidden)[:, -1].float()
 
+    def decode_positions(self, state: PrefillState) -> torch.Tensor:
+        """Position ids of the first token after the prefill, batch at dim -2 ([B, 1], or
+        [A, B, 1] for multi-axis RoPE): the decode loop (``inference/decode.py``) adds one per step."""
+        pos = self.continuation_position_ids(state, 1)
+        if pos is None:
+            raise NotImplementedError(f"{type(self).__name__} states no continuation positions")
+        return pos
+
+    @torch.no_grad()
+    def decode_logits(self, cache: Any, ids: torch.Tensor, attention_mask: torch.Tensor,
+                      position_ids: torch.Tensor) -> torch.Tensor:
+        """One decode step: next-token logits [B, V] (float32) after appending ``ids`` [B, 1] at
+        ``position_ids`` to ``cache`` (kept: the loop owns the cache); ``attention_mask`` [B, T + 1]
+        (or its 4-D form [B, 1, 1, T + 1]) covers the cache and the new token."""
+        length = attention_mask.shape[-1] - 1
+        kwargs = dict(input_ids=ids, attention_mask=attention_mask, past_key_values=cache, use_cache=True,
+                      position_ids=position_ids, return_dict=True,
+                      cache_position=torch.arange(length, length + 1, device=ids.device))
+        hidden = self.model.model(**compat.forward_kwargs(kwargs)).last_hidden_state[:, -1:]
+        return self.model.get_output_embeddings()(hidden)[:, -1].float()
+
     def end_token_ids(self) -> list[int]:
         """Tokens that end a reply: the end of the turn, and the model's own EOS tokens."""
         eos = self.model.generation_config.eos_token_id

@@ -72,6 +72,41 @@ def cache_rollback(cache: Any, length: int) -> Iterator[None]:
             layers[i].recurrent_states.update(states)
 
 
+def plain_kv(cache: Any) -> list[list[Any]] | None:
+    """Each layer's ``[keys, values]`` ([B, H, T, D]) of a KV cache whose every layer is a plain
+    full-attention layer (4.53: a ``DynamicCache``; 5.x: ``DynamicLayer``s), which the decode loop
+    may cut, repeat and join along the batch; None for any other cache (sliding-window,
+    linear-attention or static layers keep state a batch join would have to know about)."""
+    if on_current_lane():
+        layers = getattr(cache, "layers", None) or []
+        if not layers or any(type(layer).__name__ != "DynamicLayer" or not layer.is_initialized for layer in layers):
+            return None
+        return [[layer.keys, layer.values] for layer in layers]
+    if type(cache).__name__ != "DynamicCache" or not len(cache.key_cache):
+        return None
+    return [[k, v] for k, v in zip(cache.key_cache, cache.value_cache)]
+
+
+def set_plain_kv(cache: Any, kv: list[list[Any]]) -> None:
+    """Put ``kv`` (what :func:`plain_kv` returned, cut or joined) back into ``cache``."""
+    if on_current_lane():
+        for layer, (keys, values) in zip(cache.layers, kv):
+            layer.keys, layer.values = keys, values
+        return
+    cache.key_cache, cache.value_cache = [k for k, _ in kv], [v for _, v in kv]
+    cache._seen_tokens = int(kv[0][0].shape[-2])
+
+
+def new_plain_cache(kv: list[list[Any]]) -> Any:
+    """A ``DynamicCache`` holding ``kv`` (each layer's ``[keys, values]``, full attention)."""
+    from transformers import DynamicCache
+    if on_current_lane():
+        return DynamicCache(ddp_cache_data=[(keys, values) for keys, values in kv])
+    cache = DynamicCache()
+    set_plain_kv(cache, kv)
+    return cache
+
+
 def qwen_vl_rope_index(base_model: Any, inputs: dict[str, Any]) -> tuple[Any, Any]:
     """Qwen2.5-VL's M-RoPE ``(position_ids [3, B, T], rope_deltas [B, 1])`` for a prefill, computed
     by the model's own ``get_rope_index`` (5.x takes the processor's ``mm_token_type_ids``)."""

@@ -48,7 +48,7 @@ from ladbench.calibration import Calibration, log_softmax
 from ladbench.data.coco import image_digests, image_paths, load_image_table, read_image
 from ladbench.inference.cache import read_cache
 from ladbench.provenance import LABELS, title_with_kind
-from ladbench.report.study import evaluation_predictions, read_evaluation
+from ladbench.records import evaluation_predictions, read_evaluation
 from ladbench.settings import Settings, setting
 from ladbench.arrays import EvalArrays, eval_arrays
 from ladbench.inputs import MismatchError, check_benchmark_table, check_calibrations

@@ -98,7 +98,7 @@ def run_tables(args: argparse.Namespace) -> None:
 def run_confusion(args: argparse.Namespace) -> None:
     from ladbench.report.figures import confusion_figure, save_figure
 
-    from ladbench.report.study import evaluation_predictions
+    from ladbench.records import evaluation_predictions
 
     predictions = evaluation_predictions(Path(args.predictions).with_suffix(".json"))
     kind = str(predictions.pop("model_kind", ""))
@@ -113,7 +113,7 @@ def run_figures(args: argparse.Namespace) -> None:
         save_figures,
         score_profile_figure,
     )
-    from ladbench.report.study import analysis_arrays, read_analysis
+    from ladbench.records import analysis_arrays, read_analysis
 
     analysis = read_analysis(args.analysis)
     arrays = analysis_arrays(args.analysis, analysis)
@@ -130,7 +130,8 @@ def run_figures(args: argparse.Namespace) -> None:
 
 def run_model_figures(args: argparse.Namespace) -> None:
     from ladbench.report.figures import accuracy_vs_n_figure, divergence_figure, save_figures
-    from ladbench.report.study import accuracy_by_n, analysis_arrays
+    from ladbench.records import analysis_arrays
+    from ladbench.report.study import accuracy_by_n
 
     study = _load(args)
     if args.model not in study.models:

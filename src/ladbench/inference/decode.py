@@ -1,0 +1,287 @@
+"""The one decode loop of the generative variants (CoT, self-consistency), every family, both lanes.
+
+What ``generate(num_return_sequences=S)`` did per batch of rows, and what this loop does instead:
+
+* **one vision pass and one prefill per row**: the rows are prefilled once (in groups of the
+  batch size); a row's S samples continue from its prefilled KV cache, repeated in the cache
+  (rows of the cache selected S times), with its position state (the position of its next token,
+  1-D or multi-axis RoPE alike, ``ModelAdapter.decode_positions``) carried along;
+* **a full batch**: at most ``slots`` sequences are in flight; a sequence that ends leaves the
+  batch at once (its rows of the cache are dropped) and the next pending sequence takes its
+  place (its row prefilled when it is first needed, its cache joined to the batch's by left
+  padding; each row's next position is tracked explicitly, so padding moves no position);
+* **one host sync per decode step**: the step's drawn tokens and their "ended" flags come back in
+  one copy; drawing, dropping, joining and the forward pass read nothing else from the device.
+
+Each sequence draws exactly what ``generate`` drew: greedy (CoT) takes the argmax; sampled
+(SC) draws with :class:`~ladbench.inference.sampling.KeyedSampler` under its own key at its own
+step (the number of tokens it has generated), after the model's repetition penalty where its
+generation config has one (applied to the row's own tokens, as a batch of one). On the CPU in
+float32 the replies equal ``generate``'s reply for reply (tests/test_generation.py).
+
+transformers 5.x's ``generate_batch`` / ``ContinuousBatchingManager`` is not used: its requests
+are token ids only (5.23: ``generate_batch(inputs: list[list[int]])``, ``add_request(input_ids:
+list[int])``; no pixel values, no multi-axis positions), so it cannot serve these image inputs;
+both lanes run this loop. Caches that are not plain full-attention layers (sliding
+windows, linear attention: ``compat.plain_kv``) or models that take no position ids keep the
+padded path inside the same loop: a group's sequences run together until all have ended
+(finished ones fed the pad token, as ``generate`` does), then the next group starts. A static
+KV cache with CUDA graphs / ``torch.compile`` is not implemented: it could not be run and tested
+without a GPU here.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Sequence
+
+import torch
+
+from ladbench.models import compat
+
+from .greedy import repetition_penalty
+
+#: generation-config options whose logits processors this loop does not reproduce; a model that
+#: sets one generates through ``generate`` (``RowRunner``), which applies them
+UNREPRODUCED_OPTIONS = ("no_repeat_ngram_size", "bad_words_ids", "min_length", "min_new_tokens", "suppress_tokens",
+                        "begin_suppress_tokens", "sequence_bias", "forced_bos_token_id", "forced_eos_token_id",
+                        "exponential_decay_length_penalty", "stop_strings", "guidance_scale")
+
+
+def unreproduced_options(adapter) -> list[str]:
+    """The options of the model's generation config that only ``generate`` applies (empty: the loop runs)."""
+    config = getattr(adapter.model, "generation_config", None)
+    return [name for name in UNREPRODUCED_OPTIONS if getattr(config, name, None) not in (None, 0, [], {}, 1.0)]
+
+
+def _full_attention_only(text_config: Any) -> bool:
+    """Every decoder layer attends to the whole sequence (no sliding window, no other layer kind)."""
+    types = getattr(text_config, "layer_types", None) or ["full_attention"]
+    return set(types) == {"full_attention"} and not getattr(text_config, "use_sliding_window", False)
+
+
+class UnrepeatableCache(ValueError):
+    """A cache whose layers transformers cannot repeat per sample (5.x linear-attention layers):
+    self-consistency then generates through ``generate`` (``RowRunner``)."""
+
+
+@dataclass
+class DecodeStats:
+    """Counts of one or more decode runs (``bench_inference.py --generation``, tests)."""
+
+    prefills: int = 0                 # prefill forward passes
+    prefilled_rows: int = 0           # rows through them (each row once)
+    prefilled_tokens: int = 0         # prompt positions through them (padding included)
+    decode_steps: int = 0             # decode forward passes (one token per sequence in flight)
+    decode_rows: int = 0              # sequences through them, summed over steps
+    token_slots: int = 0              # tokens drawn, useful or not (a finished sequence kept in the batch)
+    useful_tokens: int = 0            # tokens of the replies (end token included)
+    slots: int = 0                    # the batch's capacity in sequences
+
+    def useful_fraction(self) -> float:
+        return self.useful_tokens / max(self.token_slots, 1)
+
+    def occupancy(self) -> float:
+        """Mean sequences per decode step over the capacity (1: the batch stayed full)."""
+        return self.decode_rows / max(self.decode_steps * self.slots, 1)
+
+    def add(self, other: "DecodeStats") -> None:
+        for name in self.__dataclass_fields__:
+            if name != "slots":
+                setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.slots = max(self.slots, other.slots)
+
+
+@dataclass
+class Flight:
+    """Sequences on the device, batch first (positions: batch at dim -2), and their host ids."""
+
+    cache: Any
+    mask: torch.Tensor                         # [B, T] padding mask of the cache (+ the token fed next)
+    positions: torch.Tensor | None             # [..., B, 1] position of the token fed next
+    logits: torch.Tensor                       # [B, V] what the next draw reads
+    seen: torch.Tensor | None                  # [B, V] tokens the repetition penalty applies to
+    seq: list[int] = field(default_factory=list)     # sequence index of each row
+    keys: torch.Tensor | None = None           # [B] sampling keys
+    steps: torch.Tensor | None = None          # [B] tokens generated so far (the draw's step)
+
+    def __len__(self) -> int:
+        return len(self.seq)
+
+
+def _index(tensor: torch.Tensor | None, idx: torch.Tensor, dim: int = 0) -> torch.Tensor | None:
+    return None if tensor is None else tensor.index_select(dim, idx)
+
+
+def take(flight: Flight, rows: Sequence[int], *, joinable: bool) -> Flight:
+    """The given rows of ``flight`` (a row may repeat: a sample of the same prompt), in that order."""
+    if list(rows) == list(range(len(flight))):
+        return flight
+    idx = torch.tensor(list(rows), dtype=torch.long, device=flight.mask.device)
+    if joinable:
+        cache = compat.new_plain_cache([[k.index_select(0, idx), v.index_select(0, idx)]
+                                        for k, v in compat.plain_kv(flight.cache)])
+    else:            # only a whole group, each row repeated equally (the padded path)
+        repeats = len(rows) // len(flight)
+        if list(rows) != [r for r in range(len(flight)) for _ in range(repeats)]:
+            raise ValueError("a cache that cannot be cut takes whole groups only")
+        cache = flight.cache
+        if repeats > 1 and not all(hasattr(layer, "batch_repeat_interleave") for layer in getattr(cache, "layers", [])):
+            raise UnrepeatableCache(f"{type(cache).__name__}'s layers cannot be repeated along the batch")
+        cache.batch_repeat_interleave(repeats)
+    return Flight(cache, flight.mask.index_select(0, idx), _index(flight.positions, idx, -2),
+                  flight.logits.index_select(0, idx), _index(flight.seen, idx),
+                  [flight.seq[r] for r in rows], _index(flight.keys, idx), _index(flight.steps, idx))
+
+
+def _left_pad(t: torch.Tensor, length: int, dim: int) -> torch.Tensor:
+    missing = length - t.shape[dim]
+    if not missing:
+        return t
+    shape = list(t.shape)
+    shape[dim] = missing
+    return torch.cat([t.new_zeros(shape), t], dim=dim)
+
+
+def join(a: Flight, b: Flight) -> Flight:
+    """Both flights in one batch (a's rows first), the shorter cache left padded (masked out)."""
+    if not len(a):
+        return b
+    length = max(a.mask.shape[1], b.mask.shape[1])
+    kv = [[torch.cat([_left_pad(x, length, -2), _left_pad(y, length, -2)]) for x, y in zip(pa, pb)]
+          for pa, pb in zip(compat.plain_kv(a.cache), compat.plain_kv(b.cache))]
+    compat.set_plain_kv(a.cache, kv)
+
+    def cat(x, y, dim=0):
+        return None if x is None else torch.cat([x, y], dim)
+    return Flight(a.cache, torch.cat([_left_pad(a.mask, length, 1), _left_pad(b.mask, length, 1)]),
+                  cat(a.positions, b.positions, -2), torch.cat([a.logits, b.logits]), cat(a.seen, b.seen),
+                  a.seq + b.seq, cat(a.keys, b.keys), torch.cat([a.steps, b.steps]))
+
+
+class SlotDecoder:
+    """Decode the replies of groups of rows (each ``samples`` sequences) with ``slots`` in flight.
+
+    ``draw(scores [B, V], keys [B] | None, steps [B]) -> tokens [B]`` picks each token (greedy:
+    argmax; sampled: ``KeyedSampler.draw``); ``keys`` are the sequences' keys in row-major order
+    (row, sample), or None for greedy decoding.
+    """
+
+    def __init__(self, adapter, *, samples: int, slots: int, max_new_tokens: int,
+                 draw: Callable[[torch.Tensor, torch.Tensor | None, torch.Tensor], torch.Tensor],
+                 keys: torch.Tensor | None = None) -> None:
+        self.adapter, self.samples, self.max_new_tokens, self.draw = adapter, samples, max_new_tokens, draw
+        self.slots = max(slots, samples)
+        self.keys = keys
+        self.end_ids = set(adapter.end_token_ids())
+        self.ends = torch.tensor(sorted(self.end_ids), device=adapter.device)
+        self.penalty = repetition_penalty(adapter)
+        self.stats = DecodeStats(slots=self.slots)
+        self.joinable = True            # decided by the first prefill (plain cache, explicit positions)
+
+    # ----------------------------------------------------------------- prefill
+    def prefill(self, inputs: dict[str, torch.Tensor], first_row: int) -> Flight:
+        """One prefill of a group of rows (sequence ids: its rows' first samples)."""
+        ad = self.adapter
+        inputs = ad.to_device(inputs)
+        logits, state = ad.prefill(inputs, use_cache=True)
+        positions = ad.decode_positions(state)
+        self.joinable = (self.joinable and positions is not None and _full_attention_only(ad.text_config)
+                         and compat.plain_kv(state.past_key_values) is not None)
+        rows = inputs["input_ids"].shape[0]
+        self.stats.prefills += 1
+        self.stats.prefilled_rows += rows
+        self.stats.prefilled_tokens += int(inputs["input_ids"].numel())
+        seen = None
+        if self.penalty != 1.0:          # the row's own tokens (padding replaced by its last token: as alone)
+            ids, mask = inputs["input_ids"], inputs["attention_mask"].bool()
+            real = torch.where(mask, ids, ids[:, -1:])
+            seen = torch.zeros_like(logits, dtype=torch.bool).scatter_(1, real, True)
+        mask = state.attention_mask.to(logits.device)
+        return Flight(state.past_key_values, mask, positions, logits, seen,
+                      [(first_row + r) * self.samples for r in range(rows)])
+
+    # ------------------------------------------------------------------ decode
+    def run(self, groups: Iterable[dict[str, torch.Tensor]]) -> list[list[int]]:
+        """The reply tokens of every sequence (end token included), row-major (row, sample)."""
+        pending = iter(groups)
+        replies: list[list[int]] = []
+        flight: Flight | None = None
+        parked: Flight | None = None            # prefilled rows whose samples have not all started
+        next_sample: list[int] = []             # per parked row: its next sample to start
+        rows_seen = 0
+        while True:
+            # admit: fill the free slots from the parked rows, prefilling the next group when needed
+            while flight is None or (len(flight) < self.slots and self.joinable):
+                if parked is None or all(s == self.samples for s in next_sample):
+                    inputs = next(pending, None)
+                    if inputs is None:
+                        break
+                    parked = self.prefill(inputs, rows_seen)
+                    next_sample = [0] * len(parked)
+                    rows_seen += len(parked)
+                    replies += [[] for _ in range(len(parked) * self.samples)]
+                free = self.slots - (len(flight) if flight is not None else 0)
+                if not self.joinable:
+                    free = len(parked) * self.samples           # the whole group together
+                rows, samples = [], []
+                for r in range(len(parked)):
+                    while next_sample[r] < self.samples and len(rows) < free:
+                        rows.append(r)
+                        samples.append(next_sample[r])
+                        next_sample[r] += 1
+                fresh = take(parked, rows, joinable=self.joinable)
+                fresh.seq = [parked.seq[r] + sample for r, sample in zip(rows, samples)]
+                fresh.keys = None if self.keys is None else self.keys[fresh.seq].to(fresh.logits.device)
+                fresh.steps = torch.zeros(len(rows), dtype=torch.long, device=fresh.logits.device)
+                flight = fresh if flight is None else join(flight, fresh)
+                if not self.joinable:
+                    parked = None
+                    break
+            if flight is None or not len(flight):
+                return replies
+            flight = self.step(flight, replies)
+
+    def step(self, flight: Flight, replies: list[list[int]]) -> Flight | None:
+        """Draw one token per sequence, read them back (the step's one host sync), drop the
+        sequences that ended and feed the others' tokens through the model."""
+        scores = flight.logits
+        if flight.seen is not None:
+            p = self.penalty
+            scores = torch.where(flight.seen, torch.where(scores < 0, scores * p, scores / p), scores)
+        tokens = self.draw(scores, flight.keys, flight.steps)
+        ended = torch.isin(tokens, self.ends)
+        host = torch.stack([tokens, ended.long()]).cpu().numpy()              # the one sync
+        self.stats.token_slots += len(flight)
+        live = []
+        for b, (seq, token, end) in enumerate(zip(flight.seq, host[0], host[1])):
+            reply = replies[seq]
+            if reply and (reply[-1] in self.end_ids or len(reply) == self.max_new_tokens):
+                continue                                   # finished earlier, kept in a padded batch
+            reply.append(int(token))
+            self.stats.useful_tokens += 1
+            if not end and len(reply) < self.max_new_tokens:
+                live.append(b)
+        if not live:
+            return None
+        if self.joinable:
+            keep = live
+        else:                       # the padded path: every row stays, finished ones fed the pad token
+            keep = list(range(len(flight)))
+            finished = torch.ones(len(flight), dtype=torch.bool)
+            finished[live] = False
+            tokens = tokens.masked_fill(finished.to(tokens.device), self.adapter.pad_token_id)
+        flight = take(flight, keep, joinable=self.joinable)
+        fed = tokens.index_select(0, torch.tensor(keep, device=tokens.device))
+        if flight.seen is not None:
+            flight.seen = flight.seen.scatter(1, fed[:, None], True)
+        flight.mask = torch.cat([flight.mask, flight.mask.new_ones(len(keep), 1)], 1)
+        # a joinable cache is full attention only: the padding mask of a one-token query is the whole
+        # mask, handed over as such (4-D), so that transformers does not read it back to see if it can skip it
+        mask = flight.mask.bool()[:, None, None, :] if self.joinable else flight.mask
+        flight.logits = self.adapter.decode_logits(flight.cache, fed[:, None], mask, flight.positions)
+        if flight.positions is not None:
+            flight.positions = flight.positions + 1
+        flight.steps = flight.steps + 1
+        self.stats.decode_steps += 1
+        self.stats.decode_rows += len(keep)
+        return flight

@@ -1,0 +1,175 @@
+"""The decode loop of CoT and self-consistency (inference/decode.py) against the path it replaced.
+
+On the tiny models (their end-of-turn logit doubled, so replies end at mixed lengths), CPU,
+float32: the loop's replies equal transformers' ``generate`` reply for reply (CoT and SC, every
+hand-written family of the lane; family auto on the current lane); each row goes through the
+vision tower and the prefill once (``generate``: S times); the token slots the loop computes are
+useful tokens (>= 0.9; ``generate``'s figure next to it); a decode step reads back from the device
+once (counted as ``bench_inference.py --proxies`` counts the scoring pass).
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from conftest_models import FAMILIES, demo_runner
+from ladbench.models import compat
+
+pytestmark = [pytest.mark.slow, pytest.mark.lanes]
+
+#: hand-written families of this lane, and family auto (on the tiny Qwen2.5-VL build) on the current lane
+DECODE_FAMILIES = tuple(f for f in FAMILIES if f != "auto") + (("auto",) if compat.on_current_lane() else ())
+#: the families run on the tiny Qwen2.5-VL build (its vision tower is ``model.model.visual``)
+QWEN_BUILDS = tuple(f for f in DECODE_FAMILIES if f in ("qwen2_5_vl", "auto"))
+SAMPLES = 3
+VARIANTS = {"cot": dict(max_new_tokens=12), "sc": dict(samples=SAMPLES, max_new_tokens=8)}
+ROWS = list(range(10))              # 5 groups of 2 rows (batch size 2), prompts of two lengths
+
+
+def _bench_module():
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_inference.py"
+    spec = importlib.util.spec_from_file_location("bench_inference", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def ending(tiny_model):
+    """``ending(family)``: the family's tiny model with its end-of-turn logit doubled (its own copy)."""
+    from ladbench.models import load_adapter
+    loaded = {}
+
+    def get(family: str):
+        if family not in loaded:
+            folder = tiny_model("qwen2_5_vl" if family == "auto" else family)
+            adapter = load_adapter(family, folder, device="cpu", dtype="float32",
+                                   trust_remote_code=family == "llava_ov15")
+            with torch.no_grad():
+                adapter.model.get_output_embeddings().weight[adapter.end_of_turn_id] *= 2
+            loaded[family] = adapter
+        return loaded[family]
+    return get
+
+
+def generated(adapter, folder, prompt: str, decode: str, batch_size: int = 2):
+    """One step of the infer stage over all rows: its results and the runner (counts)."""
+    from ladbench.variants import variant
+    options = dataclasses.replace(variant(prompt).options(), **VARIANTS[prompt])
+    runner = demo_runner(adapter, folder, 4, bench_options=dict(n_eval=3, n_orderings=2, n_cal=1), prompt=prompt,
+                         decode=decode, options=options, batch_size=batch_size)
+    return runner.generate_batch(runner.prepare(ROWS)), runner
+
+
+@pytest.mark.parametrize("prompt", sorted(VARIANTS))
+@pytest.mark.parametrize("family", DECODE_FAMILIES)
+def test_decode_loop_replies_equal_generate_and_keep_slots_useful(ending, tmp_path, family, prompt):
+    adapter = ending(family)
+    new, loop = generated(adapter, tmp_path / "loop", prompt, "slots")
+    old, reference = generated(adapter, tmp_path / "generate", prompt, "generate")
+    assert loop.generate_reason is None                     # the loop ran (no fallback)
+    for key in ("text", "parsed", "n_generated") + (("sample_parsed",) if prompt == "sc" else ()):
+        assert (new[key] == old[key]).all(), key
+    lengths = new["n_generated"]
+    assert len(set(lengths.tolist())) > 1                   # replies of mixed length
+    stats = loop.decode_stats
+    assert stats.useful_tokens == int(lengths.sum())
+    assert stats.useful_fraction() >= 0.9
+    today = stats.useful_tokens / reference.generate_slots  # generate: every sequence until its batch's longest ends
+    assert today <= stats.useful_fraction()
+
+
+@pytest.mark.parametrize("prompt", sorted(VARIANTS))
+def test_a_repetition_penalty_is_applied_as_generate_applies_it_to_one_row(tiny_model, tmp_path, prompt):
+    """The generation config's repetition penalty (the real Qwen models set 1.05), over each row's
+    own tokens: the loop at batch 2 equals ``generate`` row by row (batch 1: no padding to penalise)."""
+    from ladbench.models import load_adapter
+    family = QWEN_BUILDS[0]
+    adapter = load_adapter(family, tiny_model("qwen2_5_vl"), device="cpu", dtype="float32")
+    with torch.no_grad():
+        adapter.model.get_output_embeddings().weight[adapter.end_of_turn_id] *= 2
+    adapter.model.generation_config.repetition_penalty = 1.5
+    new, loop = generated(adapter, tmp_path / "loop", prompt, "slots")
+    old, _ = generated(adapter, tmp_path / "generate", prompt, "generate", batch_size=1)
+    assert loop.generate_reason is None and loop.decode_stats.decode_steps
+    assert (new["text"] == old["text"]).all() and (new["n_generated"] == old["n_generated"]).all()
+    adapter.model.generation_config.repetition_penalty = 1.0                 # the penalty changes the replies
+    plain, _ = generated(adapter, tmp_path / "plain", prompt, "slots")
+    assert (plain["text"] != new["text"]).any()
+
+
+@pytest.mark.parametrize("family", QWEN_BUILDS)
+def test_self_consistency_prefills_each_row_once(ending, tmp_path, family):
+    """Vision tower calls and images, and prefilled tokens, per row: 1 and the prompt's length
+    against S and S times that through ``generate``."""
+    adapter = ending(family)
+    counts: collections.Counter = collections.Counter()
+
+    def on_vision(module, args, kwargs):
+        counts["vision_calls"] += 1
+        grid = kwargs.get("grid_thw", kwargs.get("image_grid_thw", args[1] if len(args) > 1 else None))
+        counts["images"] += len(grid)
+
+    def on_decoder(module, args, kwargs):
+        hidden = args[0] if args else kwargs["hidden_states"]
+        if hidden.shape[1] > 1:                              # a prefill (decode steps feed one token)
+            counts["prefilled_tokens"] += hidden.shape[0] * hidden.shape[1]
+    visual = adapter.model.model.visual
+    hooks = [visual.register_forward_pre_hook(on_vision, with_kwargs=True),
+             adapter.decoder_layers()[0].register_forward_pre_hook(on_decoder, with_kwargs=True)]
+    try:
+        result = {}
+        for decode in ("slots", "generate"):
+            counts.clear()
+            _, runner = generated(adapter, tmp_path / decode, "sc", decode)
+            result[decode] = dict(counts)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    groups = runner.prepare(ROWS).groups
+    prompt_tokens = sum(int(g["input_ids"].numel()) for g in groups)     # each row's padded prompt, once
+    assert result["slots"] == {"vision_calls": len(groups), "images": 4 * len(ROWS), "prefilled_tokens": prompt_tokens}
+    assert result["generate"] == {"vision_calls": len(groups), "images": SAMPLES * 4 * len(ROWS),
+                                  "prefilled_tokens": SAMPLES * prompt_tokens}
+
+
+@pytest.mark.parametrize("prompt", sorted(VARIANTS))
+def test_a_decode_step_reads_back_from_the_device_once(ending, tmp_path, monkeypatch, prompt):
+    """Host syncs per decode step (``.item()`` and the like, every ``tolist`` / ``cpu``; counted as
+    ``bench_inference.py --proxies`` counts them): at most one, the step's drawn tokens."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from ladbench.inference.decode import SlotDecoder
+    bench = _bench_module()
+    per_step = []
+    step = SlotDecoder.step
+
+    def counted(self, flight, replies):
+        with bench.count_tensor_calls(bench.HOST_COPY_METHODS) as calls, \
+                profile(activities=[ProfilerActivity.CPU]) as prof:
+            out = step(self, flight, replies)
+        per_step.append(bench._syncs(collections.Counter(e.name for e in prof.events()), calls))
+        return out
+    monkeypatch.setattr(SlotDecoder, "step", counted)
+    generated(ending(QWEN_BUILDS[0]), tmp_path, prompt, "slots")
+    assert len(per_step) > 10 and max(per_step) <= 1 and min(per_step) == 1
+
+
+def test_keyed_draws_at_per_sequence_steps_equal_the_shared_step():
+    """The loop draws each sequence at its own step; the draws equal the processor's at that step."""
+    from ladbench.inference.sampling import KeyedSampler, sequence_keys
+    keys = sequence_keys(5, torch.arange(4), 2)
+    scores = torch.randn(8, 50, generator=torch.Generator().manual_seed(0))
+    sampler = KeyedSampler(keys, prompt_length=10, temperature=0.8, top_k=7)
+    steps = torch.tensor([0, 3, 1, 1, 2, 0, 5, 3])
+    drawn = sampler.draw(scores, keys, steps)
+    for b in range(8):
+        alone = KeyedSampler(keys[b:b + 1], 10, 0.8, 7)(torch.zeros(1, 10 + int(steps[b])), scores[b:b + 1])
+        assert alone.argmax(-1).item() == drawn[b].item()
+    assert np.unique(drawn.numpy()).size > 1
