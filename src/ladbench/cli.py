@@ -68,12 +68,13 @@ def _where(args: argparse.Namespace) -> None:
     from ladbench.config import check_environment, load_config, startup_warnings
 
     from ladbench.model_checks import check_models
+    from ladbench.study_paths import StudyPaths
 
     config = load_config(args.configfile)
     check_environment(config, source=args.configfile)
     for warning in startup_warnings(config) + check_models(config, args.configfile):
         print(f"WARNING: {args.configfile}: {warning}", file=sys.stderr)
-    report = Path(config["output_dir"]) / "report"
+    report = Path(StudyPaths(config).report_dir)
     print(f"Config {args.configfile} is valid.")
     print(f"Tables (Markdown; also .csv, .tex, .html beside them): {report}/")
     for table in sorted(report.glob("*.md")):
