@@ -62,23 +62,18 @@ def _check_capture_and_batching(adapter, eager, runner, n):
     return rows, batch["greedy_tokens"]
 
 
-def _extended(inputs, tokens):
-    """The prompt with ``tokens`` appended to every row, as a text continuation (positions
-    recomputed by the model's own machinery; per-token type ids 0: text)."""
-    length = inputs["input_ids"].shape[1]
+def _extended(adapter, inputs, tokens):
+    """The prompt with ``tokens`` appended to every row, as ``generate`` extends it: the
+    attention mask and the per-token type ids by the model's own
+    ``_update_model_kwargs_for_generation`` (PaliGemma's generated tokens are type 1, its causal
+    suffix; Gemma 3 repeats the last, text), positions recomputed by the model's own machinery."""
+    from transformers.modeling_outputs import CausalLMOutputWithPast
     add = torch.tensor([list(tokens)] * inputs["input_ids"].shape[0], dtype=torch.long)
-    out = {}
-    for key, value in inputs.items():
-        if key == "position_ids":
-            continue
-        if key == "attention_mask":
-            value = torch.cat([value, torch.ones_like(add)], 1)
-        elif key == "input_ids":
-            value = torch.cat([value, add], 1)
-        elif value.dim() == 2 and value.shape[1] == length:                    # token type ids
-            value = torch.cat([value, torch.zeros_like(add, dtype=value.dtype)], 1)
-        out[key] = value
-    return out
+    kwargs = {key: value for key, value in inputs.items() if key not in ("input_ids", "position_ids")}
+    kwargs = adapter.model._update_model_kwargs_for_generation(CausalLMOutputWithPast(), kwargs,
+                                                               num_new_tokens=add.shape[1])
+    return {"input_ids": torch.cat([inputs["input_ids"], add], 1),
+            **{key: value for key, value in kwargs.items() if key in inputs}}
 
 
 def _check_kv_continuation(adapter, runner):
@@ -88,8 +83,8 @@ def _check_kv_continuation(adapter, runner):
     tok = adapter.tokenizer.convert_tokens_to_ids
     for prefix in ([tok("1")], [tok("1"), tok("2")], [tok("3")]):           # one- and two-token continuations
         cont = adapter.continue_logits(state, prefix)
-        full, _ = adapter.prefill(adapter.to_device({**_extended(inputs, prefix), **adapter.prefill_extras(
-            _extended(inputs, prefix))}), use_cache=False)
+        extended = _extended(adapter, inputs, prefix)
+        full, _ = adapter.prefill(adapter.to_device({**extended, **adapter.prefill_extras(extended)}), use_cache=False)
         assert torch.allclose(cont, full, atol=1e-4, rtol=0), (prefix, (cont - full).abs().max())
     assert state.past_key_values.get_seq_length() == inputs["input_ids"].shape[1]    # cache cropped back
 

@@ -211,6 +211,35 @@ def test_refused_without_a_chat_template_before_any_job_and_at_load(tiny_arch_mo
 
 
 @current_lane
+def test_a_chat_template_given_in_the_config_serves_a_checkpoint_released_without_one(tiny_arch_model, tmp_path):
+    """PaliGemma's checkpoints have no chat template: refused at start-up and at load unless the
+    config gives one (models.<name>.chat_template), which the load then lays the prompt out with."""
+    from ladbench.config import _check_cross_references
+    from ladbench.model_checks import check_models, has_chat_template
+    from ladbench.models import load_adapter
+    from ladbench.models.tiny_archs import BUILDS, given_chat_template
+    folder = tiny_arch_model("paligemma")
+    template = given_chat_template(folder)
+    assert not has_chat_template(folder) and template
+    model = {"family": "auto", "path": folder, "tiny": False}
+    config = {"output_dir": str(tmp_path), "lad": dict(LAD), "models": {"p": model}}
+    with pytest.raises(ConfigError, match=r"^s\.yaml: models\.p: family auto cannot run architecture 'paligemma': no "
+                                          r"chat template .* models\.<name>\.chat_template"):
+        check_models(config, "s.yaml")
+    with pytest.raises(ValueError, match="has no chat template"):
+        load_adapter("auto", folder, device="cpu", dtype="float32")
+    model["chat_template"] = template
+    assert not any("chat template" in warning for warning in check_models(config, "s.yaml"))   # not refused
+    adapter = load_adapter("auto", folder, device="cpu", dtype="float32", chat_template=template)
+    assert adapter.processor.chat_template == BUILDS["paligemma"].given_chat_template
+    assert adapter.chat_text("Which?", 2).count("<image>") == 2
+    model["chat_template"] = str(tmp_path / "missing.jinja")
+    with pytest.raises(ConfigError, match=r"^s\.yaml: models\.p\.chat_template: no file .*missing\.jinja$"):
+        _check_cross_references({"datasets": {}, "models": {"p": {**model, "trust_remote_code": False}},
+                                 "evaluation": {"transfer": []}}, "s.yaml")
+
+
+@current_lane
 def test_refused_for_one_image_per_prompt(auto_adapter):
     """A processor that expands one image placeholder of a prompt of several is refused, naming that."""
     adapter = auto_adapter("gemma3")

@@ -339,7 +339,8 @@ class StudyFlags(StudyTargets):
         return flags(
             model_name=wildcards.model, variant_name=wildcards.variant, family=model["family"],
             model_path=self.model_dir(wildcards.model), revision=None if model["tiny"] else model["revision"],
-            trust_remote_code=model["trust_remote_code"], prompt=variant["prompt"], identifiers=variant["identifiers"],
+            trust_remote_code=model["trust_remote_code"], chat_template=self.chat_template_file(wildcards.model),
+            prompt=variant["prompt"], identifiers=variant["identifiers"],
             **options, shard_index=getattr(wildcards, "shard", None), shard_count=self.shards if self.shards > 1 else None,
             **self.prompt_setting_options(variant["prompt"]),
         )

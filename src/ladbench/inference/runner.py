@@ -79,6 +79,9 @@ class InferenceSettings(Settings):
     trust_remote_code: bool = setting(
         False, "allow model code shipped with the checkpoint (needed by llava_ov15; only for trusted models)",
         config=False, group="model")
+    chat_template: str | None = setting(
+        None, "a Jinja file holding the chat template, for a checkpoint released without one (used only when the "
+        "model's processor has none)", kind=str, config=False, group="model")
     prompt: str = "vanilla"              # its flag lists the registry's variants, plugins' included (stages/infer.py)
     variant_name: str | None = setting(
         None, "the config's name of this cache variant, recorded in the cache (default: the prompt)", kind=str,
@@ -549,7 +552,8 @@ def _run_inference(settings: InferenceSettings) -> str:
     from ladbench.models import load_adapter
     device = settings.device
     adapter = load_adapter(settings.family, settings.model_path, revision=settings.revision, dtype=settings.dtype,
-                           device=device, trust_remote_code=settings.trust_remote_code, vision=settings.vision_tower)
+                           device=device, trust_remote_code=settings.trust_remote_code, vision=settings.vision_tower,
+                           chat_template=settings.chat_template)
     generative = entry.generative
     layout = CacheLayout(n_candidates=n, n_layers=adapter.n_layers, n_heads=adapter.n_heads,
                          store_heads=settings.store_head_attention, generative=generative,

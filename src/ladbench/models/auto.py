@@ -138,7 +138,8 @@ class AutoAdapter(ModelAdapter):
         if not isinstance(self.placeholder, str):
             raise self.refused("its processor names no image placeholder token (processor.image_token)")
         if not getattr(processor, "chat_template", None):
-            raise self.refused(f"{self.model_path} has no chat template, and the prompt is laid out by the model's own")
+            raise self.refused(f"{self.model_path} has no chat template, and the prompt is laid out by the model's own "
+                               "(for a checkpoint released without one, give one: models.<name>.chat_template)")
         self._added_ids = np.array(sorted(self.tokenizer.added_tokens_decoder), dtype=np.int64)
         forward = inspect.signature(model.forward).parameters
         self._position_ids_accepted = "position_ids" in forward

@@ -13,6 +13,7 @@ The weights are random: these models test code paths and equivalences, not answe
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -37,6 +38,15 @@ class TinyArch:
     build: Callable[[dict[str, Any]], tuple[Any, Any]]
     layout: str
     span_ends: tuple[str, str]
+    #: for an architecture whose released checkpoints have no chat template (the build's
+    #: processor then has none either): the template a study's config gives it
+    #: (``models.<name>.chat_template``), saved beside the weights as :data:`GIVEN_CHAT_TEMPLATE`
+    given_chat_template: str | None = None
+
+
+#: the file of a tiny build's folder holding the chat template a study's config would give it
+#: (a name transformers does not read: the folder itself has no template, as released)
+GIVEN_CHAT_TEMPLATE = "given_chat_template.jinja"
 
 
 def _vision(p: dict[str, Any], **extra: Any) -> dict[str, Any]:
@@ -727,6 +737,33 @@ def _build_qianfan_ocr(p):
     return QianfanOCRForConditionalGeneration(cfg), proc
 
 
+# google/paligemma-3b-mix-224 ships no chat template: its processor writes the images first,
+# then BOS, the text and a newline. The one a study's config gives it writes the images first.
+PALIGEMMA_CHAT_TEMPLATE = (
+    "{% for message in messages %}{% for content in message['content'] | selectattr('type', 'equalto', 'image') %}"
+    "<image>{% endfor %}{% for content in message['content'] | selectattr('type', 'equalto', 'text') %}"
+    "{{ content['text'] }}{% endfor %}{% endfor %}")
+
+
+def _build_paligemma(p):
+    """PaliGemma: a SigLIP tower, all images first as one run of ``<image>`` each, then BOS and
+    the text; the prompt (the prefix) attends bidirectionally, generated tokens (token type 1,
+    the suffix) causally. No chat template (:data:`PALIGEMMA_CHAT_TEMPLATE` is given apart)."""
+    from transformers import PaliGemmaConfig, PaliGemmaForConditionalGeneration, PaliGemmaProcessor, SiglipImageProcessor
+    special = ("<image>", "<bos>")
+    tok = _tokenizer(special, bos="<bos>", image_token="<image>")
+    side, patch = _CLIP_SIDE, _CLIP_PATCH
+    improc = SiglipImageProcessor(size={"height": side, "width": side}, **_NORM)
+    improc.image_seq_length = (side // patch) ** 2
+    proc = PaliGemmaProcessor(image_processor=improc, tokenizer=tok)
+    ids = _ids(proc.tokenizer, QWEN_SPECIAL_TOKENS + special)
+    vision = _siglip(p, side, patch)
+    cfg = PaliGemmaConfig(text_config=dict(model_type="gemma", **_text_config(p, ids, head_dim=p["hidden"] // p["heads"])),
+                          vision_config=dict(vision, projection_dim=p["hidden"]), image_token_index=ids["<image>"],
+                          projection_dim=p["hidden"], hidden_size=p["hidden"])
+    return PaliGemmaForConditionalGeneration(cfg), proc
+
+
 #: The hand-written families whose tiny builds (``models/tiny.py``) auto runs too, in the
 #: tests, where it must write their adapters' caches; each build's model type is the family's name.
 FAMILY_BUILDS_AUTO_RUNS = ("qwen2_5_vl", "internvl", "llava_onevision", "qwen3_vl")
@@ -789,8 +826,6 @@ NOT_BUILT = {
     "ovis2": "a hand-written tiny build; the generic one's image tokens do not fall one image's run each into the spans"
              " (undiagnosed)",
     "paddleocr_vl": "a hand-written tiny build; the generic one fails at load (an M-RoPE shape mismatch, undiagnosed)",
-    "paligemma": "a chat template (its checkpoints have none: auto refuses them); with one written by hand every check "
-                 "passes once the KV check appends token type ids as generate does",
     "qwen2_5_omni_thinker": "a processor: none is mapped for its model type (a checkpoint names its own)",
     "qwen3_omni_moe_thinker": "a processor: none is mapped for its model type (a checkpoint names its own)",
     "shieldgemma2": "several images per prompt: its processor takes one image per prompt",
@@ -854,6 +889,9 @@ BUILDS: dict[str, TinyArch] = {
                             ("[IMG]", "[IMG]")),
     "qianfan_ocr": TinyArch(_build_qianfan_ocr, "tiles between markers, written by the template as a separate "
                             "placeholder", ("<img>", "</img>")),
+    "paligemma": TinyArch(_build_paligemma, "single span, no markers, all images before the text; bidirectional "
+                          "prompt; no released chat template (given in the config)", ("<image>", "<image>"),
+                          given_chat_template=PALIGEMMA_CHAT_TEMPLATE),
     "exaone4_5": TinyArch(_build_exaone4_5, "single span between template markers; sliding-window layers",
                           ("<|vision_start|>", "<|vision_end|>")),
 }
@@ -868,6 +906,17 @@ def build_tiny_architecture(model_type: str, out_dir: str, *, seed: int = 0, pre
     torch.manual_seed(seed)
     model, processor = BUILDS[model_type].build(PRESETS[preset])
     model.eval()
-    return save_model_folder(out_dir, model, processor,
-                             {"architecture": model_type, "kind": TINY_RANDOM, "seed": seed, "preset": preset,
-                              "note": "random weights built offline by ladbench; answers are meaningless"})
+    folder = save_model_folder(out_dir, model, processor,
+                               {"architecture": model_type, "kind": TINY_RANDOM, "seed": seed, "preset": preset,
+                                "note": "random weights built offline by ladbench; answers are meaningless"})
+    if BUILDS[model_type].given_chat_template:
+        with open(os.path.join(folder, GIVEN_CHAT_TEMPLATE), "w", encoding="utf-8") as f:
+            f.write(BUILDS[model_type].given_chat_template)
+    return folder
+
+
+def given_chat_template(folder: str) -> str | None:
+    """The chat template file a study's config gives the tiny build in ``folder`` (None: the
+    build has its own)."""
+    path = os.path.join(folder, GIVEN_CHAT_TEMPLATE)
+    return path if os.path.isfile(path) else None
