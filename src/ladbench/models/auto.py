@@ -100,7 +100,9 @@ def architecture_refusal(model_type: str) -> str | None:
 class AutoAdapter(ModelAdapter):
     """Any architecture of transformers' image-text-to-text mapping that passes the checks above."""
 
-    nested_images = True             # each prompt's images as one list: the processor's multi-image mode
+    #: each prompt's images as one list (the processor's multi-image mode), unless the processor
+    #: reads a nested list as the pages of one document (:func:`reads_lists_as_pages`)
+    nested_images = True
 
     # ----------------------------------------------------------------- loading
     @classmethod
@@ -134,6 +136,7 @@ class AutoAdapter(ModelAdapter):
 
     def __init__(self, model: torch.nn.Module, processor: Any, **kwargs: Any) -> None:
         super().__init__(model, processor, **kwargs)
+        self.nested_images = not reads_lists_as_pages(processor)
         self.placeholder = text_placeholder(processor)
         if not isinstance(self.placeholder, str):
             raise self.refused("its processor names no image placeholder token (processor.image_token)")
@@ -281,7 +284,7 @@ class AutoAdapter(ModelAdapter):
     def encode_with_spans(self, texts: Sequence[str], images: Sequence[Sequence[Image.Image]], *,
                           for_prefill: bool = False) -> tuple[dict[str, torch.Tensor], list[list[tuple[int, int]]]]:
         """The processor's inputs (left padded) and each row's image spans (module docstring)."""
-        inputs = self.processor(text=list(texts), images=[list(row) for row in images], return_tensors="pt",
+        inputs = self.processor(text=list(texts), images=self.processor_images(images), return_tensors="pt",
                                 padding=True, padding_side="left", return_text_replacement_offsets=True,
                                 return_offsets_mapping=True)
         replacements = inputs.pop("text_replacement_offsets", None)
@@ -380,6 +383,13 @@ def text_placeholder(processor: Any) -> str | None:
     into (Qianfan-OCR: ``<image>`` -> ``<img><IMG_CONTEXT>*k</img>``), else ``image_token``."""
     separate = getattr(processor, "image_placeholder_token", None)
     return separate if isinstance(separate, str) else getattr(processor, "image_token", None)
+
+
+def reads_lists_as_pages(processor: Any) -> bool:
+    """Whether the processor has a ``multi_page`` option (GOT-OCR2): it then reads a prompt's
+    list of images as the pages of one document, expanded together for one placeholder, and
+    gives each image its own expansion only when the images come as one flat list."""
+    return "multi_page" in getattr(getattr(processor, "valid_processor_kwargs", None), "__annotations__", {})
 
 
 def _difference(text: str, base: str) -> str:

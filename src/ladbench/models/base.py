@@ -270,13 +270,17 @@ class ModelAdapter:
         """Tokenise a batch of prompts with their images (flat, in prompt order), left padded, on the device."""
         return self.to_device(self.encode_on_host(texts, images))
 
+    def processor_images(self, images: Sequence[Sequence[Image.Image]]) -> list:
+        """A batch's images as the processor takes them: each prompt's as one list
+        (``nested_images``), else one flat list in prompt order."""
+        return [list(row) for row in images] if self.nested_images else [im for row in images for im in row]
+
     def encode_on_host(self, texts: Sequence[str], images: Sequence[Sequence[Image.Image]], *,
                        for_prefill: bool = False) -> dict[str, torch.Tensor]:
         """``encode`` without the move to the device (CPU work only: runs in DataLoader workers).
         ``for_prefill`` adds what ``prefill`` would otherwise compute itself (``prefill_extras``)."""
-        flat = [list(row) for row in images] if self.nested_images else [im for row in images for im in row]
-        inputs = self.processor(text=list(texts), images=flat, return_tensors="pt", padding=True,
-                                padding_side="left")
+        inputs = self.processor(text=list(texts), images=self.processor_images(images), return_tensors="pt",
+                                padding=True, padding_side="left")
         out = {k: v for k, v in inputs.items() if k not in self.drop_input_keys}
         if "pixel_values" in out and out["pixel_values"].is_floating_point():
             out["pixel_values"] = out["pixel_values"].to(self.model.dtype)       # cast here: half the copy

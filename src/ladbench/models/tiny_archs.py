@@ -764,6 +764,41 @@ def _build_paligemma(p):
     return PaliGemmaForConditionalGeneration(cfg), proc
 
 
+# stepfun-ai/GOT-OCR-2.0-hf ships no chat template: its processor writes its own OCR prompt
+# (ChatML, a system query, "<img><imgpad></img>" per image). The one a study's config gives it
+# writes that layout around the benchmark's text.
+GOT_OCR2_CHAT_TEMPLATE = (
+    "<|im_start|>system\nYou should follow the instructions carefully and explain your answers in detail.<|im_end|>"
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' }}"
+    "{% for content in message['content'] | selectattr('type', 'equalto', 'image') %}<img><imgpad></img>{% endfor %}"
+    "{% for content in message['content'] | selectattr('type', 'equalto', 'text') %}{{ '\n' + content['text'] }}"
+    "{% endfor %}<|im_end|>{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def _build_got_ocr2(p):
+    """GOT-OCR2: a SAM-style windowed tower, ``<img> <imgpad>*k </img>`` per image (its
+    processor's ``multi_page`` option would expand a prompt's images as one document's pages:
+    each gets its own run only from a flat list); a Qwen2 decoder. No chat template
+    (:data:`GOT_OCR2_CHAT_TEMPLATE` is given apart)."""
+    from transformers import GotOcr2Config, GotOcr2ForConditionalGeneration, GotOcr2ImageProcessor, GotOcr2Processor
+    special = ("<img>", "</img>", "<imgpad>")
+    tok = _tokenizer(special)
+    # the processor writes its fixed 256 tokens per image (no setting of its own survives a save):
+    # the released 1,024-px input, 16-px patches, its neck's 4x reduction; windowed attention only
+    side, patch, window = 1024, 16, 8
+    proc = GotOcr2Processor(image_processor=GotOcr2ImageProcessor(size={"height": side, "width": side}, **_NORM),
+                            tokenizer=tok)
+    ids = _ids(tok, QWEN_SPECIAL_TOKENS + special)
+    cfg = GotOcr2Config(text_config=dict(model_type="qwen2", **_text_config(p, ids)),
+                        vision_config=dict(hidden_size=p["vision_hidden"], output_channels=16,
+                                           num_hidden_layers=p["vision_depth"], num_attention_heads=2, image_size=side,
+                                           patch_size=patch, window_size=window, global_attn_indexes=[],
+                                           mlp_dim=2 * p["vision_hidden"]),
+                        image_token_index=ids["<imgpad>"], image_seq_length=(side // patch // 4) ** 2,
+                        tie_word_embeddings=False)
+    return GotOcr2ForConditionalGeneration(cfg), proc
+
+
 #: The hand-written families whose tiny builds (``models/tiny.py``) auto runs too, in the
 #: tests, where it must write their adapters' caches; each build's model type is the family's name.
 FAMILY_BUILDS_AUTO_RUNS = ("qwen2_5_vl", "internvl", "llava_onevision", "qwen3_vl")
@@ -794,8 +829,6 @@ NOT_BUILT = {
                  "settings)",
     "glm_ocr": "a processor: none is mapped for its model type (a checkpoint names its own)",
     "glmga": "a hand-written tiny build; the generic one fails at load (an M-RoPE shape mismatch, undiagnosed)",
-    "got_ocr2": "a chat template (its checkpoint has none; its processor writes its own OCR prompt) and auto to pass "
-                "multi_page=True for several images",
     "granite4_vision": "a hand-written tiny build; the generic one fails at build (a length of None)",
     "granite_docling": "a hand-written tiny build; the generic one fails the span check (one span of 1,004 tokens, "
                        "undiagnosed)",
@@ -892,6 +925,9 @@ BUILDS: dict[str, TinyArch] = {
     "paligemma": TinyArch(_build_paligemma, "single span, no markers, all images before the text; bidirectional "
                           "prompt; no released chat template (given in the config)", ("<image>", "<image>"),
                           given_chat_template=PALIGEMMA_CHAT_TEMPLATE),
+    "got_ocr2": TinyArch(_build_got_ocr2, "fixed-length span between markers; windowed (SAM-style) tower; no released "
+                         "chat template (given in the config)", ("<img>", "</img>"),
+                         given_chat_template=GOT_OCR2_CHAT_TEMPLATE),
     "exaone4_5": TinyArch(_build_exaone4_5, "single span between template markers; sliding-window layers",
                           ("<|vision_start|>", "<|vision_end|>")),
 }
