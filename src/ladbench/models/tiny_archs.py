@@ -799,6 +799,31 @@ def _build_got_ocr2(p):
     return GotOcr2ForConditionalGeneration(cfg), proc
 
 
+def _build_inkling2(p):
+    """Inkling 2: a decoder whose attention layers (sliding-window and full, keys and values
+    through a short convolution) add a relative position bias and data-dependent attention
+    sinks (one logit per query and head, ``sinks=``); one run of image tokens per image. ChatML
+    (not the released template)."""
+    from transformers import (Inkling2Config, Inkling2ForConditionalGeneration, Inkling2ImageProcessor,
+                              Inkling2Processor)
+    tok = _tokenizer(("<|image|>",), image_token="<|image|>")
+    proc = Inkling2Processor(image_processor=Inkling2ImageProcessor(size={"height": 40, "width": 40}, **_NORM),
+                             tokenizer=tok, chat_template=_chatml("<|image|>"))
+    ids = _ids(tok, QWEN_SPECIAL_TOKENS + ("<|image|>",))
+    head_dim = p["hidden"] // p["heads"]
+    text = _text_config(p, ids, head_dim=head_dim, swa_num_attention_heads=p["heads"],
+                        swa_num_key_value_heads=p["kv_heads"], swa_head_dim=head_dim, sliding_window_size=SLIDING_WINDOW,
+                        rel_extent=SLIDING_WINDOW, unpadded_vocab_size=VOCAB_SIZE, n_routed_experts=4,
+                        num_experts_per_tok=2, moe_intermediate_size=32,
+                        layer_types=["hybrid_sliding", "hybrid_sliding", "hybrid"][:p["layers"]])
+    for key in ("rope_theta", "intermediate_size", "sliding_window"):
+        text.pop(key, None)
+    vision = dict(_vision(p), patch_size=20, spatial_merge_size=2, text_hidden_size=p["hidden"],
+                  projection_hidden_dim=2 * p["hidden"])
+    cfg = Inkling2Config(text_config=text, vision_config=vision, image_token_id=ids["<|image|>"])
+    return Inkling2ForConditionalGeneration(cfg), proc
+
+
 #: The hand-written families whose tiny builds (``models/tiny.py``) auto runs too, in the
 #: tests, where it must write their adapters' caches; each build's model type is the family's name.
 FAMILY_BUILDS_AUTO_RUNS = ("qwen2_5_vl", "internvl", "llava_onevision", "qwen3_vl")
@@ -834,7 +859,6 @@ NOT_BUILT = {
                        "undiagnosed)",
     "hunyuan_vl": "a hand-written tiny build; the generic one fails at build (a power of None)",
     "hyperclovax_vision_v2": "a hand-written tiny build; the generic one fails at load (a flag its config leaves None)",
-    "inkling2": "the capture to model attention sinks passed as sinks= (the probe refuses it: deviation 0.28)",
     "inkling_mm_model": "a hand-written tiny build; the generic one does not finish (killed after 240 s)",
     "kimi_k25": "a hand-written tiny build; the generic one fails at load (a layer norm of the wrong width)",
     "kosmos-2": "a chat template (its checkpoint has none and its processor takes none)",
@@ -928,6 +952,8 @@ BUILDS: dict[str, TinyArch] = {
     "got_ocr2": TinyArch(_build_got_ocr2, "fixed-length span between markers; windowed (SAM-style) tower; no released "
                          "chat template (given in the config)", ("<img>", "</img>"),
                          given_chat_template=GOT_OCR2_CHAT_TEMPLATE),
+    "inkling2": TinyArch(_build_inkling2, "single span, no markers; attention sinks and a relative position bias, "
+                         "sliding-window layers", ("<|image|>", "<|image|>")),
     "exaone4_5": TinyArch(_build_exaone4_5, "single span between template markers; sliding-window layers",
                           ("<|vision_start|>", "<|vision_end|>")),
 }
