@@ -52,6 +52,9 @@ _LAYOUT_TEXT = "x"
 #: the values and the kernel's output, per weight dtype (accumulation order differs)
 _PROBE_TOLERANCE = {torch.float32: 1e-4, torch.float64: 1e-8}
 _HALF_PRECISION_TOLERANCE = 3e-2
+#: inputs a processor returns only when asked (``return_<name>=True``); auto asks where the
+#: model's forward takes them
+_ON_REQUEST = ("mm_token_type_ids",)
 
 
 class UnsupportedModel(ValueError):
@@ -146,6 +149,9 @@ class AutoAdapter(ModelAdapter):
         self._added_ids = np.array(sorted(self.tokenizer.added_tokens_decoder), dtype=np.int64)
         forward = inspect.signature(model.forward).parameters
         self._position_ids_accepted = "position_ids" in forward
+        #: inputs the model's forward takes that its processor returns only when asked (Cosmos3-Edge's
+        #: ``mm_token_type_ids``, which its M-RoPE positions read)
+        self._asked = {f"return_{name}": True for name in _ON_REQUEST if name in forward}
         self._last_logits_only = {"logits_to_keep": 1} if "logits_to_keep" in forward else {}
         self._layouts: dict[int, list[tuple[int, int]]] = {}
         decoder_layers = self.decoder_layers()
@@ -286,7 +292,7 @@ class AutoAdapter(ModelAdapter):
         """The processor's inputs (left padded) and each row's image spans (module docstring)."""
         inputs = self.processor(text=list(texts), images=self.processor_images(images), return_tensors="pt",
                                 padding=True, padding_side="left", return_text_replacement_offsets=True,
-                                return_offsets_mapping=True)
+                                return_offsets_mapping=True, **self._asked)
         replacements = inputs.pop("text_replacement_offsets", None)
         offsets = inputs.pop("offset_mapping", None)
         if not replacements or offsets is None:

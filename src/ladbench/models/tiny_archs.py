@@ -824,6 +824,30 @@ def _build_inkling2(p):
     return Inkling2ForConditionalGeneration(cfg), proc
 
 
+def _build_cosmos3_edge(p):
+    """Cosmos3-Edge: Qwen3-VL's layout (template markers around each image, 3-axis M-RoPE) with
+    a SigLIP-style tower; its model reads ``mm_token_type_ids``, which its processor returns
+    only when asked."""
+    from transformers import (Cosmos3EdgeConfig, Cosmos3EdgeForConditionalGeneration, Cosmos3EdgeImageProcessor,
+                              Cosmos3EdgeProcessor, Cosmos3EdgeVideoProcessor)
+    tok = build_tokenizer()
+    ids = _ids(tok, QWEN_SPECIAL_TOKENS)
+    sizes = dict(min_pixels=64 * 64, max_pixels=p["max_pixels"], patch_size=16, merge_size=2, **_NORM)
+    proc = Cosmos3EdgeProcessor(image_processor=Cosmos3EdgeImageProcessor(**sizes),
+                                video_processor=Cosmos3EdgeVideoProcessor(**sizes), tokenizer=tok,
+                                chat_template=QWEN3_VL_CHAT_TEMPLATE)
+    patch, merge = sizes["patch_size"], sizes["merge_size"]
+    head_dim = p["hidden"] // p["heads"]
+    half = head_dim // 2
+    text = _text_config(p, ids, head_dim=head_dim)
+    text.pop("rope_theta")
+    text["rope_parameters"] = {"rope_type": "default", "rope_theta": 1e6,
+                               "mrope_section": [half - 2 * (half * 5 // 16), half * 5 // 16, half * 5 // 16]}
+    cfg = Cosmos3EdgeConfig(text_config=text, vision_config=dict(_vision(p), patch_size=patch, spatial_merge_size=merge),
+                            projector_hidden_size=2 * p["hidden"], **_qwen_tokens(ids))
+    return Cosmos3EdgeForConditionalGeneration(cfg), proc
+
+
 #: The hand-written families whose tiny builds (``models/tiny.py``) auto runs too, in the
 #: tests, where it must write their adapters' caches; each build's model type is the family's name.
 FAMILY_BUILDS_AUTO_RUNS = ("qwen2_5_vl", "internvl", "llava_onevision", "qwen3_vl")
@@ -836,7 +860,6 @@ NOT_BUILT = {
             "tower's patch count)",
     "chameleon": "a VQ image tokenizer config (images enter as VQ codes) for a tiny build",
     "cohere_compass": "a hand-written tiny build; the generic one fails at build (no full_attention layer type)",
-    "cosmos3_edge": "auto to ask its processor for mm_token_type_ids, then an M-RoPE shape mismatch diagnosed",
     "cosmos3_omni": "a hand-written tiny build; the generic one fails at load (an M-RoPE shape mismatch, undiagnosed)",
     "deepseek_ocr2": "a hand-written tiny build; the generic one does not finish (killed after 240 s)",
     "deepseek_vl_hybrid": "a hand-written tiny build; the generic one fails at load (a size mismatch, 576 vs 196)",
@@ -954,6 +977,8 @@ BUILDS: dict[str, TinyArch] = {
                          given_chat_template=GOT_OCR2_CHAT_TEMPLATE),
     "inkling2": TinyArch(_build_inkling2, "single span, no markers; attention sinks and a relative position bias, "
                          "sliding-window layers", ("<|image|>", "<|image|>")),
+    "cosmos3_edge": TinyArch(_build_cosmos3_edge, "single span between template markers; multi-axis RoPE from "
+                             "mm_token_type_ids", ("<|vision_start|>", "<|vision_end|>")),
     "exaone4_5": TinyArch(_build_exaone4_5, "single span between template markers; sliding-window layers",
                           ("<|vision_start|>", "<|vision_end|>")),
 }
