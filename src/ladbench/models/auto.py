@@ -4,7 +4,12 @@ What a family adapter states, derived here from the model and its processor:
 
 * **the model class**: ``AutoModelForImageTextToText`` (the architecture's own class), the
   capture function on the text decoder only;
-* **the prompt**: the model's own chat template, N image entries then the text;
+* **the prompt**: the model's own chat template, N image entries then the text (for a
+  checkpoint released without one, the file its config entry gives: ``ModelAdapter.load``'s
+  ``chat_template``);
+* **the processor's inputs**: each prompt's images as one list, or one flat list where the
+  processor has a ``multi_page`` option (:func:`reads_lists_as_pages`), and the inputs it
+  returns only when asked (``mm_token_type_ids``) where the model's forward takes them;
 * **each image's token span**: the processor's own expansion of that image's placeholder
   (``text_replacement_offsets``, mapped to tokens through the tokenizer's character offsets)
   together with what the chat template writes around the placeholder for each image (e.g.

@@ -885,7 +885,9 @@ NOT_BUILT = {
     "inkling_mm_model": "a hand-written tiny build; the generic one does not finish (killed after 240 s)",
     "kimi_k25": "a hand-written tiny build; the generic one fails at load (a layer norm of the wrong width)",
     "kosmos-2": "a chat template (its checkpoint has none and its processor takes none)",
-    "kosmos-2.5": "a chat template (its checkpoint has none: auto refuses it)",
+    "kosmos-2.5": "several images per prompt: its processor (Kosmos2_5Processor, named by its checkpoints) writes one "
+                  "image's 2,048 tokens before the text itself, with no placeholder to expand; a chat template in the "
+                  "config would not change that",
     "lfm3_vl": "a hand-written tiny build; the generic one fails at load (a matrix shape mismatch)",
     "llama4": "a hand-written tiny build; the generic one fails at build (an index out of range)",
     "minicpm_ocr": "a hand-written tiny build; the generic one passes capture, batching and KV checks; generate (the "
