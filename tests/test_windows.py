@@ -293,3 +293,23 @@ def test_run_batches_reports_every_batch():
                 batch_size=2, chunk_size=5, workers=0, pin_memory=False,
                 write=lambda rows, results: written.append(rows), batch_done=done.append)
     assert done == [2, 2, 1, 2] and [len(rows) for rows in written] == [5, 2]
+
+
+def test_a_given_chat_template_is_part_of_the_cache_identity_by_content(tmp_path):
+    """The chat template a config gives enters the cache's digest by its content, not its path;
+    without one the digest is what it was before the setting existed (no key added)."""
+    from conftest_models import make_demo_benchmark
+    from ladbench.data.coco import load_image_table
+    from ladbench.inference.runner import InferenceSettings, config_sha256
+    bench, images = make_demo_benchmark(tmp_path, 4)
+    table = load_image_table(str(images))
+    base = dict(benchmark=str(bench), images=str(images), out=str(tmp_path / "c.h5"), model_name="m", family="auto",
+                model_path="org/model")
+    digest = lambda **kw: config_sha256(InferenceSettings(**base, **kw), str(bench), table)   # noqa: E731
+    first, copy, other = tmp_path / "a.jinja", tmp_path / "b.jinja", tmp_path / "c.jinja"
+    first.write_text("{{ messages }}")
+    copy.write_text("{{ messages }}")
+    other.write_text("{{ messages }}!")
+    assert "chat_template" not in InferenceSettings(**base).hashed_fields()
+    assert digest(chat_template=str(first)) == digest(chat_template=str(copy)) != digest()
+    assert digest(chat_template=str(other)) != digest(chat_template=str(first))
