@@ -162,7 +162,10 @@ class StudyTargets(StudyPaths):
         return [self.tiny_clip_dir] if self.config["clip"]["tiny"] else []
 
     def model_inputs(self, wildcards) -> list[str]:
-        return [self.model_dir(wildcards.model)] if self.config["models"][wildcards.model]["tiny"] else []
+        """A tiny model's folder (built by the workflow) and a chat template the config gives."""
+        template = self.chat_template_file(wildcards.model)
+        return ([self.model_dir(wildcards.model)] if self.config["models"][wildcards.model]["tiny"] else []) + (
+            [template] if template else [])
 
     def benchmark_inputs(self, wildcards) -> dict[str, str]:
         return {"images": self.image_table(wildcards.dataset), "features": self.features_file(wildcards.dataset)}
