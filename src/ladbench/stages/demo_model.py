@@ -34,7 +34,7 @@ def run(args: argparse.Namespace) -> None:
         print(folder)
         template = given_chat_template(folder)
         if template:
-            print(f"{args.architecture} is released without a chat template: give the model's entry "
-                  f"chat_template: {template}", file=sys.stderr)
+            print(f"{args.architecture} is released without a chat template: give {template} as the model's "
+                  "chat_template (config) or --chat-template (ladbench infer)", file=sys.stderr)
     else:
         print(build_tiny_model(args.family, args.out, seed=args.seed, preset=args.preset))
