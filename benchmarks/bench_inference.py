@@ -105,6 +105,16 @@ def _family(model_dir: str) -> str:
         return {"internvl": "internvl"}.get(json.load(f).get("model_type"), "qwen2_5_vl")
 
 
+def _given_chat_template(model_dir: str) -> str | None:
+    """The chat template a study's config would give a tiny build released without one (an
+    older checkout has none)."""
+    try:
+        from ladbench.models.tiny_archs import given_chat_template
+    except ImportError:
+        return None
+    return given_chat_template(model_dir)
+
+
 def _runner(model_dir: str, n: int, *, attention: str, image_size: int, device: str, n_eval: int = 1,
             vision: str = "batched", greedy_reply: bool = True, family: str | None = None, **settings):
     from ladbench.benchmark import load_benchmark
@@ -115,6 +125,9 @@ def _runner(model_dir: str, n: int, *, attention: str, image_size: int, device: 
 
     family = family or _family(model_dir)
     kwargs = {"vision": vision} if vision != "batched" else {}          # (an older checkout has no such option)
+    template = _given_chat_template(model_dir)
+    if template:
+        kwargs["chat_template"] = template
     adapter = load_adapter(family, model_dir, device=device, attention=attention, **kwargs)
     tmp = tempfile.mkdtemp(prefix="bench_inputs_")
     bench_path, images_path = _demo_inputs(tmp, n, n_eval=n_eval)

@@ -95,13 +95,15 @@ def auto_adapter(tiny_model, tiny_arch_model) -> Callable[..., object]:
     """``auto_adapter(name, attention="capture")``: ``family: auto`` on the tiny build of an
     architecture (``models/tiny_archs.py``) or of a family (``models/tiny.py``), cached per session."""
     from ladbench.models import load_adapter
+    from ladbench.models.tiny_archs import given_chat_template
 
     loaded: dict[tuple[str, str], object] = {}
 
     def get(name: str, attention: str = "capture"):
         if (name, attention) not in loaded:
             folder = tiny_model(name) if name in TINY_FAMILIES else tiny_arch_model(name)
-            loaded[name, attention] = load_adapter("auto", folder, device="cpu", dtype="float32", attention=attention)
+            loaded[name, attention] = load_adapter("auto", folder, device="cpu", dtype="float32", attention=attention,
+                                                   chat_template=given_chat_template(folder))
         return loaded[name, attention]
     return get
 

@@ -10,6 +10,7 @@ import torch
 from conftest_models import FAMILIES, TINY_IMAGE_SIZE, make_demo_benchmark
 from ladbench.benchmark import load_benchmark
 from ladbench.data.coco import load_image_table
+from ladbench.models import compat
 from ladbench.models.attention import sofa_attention_bias, sofa_layers
 from ladbench.inference.cache import plan_rows
 from ladbench.inference.runner import InferenceSettings, RowRunner, image_paths
@@ -97,3 +98,37 @@ def test_sofa_sigma_zero_is_vanilla_and_sigma_positive_changes_scores(family, ti
     np.testing.assert_allclose(off["scores"], vanilla["scores"], atol=1e-4)
     np.testing.assert_allclose(off["attn"], vanilla["attn"], atol=1e-5)
     assert np.abs(on["scores"] - vanilla["scores"]).max() > 1e-3
+
+
+@pytest.mark.skipif(not compat.on_current_lane(), reason="position biases and sinks reach the kernel in transformers 5.x")
+def test_attention_sinks_and_position_bias_by_hand():
+    """A call with a position bias and per-query sinks (Inkling 2): the kernel's output is
+    softmax([q.k * scale + bias + mask, sink])[..., :-1] @ V, written out here, and the captured
+    last row is that softmax's last row without the sink: its mass is 1 less the sink's share."""
+    from ladbench.models.attention import LastRowCapture, capture_attention_forward
+    g = torch.Generator().manual_seed(0)
+    batch, heads, kv_heads, length, dim = 2, 4, 2, 5, 8
+    query = torch.randn(batch, heads, length, dim, generator=g)
+    key, value = (torch.randn(batch, kv_heads, length, dim, generator=g) for _ in range(2))
+    bias = torch.randn(batch, heads, length, length, generator=g)
+    sinks = torch.randn(batch, heads, length, 1, generator=g) + 2.0        # a sizeable share
+    padding = torch.tensor([[0, 1, 1, 1, 1], [1, 1, 1, 1, 1]], dtype=torch.bool)
+    mask = torch.ones(length, length, dtype=torch.bool).tril()[None, None] & padding[:, None, None, :]
+    module = torch.nn.Module()
+    module.num_key_value_groups, module.is_causal = heads // kv_heads, True
+    segments = torch.tensor([[2, 0, 0, 1, 1], [0, 0, 1, 1, 1]])               # 2 = padding
+    with LastRowCapture([module], segments, 3) as capture:
+        output, _ = capture_attention_forward(module, query, key, value, mask, scaling=0.3, position_bias=bias,
+                                              sinks=sinks)
+    k, v = (x.repeat_interleave(heads // kv_heads, dim=1) for x in (key, value))
+    logits = (query @ k.transpose(-1, -2)) * 0.3 + bias
+    logits = logits.masked_fill(~mask, float("-inf"))
+    weights = torch.cat([logits, sinks], -1).softmax(-1)[..., :-1]
+    expected = (weights @ v).transpose(1, 2)
+    real = padding[:, None, :, None].transpose(1, 2).expand_as(expected)   # padded queries see nothing real
+    torch.testing.assert_close(output[real], expected[real], atol=1e-5, rtol=0)
+    masses = capture.masses()[:, 0]                                          # [B, H, 3]
+    torch.testing.assert_close(masses.sum(-1), weights[:, :, -1].sum(-1), atol=1e-6, rtol=0)
+    assert (masses.sum(-1) < 0.99).all()                                     # the sink took its share
+    torch.testing.assert_close(masses[..., :2], torch.stack(
+        [(weights[:, :, -1] * (segments == s)[:, None]).sum(-1) for s in (0, 1)], -1), atol=1e-6, rtol=0)

@@ -211,6 +211,35 @@ def test_refused_without_a_chat_template_before_any_job_and_at_load(tiny_arch_mo
 
 
 @current_lane
+def test_a_chat_template_given_in_the_config_serves_a_checkpoint_released_without_one(tiny_arch_model, tmp_path):
+    """PaliGemma's checkpoints have no chat template: refused at start-up and at load unless the
+    config gives one (models.<name>.chat_template), which the load then lays the prompt out with."""
+    from ladbench.config import _check_cross_references
+    from ladbench.model_checks import check_models, has_chat_template
+    from ladbench.models import load_adapter
+    from ladbench.models.tiny_archs import BUILDS, given_chat_template
+    folder = tiny_arch_model("paligemma")
+    template = given_chat_template(folder)
+    assert not has_chat_template(folder) and template
+    model = {"family": "auto", "path": folder, "tiny": False}
+    config = {"output_dir": str(tmp_path), "lad": dict(LAD), "models": {"p": model}}
+    with pytest.raises(ConfigError, match=r"^s\.yaml: models\.p: family auto cannot run architecture 'paligemma': no "
+                                          r"chat template .* models\.<name>\.chat_template"):
+        check_models(config, "s.yaml")
+    with pytest.raises(ValueError, match="has no chat template"):
+        load_adapter("auto", folder, device="cpu", dtype="float32")
+    model["chat_template"] = template
+    assert not any("chat template" in warning for warning in check_models(config, "s.yaml"))   # not refused
+    adapter = load_adapter("auto", folder, device="cpu", dtype="float32", chat_template=template)
+    assert adapter.processor.chat_template == BUILDS["paligemma"].given_chat_template
+    assert adapter.chat_text("Which?", 2).count("<image>") == 2
+    model["chat_template"] = str(tmp_path / "missing.jinja")
+    with pytest.raises(ConfigError, match=r"^s\.yaml: models\.p\.chat_template: no file .*missing\.jinja$"):
+        _check_cross_references({"datasets": {}, "models": {"p": {**model, "trust_remote_code": False}},
+                                 "evaluation": {"transfer": []}}, "s.yaml")
+
+
+@current_lane
 def test_refused_for_one_image_per_prompt(auto_adapter):
     """A processor that expands one image placeholder of a prompt of several is refused, naming that."""
     adapter = auto_adapter("gemma3")
@@ -264,3 +293,23 @@ def test_run_batches_reports_every_batch():
                 batch_size=2, chunk_size=5, workers=0, pin_memory=False,
                 write=lambda rows, results: written.append(rows), batch_done=done.append)
     assert done == [2, 2, 1, 2] and [len(rows) for rows in written] == [5, 2]
+
+
+def test_a_given_chat_template_is_part_of_the_cache_identity_by_content(tmp_path):
+    """The chat template a config gives enters the cache's digest by its content, not its path;
+    without one the digest is what it was before the setting existed (no key added)."""
+    from conftest_models import make_demo_benchmark
+    from ladbench.data.coco import load_image_table
+    from ladbench.inference.runner import InferenceSettings, config_sha256
+    bench, images = make_demo_benchmark(tmp_path, 4)
+    table = load_image_table(str(images))
+    base = dict(benchmark=str(bench), images=str(images), out=str(tmp_path / "c.h5"), model_name="m", family="auto",
+                model_path="org/model")
+    digest = lambda **kw: config_sha256(InferenceSettings(**base, **kw), str(bench), table)   # noqa: E731
+    first, copy, other = tmp_path / "a.jinja", tmp_path / "b.jinja", tmp_path / "c.jinja"
+    first.write_text("{{ messages }}")
+    copy.write_text("{{ messages }}")
+    other.write_text("{{ messages }}!")
+    assert "chat_template" not in InferenceSettings(**base).hashed_fields()
+    assert digest(chat_template=str(first)) == digest(chat_template=str(copy)) != digest()
+    assert digest(chat_template=str(other)) != digest(chat_template=str(first))

@@ -278,3 +278,19 @@ def test_tiny_models_cpu_jobs_claim_one_core_so_the_demo_runs_beside_the_organis
     assert {on_cpu.infer_threads(SimpleNamespace(model=m)) for m in on_cpu.models} == {2}   # real models, CPU
     assert paper.features_threads(SimpleNamespace(dataset="coco")) == 2
     assert {paper.infer_threads(SimpleNamespace(model=m)) for m in paper.models} == {9}    # GPU: 1 + 8 workers
+
+
+def test_a_models_chat_template_reaches_its_infer_job_as_flag_and_input(tmp_path):
+    """``models.<name>.chat_template`` (a checkpoint released without one): the infer job's
+    --chat-template and one of its inputs (a changed file reruns it); a model without one has neither."""
+    template = tmp_path / "template.jinja"
+    template.write_text("{{ messages }}")
+    study = study_of(DEMO, lambda c: next(iter(c["models"].values())).update(chat_template=str(template)), tmp_path)
+    given, *others = study.models
+    w = SimpleNamespace(model=given, benchmark=study.benchmarks[0], variant="vanilla")
+    assert parsed("infer", study.infer_flags(w), "--benchmark b --images i --out c.h5").chat_template == str(template)
+    assert str(template) in study.model_inputs(w)
+    for model in others:
+        w = SimpleNamespace(model=model, benchmark=study.benchmarks[0], variant="vanilla")
+        assert parsed("infer", study.infer_flags(w), "--benchmark b --images i --out c.h5").chat_template is None
+        assert str(template) not in study.model_inputs(w)

@@ -380,6 +380,9 @@ def _check_cross_references(config: dict, source: str) -> None:
                 f"{source}: models.{name}.trust_remote_code: family {model['family']} runs the model's own "
                 "code (from the hub, or the tiny stand-in's folder); set it to true to allow that"
             )
+        template = model.get("chat_template")
+        if template and not os.path.isfile(os.path.expanduser(template)):
+            raise ConfigError(f"{source}: models.{name}.chat_template: no file {template}")
         if model["tiny"] and not entry.tiny_build:
             raise ConfigError(f"{source}: models.{name}.tiny: family {model['family']} has no tiny build; "
                               "name a family or give the model's path")

@@ -4,8 +4,8 @@
 Where the model's ``config.json`` is on this machine (a local folder, a tiny build already
 made, or a hub model already in the local Hugging Face cache), a model is refused in one line
 naming its config key and the cause when ``family: auto`` refuses its architecture (what
-``ladbench models`` lists as refused), when its folder has no chat template (auto lays the
-prompt out with the model's own), or when its layer range holds layers with a sliding window
+``ladbench models`` lists as refused), when its folder has no chat template and the config
+gives none (``models.<name>.chat_template``; auto lays the prompt out with the model's own), or when its layer range holds layers with a sliding window
 (:mod:`ladbench.windows`) and ``lad.windowed_layers`` is ``refuse``. A model whose
 ``config.json`` is not here yet (a hub id not downloaded, a tiny model not built) is checked
 when its infer job loads it, as every model is. The family's lane is checked before
@@ -45,23 +45,25 @@ def check_models(config: dict, source: str = "config") -> list[str]:
         if model_config is None:
             continue
         if model["family"] == "auto":
-            problem = auto_refusal(model_config, folder)
+            problem = auto_refusal(model_config, folder, paths.chat_template_file(name))
             if problem:
                 raise ConfigError(f"{source}: models.{name}: {problem}")
         warnings += _range_warnings(name, model, model_config, config["lad"], source)
     return warnings
 
 
-def auto_refusal(model_config: dict[str, Any], folder: str) -> str | None:
-    """Why ``family: auto`` refuses this model, from its config (and its folder when local), or None."""
+def auto_refusal(model_config: dict[str, Any], folder: str, given_template: str | None = None) -> str | None:
+    """Why ``family: auto`` refuses this model, from its config (and its folder when local, unless
+    the study's config gives its chat template: ``given_template``), or None."""
     from ladbench.models.auto import architecture_refusal
 
     model_type = model_config.get("model_type")
     if not isinstance(model_type, str) or not model_type:
         return "family auto cannot run it: its config.json names no model_type"
     reason = architecture_refusal(model_type)
-    if not reason and os.path.isdir(os.path.expanduser(folder)) and not has_chat_template(folder):
-        reason = "no chat template (the prompt is laid out by the model's own; add one to the folder)"
+    if not reason and not given_template and os.path.isdir(os.path.expanduser(folder)) and not has_chat_template(folder):
+        reason = ("no chat template (the prompt is laid out by the model's own; add one to the folder, or give one "
+                  "as models.<name>.chat_template)")
     return f"family auto cannot run architecture {model_type!r}: {reason}" if reason else None
 
 

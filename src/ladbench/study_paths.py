@@ -105,6 +105,10 @@ class StudyPaths:
         spec = self.config["models"][model]
         return self.tiny_model_dir(model) if spec["tiny"] else spec["path"]
 
+    def chat_template_file(self, model: str) -> str | None:
+        """The chat template the config gives a model released without one (None: its own)."""
+        return self.config["models"][model].get("chat_template")
+
     # ---- benchmarks, caches, calibrations, evaluations, analyses ----------------------------
     def benchmark_file(self, benchmark: str) -> str:
         return os.path.join(self.config["output_dir"], "benchmarks", f"{benchmark}.json")

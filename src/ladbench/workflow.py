@@ -162,7 +162,10 @@ class StudyTargets(StudyPaths):
         return [self.tiny_clip_dir] if self.config["clip"]["tiny"] else []
 
     def model_inputs(self, wildcards) -> list[str]:
-        return [self.model_dir(wildcards.model)] if self.config["models"][wildcards.model]["tiny"] else []
+        """A tiny model's folder (built by the workflow) and a chat template the config gives."""
+        template = self.chat_template_file(wildcards.model)
+        return ([self.model_dir(wildcards.model)] if self.config["models"][wildcards.model]["tiny"] else []) + (
+            [template] if template else [])
 
     def benchmark_inputs(self, wildcards) -> dict[str, str]:
         return {"images": self.image_table(wildcards.dataset), "features": self.features_file(wildcards.dataset)}
@@ -339,7 +342,8 @@ class StudyFlags(StudyTargets):
         return flags(
             model_name=wildcards.model, variant_name=wildcards.variant, family=model["family"],
             model_path=self.model_dir(wildcards.model), revision=None if model["tiny"] else model["revision"],
-            trust_remote_code=model["trust_remote_code"], prompt=variant["prompt"], identifiers=variant["identifiers"],
+            trust_remote_code=model["trust_remote_code"], chat_template=self.chat_template_file(wildcards.model),
+            prompt=variant["prompt"], identifiers=variant["identifiers"],
             **options, shard_index=getattr(wildcards, "shard", None), shard_count=self.shards if self.shards > 1 else None,
             **self.prompt_setting_options(variant["prompt"]),
         )

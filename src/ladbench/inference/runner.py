@@ -81,6 +81,10 @@ class InferenceSettings(Settings):
     trust_remote_code: bool = setting(
         False, "allow model code shipped with the checkpoint (needed by llava_ov15; only for trusted models)",
         config=False, group="model")
+    # not hashed: its content is (config_sha256), where it lies changes no number
+    chat_template: str | None = setting(
+        None, "a Jinja file holding the chat template, for a checkpoint released without one (used only when the "
+        "model's processor has none)", kind=str, config=False, group="model", hashed=False)
     prompt: str = "vanilla"              # its flag lists the registry's variants, plugins' included (stages/infer.py)
     variant_name: str | None = setting(
         None, "the config's name of this cache variant, recorded in the cache (default: the prompt)", kind=str,
@@ -218,10 +222,12 @@ def model_fingerprint(model_path: str) -> dict[str, Any]:
 
 def config_sha256(settings: InferenceSettings, bench_path: str, table: dict) -> str:
     """Identity of a cache's inputs: hashed settings, the benchmark file, the image table's
-    content (not where the images are) and the model files."""
+    content (not where the images are), the model files and a chat template given apart."""
     payload = {"settings": settings.hashed_fields(), "benchmark_sha256": file_digest(bench_path),
                "images_sha256": table_fingerprint(table), "model": model_fingerprint(settings.model_path),
                "cache_format": CACHE_FORMAT}
+    if settings.chat_template:                   # a template the config gives: its content, not its path
+        payload["chat_template_sha256"] = file_digest(settings.chat_template)
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 
@@ -618,7 +624,8 @@ def _run_inference(settings: InferenceSettings) -> str:
     from ladbench.models import load_adapter
     device = settings.device
     adapter = load_adapter(settings.family, settings.model_path, revision=settings.revision, dtype=settings.dtype,
-                           device=device, trust_remote_code=settings.trust_remote_code, vision=settings.vision_tower)
+                           device=device, trust_remote_code=settings.trust_remote_code, vision=settings.vision_tower,
+                           chat_template=settings.chat_template)
     generative = entry.generative
     layout = CacheLayout(n_candidates=n, n_layers=adapter.n_layers, n_heads=adapter.n_heads,
                          store_heads=settings.store_head_attention, generative=generative,

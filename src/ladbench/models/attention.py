@@ -30,7 +30,8 @@ _CAPTURE_ATTR = "_ladbench_capture"
 _SOFA_ATTR = "_ladbench_sofa_bias"
 _PROBE_ATTR = "_ladbench_probe"
 #: keyword arguments of an attention call that change what the kernel computes beyond the
-#: mask and the scaling: the capture does not model them (logit soft-capping, attention sinks)
+#: mask, the scaling, a position bias and per-query sinks: the capture does not model them
+#: (logit soft-capping, GPT-OSS's learned sinks under their own name)
 UNMODELLED_KERNEL_KWARGS = ("softcap", "s_aux")
 
 
@@ -68,23 +69,61 @@ def segment_mass(rows: torch.Tensor, segment_ids: torch.Tensor, n_segments: int)
     return out.scatter_add_(2, index, rows)
 
 
+def folded_mask(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
+                attention_mask: torch.Tensor | None, position_bias: torch.Tensor | None,
+                kwargs: dict[str, Any]) -> torch.Tensor:
+    """The additive float mask [B, H | 1, Tq, Tk] SDPA builds from a ``position_bias`` (Inkling
+    2's relative logits; zeros when None) and the attention mask, built here so that the
+    capture sees what the kernel sees."""
+    from transformers.integrations.sdpa_attention import create_position_bias_mask
+
+    if position_bias is None:
+        position_bias = query.new_zeros(1, 1, query.shape[2], key.shape[2])
+    is_causal = query.shape[2] > 1 and kwargs.get("is_causal") is not False and getattr(module, "is_causal", True)
+    return create_position_bias_mask(position_bias.to(query.dtype), attention_mask, is_causal, query, key)
+
+
+def with_sink(key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor,
+              sinks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Attention sinks (``sinks`` [B, H, Tq, 1]: one extra logit per query and head, with no
+    value, that only absorbs softmax mass) as one more key: a zero key and value whose logit
+    the additive ``mask`` sets to the sink. The kernel then computes exactly the model's own
+    ``softmax([logits, sink])[..., :-1] @ V``; the last column of its rows is the sink's share."""
+    mask = mask.expand(sinks.shape[0], sinks.shape[1], -1, -1)
+    mask = torch.cat([mask, sinks.to(mask.dtype)], dim=-1)
+    key = torch.cat([key, key.new_zeros(*key.shape[:2], 1, key.shape[-1])], dim=2)
+    value = torch.cat([value, value.new_zeros(*value.shape[:2], 1, value.shape[-1])], dim=2)
+    return key, value, mask
+
+
 def capture_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
                               value: torch.Tensor, attention_mask: torch.Tensor | None,
                               scaling: float | None = None, **kwargs: Any):
-    """SDPA, plus the last-row capture and SoFA mask of modules that asked for them."""
+    """SDPA, plus the last-row capture and SoFA mask of modules that asked for them. A position
+    bias is folded into the mask here (as SDPA would), and attention sinks (``sinks=``) enter
+    as one more key (:func:`with_sink`); the captured rows keep the prompt's keys only, so
+    their mass is what the model gives the tokens, the sink's share apart (rows sum below 1)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     sofa_bias = getattr(module, _SOFA_ATTR, None)
     if sofa_bias is not None and query.shape[2] == sofa_bias.shape[-2]:   # prefill only
         attention_mask = sofa_bias
+    n_keys = key.shape[2]
+    sinks, position_bias = kwargs.pop("sinks", None), kwargs.pop("position_bias", None)
+    if sinks is not None or position_bias is not None:
+        attention_mask = folded_mask(module, query, key, attention_mask, position_bias, kwargs)
+    if sinks is not None:
+        key, value, attention_mask = with_sink(key, value, attention_mask, sinks)
     capture = getattr(module, _CAPTURE_ATTR, None)
     if capture is not None:
         recorder, layer = capture
-        recorder.record(layer, last_row_attention(query, key, attention_mask, scaling), kwargs.get("sliding_window"))
+        recorder.record(layer, last_row_attention(query, key, attention_mask, scaling)[..., :n_keys],
+                        kwargs.get("sliding_window"))
     output = sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
     probe = getattr(module, _PROBE_ATTR, None)
     if probe is not None:
-        probe.record(module, last_row_attention(query, key, attention_mask, scaling), value, output[0], kwargs)
+        probe.record(module, last_row_attention(query, key, attention_mask, scaling)[..., :n_keys],
+                     value[:, :, :n_keys], output[0], kwargs)
     return output
 
 

@@ -4,7 +4,12 @@ What a family adapter states, derived here from the model and its processor:
 
 * **the model class**: ``AutoModelForImageTextToText`` (the architecture's own class), the
   capture function on the text decoder only;
-* **the prompt**: the model's own chat template, N image entries then the text;
+* **the prompt**: the model's own chat template, N image entries then the text (for a
+  checkpoint released without one, the file its config entry gives: ``ModelAdapter.load``'s
+  ``chat_template``);
+* **the processor's inputs**: each prompt's images as one list, or one flat list where the
+  processor has a ``multi_page`` option (:func:`reads_lists_as_pages`), and the inputs it
+  returns only when asked (``mm_token_type_ids``) where the model's forward takes them;
 * **each image's token span**: the processor's own expansion of that image's placeholder
   (``text_replacement_offsets``, mapped to tokens through the tokenizer's character offsets)
   together with what the chat template writes around the placeholder for each image (e.g.
@@ -52,6 +57,9 @@ _LAYOUT_TEXT = "x"
 #: the values and the kernel's output, per weight dtype (accumulation order differs)
 _PROBE_TOLERANCE = {torch.float32: 1e-4, torch.float64: 1e-8}
 _HALF_PRECISION_TOLERANCE = 3e-2
+#: inputs a processor returns only when asked (``return_<name>=True``); auto asks where the
+#: model's forward takes them
+_ON_REQUEST = ("mm_token_type_ids",)
 
 
 class UnsupportedModel(ValueError):
@@ -100,7 +108,9 @@ def architecture_refusal(model_type: str) -> str | None:
 class AutoAdapter(ModelAdapter):
     """Any architecture of transformers' image-text-to-text mapping that passes the checks above."""
 
-    nested_images = True             # each prompt's images as one list: the processor's multi-image mode
+    #: each prompt's images as one list (the processor's multi-image mode), unless the processor
+    #: reads a nested list as the pages of one document (:func:`reads_lists_as_pages`)
+    nested_images = True
 
     # ----------------------------------------------------------------- loading
     @classmethod
@@ -134,14 +144,19 @@ class AutoAdapter(ModelAdapter):
 
     def __init__(self, model: torch.nn.Module, processor: Any, **kwargs: Any) -> None:
         super().__init__(model, processor, **kwargs)
+        self.nested_images = not reads_lists_as_pages(processor)
         self.placeholder = text_placeholder(processor)
         if not isinstance(self.placeholder, str):
             raise self.refused("its processor names no image placeholder token (processor.image_token)")
         if not getattr(processor, "chat_template", None):
-            raise self.refused(f"{self.model_path} has no chat template, and the prompt is laid out by the model's own")
+            raise self.refused(f"{self.model_path} has no chat template, and the prompt is laid out by the model's own "
+                               "(for a checkpoint released without one, give one: models.<name>.chat_template)")
         self._added_ids = np.array(sorted(self.tokenizer.added_tokens_decoder), dtype=np.int64)
         forward = inspect.signature(model.forward).parameters
         self._position_ids_accepted = "position_ids" in forward
+        #: inputs the model's forward takes that its processor returns only when asked (Cosmos3-Edge's
+        #: ``mm_token_type_ids``, which its M-RoPE positions read)
+        self._asked = {f"return_{name}": True for name in _ON_REQUEST if name in forward}
         self._last_logits_only = {"logits_to_keep": 1} if "logits_to_keep" in forward else {}
         self._layouts: dict[int, list[tuple[int, int]]] = {}
         decoder_layers = self.decoder_layers()
@@ -280,9 +295,9 @@ class AutoAdapter(ModelAdapter):
     def encode_with_spans(self, texts: Sequence[str], images: Sequence[Sequence[Image.Image]], *,
                           for_prefill: bool = False) -> tuple[dict[str, torch.Tensor], list[list[tuple[int, int]]]]:
         """The processor's inputs (left padded) and each row's image spans (module docstring)."""
-        inputs = self.processor(text=list(texts), images=[list(row) for row in images], return_tensors="pt",
+        inputs = self.processor(text=list(texts), images=self.processor_images(images), return_tensors="pt",
                                 padding=True, padding_side="left", return_text_replacement_offsets=True,
-                                return_offsets_mapping=True)
+                                return_offsets_mapping=True, **self._asked)
         replacements = inputs.pop("text_replacement_offsets", None)
         offsets = inputs.pop("offset_mapping", None)
         if not replacements or offsets is None:
@@ -393,6 +408,13 @@ def text_placeholder(processor: Any) -> str | None:
     into (Qianfan-OCR: ``<image>`` -> ``<img><IMG_CONTEXT>*k</img>``), else ``image_token``."""
     separate = getattr(processor, "image_placeholder_token", None)
     return separate if isinstance(separate, str) else getattr(processor, "image_token", None)
+
+
+def reads_lists_as_pages(processor: Any) -> bool:
+    """Whether the processor has a ``multi_page`` option (GOT-OCR2): it then reads a prompt's
+    list of images as the pages of one document, expanded together for one placeholder, and
+    gives each image its own expansion only when the images come as one flat list."""
+    return "multi_page" in getattr(getattr(processor, "valid_processor_kwargs", None), "__annotations__", {})
 
 
 def _difference(text: str, base: str) -> str:

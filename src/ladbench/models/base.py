@@ -14,6 +14,7 @@ The hand-written families use a ChatML-style template (``<|im_start|>`` /
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 from dataclasses import dataclass
 from typing import Any, ClassVar, Iterator, Sequence
@@ -94,7 +95,8 @@ class ModelAdapter:
     nested_images: ClassVar[bool] = False
 
     def __init__(self, model: torch.nn.Module, processor: Any, *, model_path: str,
-                 revision: str | None = None, attention: str = "sdpa", vision: str = "batched") -> None:
+                 revision: str | None = None, attention: str = "sdpa", vision: str = "batched",
+                 template_source: str | None = None) -> None:
         from .vision import VISION_TOWERS
         if vision not in VISION_TOWERS:
             raise ValueError(f"vision tower must be one of {', '.join(VISION_TOWERS)}; got {vision!r}")
@@ -102,6 +104,8 @@ class ModelAdapter:
         self.processor = processor
         self.model_path = model_path
         self.revision = revision
+        #: where the chat template came from: a file the config gave, else the model's folder
+        self.template_source = template_source or chat_template_file(model_path)
         self.attention = attention
         # the eager path stays the reference's (native tower), for comparisons; the current
         # lane always runs the native tower (compat.batched_vision_supported)
@@ -126,7 +130,8 @@ class ModelAdapter:
     @classmethod
     def load(cls, model_path: str, *, revision: str | None = None, dtype: str = "auto",
              device: str = "auto", trust_remote_code: bool = False,
-             attention: str = "capture", vision: str = "batched") -> "ModelAdapter":
+             attention: str = "capture", vision: str = "batched",
+             chat_template: str | None = None) -> "ModelAdapter":
         """Load model + processor from a hub id or a local folder (same code path for both).
 
         ``attention`` is ``capture`` (fast kernel with last-row capture, the default),
@@ -135,6 +140,8 @@ class ModelAdapter:
         batched vision tower where the family has one, see ``models/vision.py``) or ``native``
         (transformers' own; always on the eager path). On GPU the weights are placed with
         ``device_map="auto"``; on CPU everything is float32 unless told otherwise.
+        ``chat_template``: a Jinja file with the chat template of a checkpoint released without
+        one (the config's ``models.<name>.chat_template``), used only when the processor has none.
         """
         compat.require_lane(cls.family, family_lanes(cls.family))
         check_model_folder(model_path)          # damaged or hostile files: one line naming the file
@@ -150,11 +157,15 @@ class ModelAdapter:
         if dev.startswith("cuda"):
             load_kw["device_map"] = "auto" if dev == "cuda" else dev
         processor = cls._load_processor(model_path, revision=revision, trust_remote_code=trust_remote_code)
+        template_file = None
+        if chat_template and not getattr(processor, "chat_template", None):
+            processor.chat_template, template_file = read_chat_template(chat_template), chat_template
         model = cls._load_model(model_path, text_impl=text_impl, trust_remote_code=trust_remote_code, **load_kw)
         model.eval()
         if not dev.startswith("cuda"):
             model.to(dev)
-        return cls(model, processor, model_path=model_path, revision=revision, attention=attention, vision=vision)
+        return cls(model, processor, model_path=model_path, revision=revision, attention=attention, vision=vision,
+                   template_source=template_file)
 
     @classmethod
     def refuse_before_loading(cls, model_path: str, *, revision: str | None, trust_remote_code: bool) -> None:
@@ -252,20 +263,24 @@ class ModelAdapter:
             yield
         except (jinja2.TemplateError, RecursionError, MemoryError) as exc:
             reason = " ".join(str(exc).split())[:300] or type(exc).__name__
-            raise ValueError(f"{chat_template_file(self.model_path)}: the model's chat template failed "
+            raise ValueError(f"{self.template_source}: the model's chat template failed "
                              f"({reason}); use the model's original chat template") from None
 
     def encode(self, texts: Sequence[str], images: Sequence[Sequence[Image.Image]]) -> dict[str, torch.Tensor]:
         """Tokenise a batch of prompts with their images (flat, in prompt order), left padded, on the device."""
         return self.to_device(self.encode_on_host(texts, images))
 
+    def processor_images(self, images: Sequence[Sequence[Image.Image]]) -> list:
+        """A batch's images as the processor takes them: each prompt's as one list
+        (``nested_images``), else one flat list in prompt order."""
+        return [list(row) for row in images] if self.nested_images else [im for row in images for im in row]
+
     def encode_on_host(self, texts: Sequence[str], images: Sequence[Sequence[Image.Image]], *,
                        for_prefill: bool = False) -> dict[str, torch.Tensor]:
         """``encode`` without the move to the device (CPU work only: runs in DataLoader workers).
         ``for_prefill`` adds what ``prefill`` would otherwise compute itself (``prefill_extras``)."""
-        flat = [list(row) for row in images] if self.nested_images else [im for row in images for im in row]
-        inputs = self.processor(text=list(texts), images=flat, return_tensors="pt", padding=True,
-                                padding_side="left")
+        inputs = self.processor(text=list(texts), images=self.processor_images(images), return_tensors="pt",
+                                padding=True, padding_side="left")
         out = {k: v for k, v in inputs.items() if k not in self.drop_input_keys}
         if "pixel_values" in out and out["pixel_values"].is_floating_point():
             out["pixel_values"] = out["pixel_values"].to(self.model.dtype)       # cast here: half the copy
@@ -422,3 +437,16 @@ class OneDimRopeMixin:
     def continuation_position_ids(self, state: PrefillState, n_new: int) -> torch.Tensor:
         steps = torch.arange(1, n_new + 1, device=state.position_offset.device).view(1, -1)
         return state.position_offset + steps
+
+
+def read_chat_template(path: str) -> str:
+    """The chat template in the Jinja file ``path`` (a config's ``models.<name>.chat_template``);
+    one line naming the file where it cannot be read or is empty."""
+    try:
+        with open(os.path.expanduser(path), encoding="utf-8") as f:
+            template = f.read()
+    except (OSError, UnicodeDecodeError) as error:
+        raise ValueError(f"{path}: the chat template file cannot be read ({getattr(error, 'strerror', None) or error})") from None
+    if not template.strip():
+        raise ValueError(f"{path}: the chat template file is empty")
+    return template

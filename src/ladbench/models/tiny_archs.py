@@ -13,6 +13,7 @@ The weights are random: these models test code paths and equivalences, not answe
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -37,6 +38,15 @@ class TinyArch:
     build: Callable[[dict[str, Any]], tuple[Any, Any]]
     layout: str
     span_ends: tuple[str, str]
+    #: for an architecture whose released checkpoints have no chat template (the build's
+    #: processor then has none either): the template a study's config gives it
+    #: (``models.<name>.chat_template``), saved beside the weights as :data:`GIVEN_CHAT_TEMPLATE`
+    given_chat_template: str | None = None
+
+
+#: the file of a tiny build's folder holding the chat template a study's config would give it
+#: (a name transformers does not read: the folder itself has no template, as released)
+GIVEN_CHAT_TEMPLATE = "given_chat_template.jinja"
 
 
 def _vision(p: dict[str, Any], **extra: Any) -> dict[str, Any]:
@@ -727,6 +737,117 @@ def _build_qianfan_ocr(p):
     return QianfanOCRForConditionalGeneration(cfg), proc
 
 
+# google/paligemma-3b-mix-224 ships no chat template: its processor writes the images first,
+# then BOS, the text and a newline. The one a study's config gives it writes the images first.
+PALIGEMMA_CHAT_TEMPLATE = (
+    "{% for message in messages %}{% for content in message['content'] | selectattr('type', 'equalto', 'image') %}"
+    "<image>{% endfor %}{% for content in message['content'] | selectattr('type', 'equalto', 'text') %}"
+    "{{ content['text'] }}{% endfor %}{% endfor %}")
+
+
+def _build_paligemma(p):
+    """PaliGemma: a SigLIP tower, all images first as one run of ``<image>`` each, then BOS and
+    the text; the prompt (the prefix) attends bidirectionally, generated tokens (token type 1,
+    the suffix) causally. No chat template (:data:`PALIGEMMA_CHAT_TEMPLATE` is given apart)."""
+    from transformers import PaliGemmaConfig, PaliGemmaForConditionalGeneration, PaliGemmaProcessor, SiglipImageProcessor
+    special = ("<image>", "<bos>")
+    tok = _tokenizer(special, bos="<bos>", image_token="<image>")
+    side, patch = _CLIP_SIDE, _CLIP_PATCH
+    improc = SiglipImageProcessor(size={"height": side, "width": side}, **_NORM)
+    improc.image_seq_length = (side // patch) ** 2
+    proc = PaliGemmaProcessor(image_processor=improc, tokenizer=tok)
+    ids = _ids(proc.tokenizer, QWEN_SPECIAL_TOKENS + special)
+    vision = _siglip(p, side, patch)
+    cfg = PaliGemmaConfig(text_config=dict(model_type="gemma", **_text_config(p, ids, head_dim=p["hidden"] // p["heads"])),
+                          vision_config=dict(vision, projection_dim=p["hidden"]), image_token_index=ids["<image>"],
+                          projection_dim=p["hidden"], hidden_size=p["hidden"])
+    return PaliGemmaForConditionalGeneration(cfg), proc
+
+
+# stepfun-ai/GOT-OCR-2.0-hf ships no chat template: its processor writes its own OCR prompt
+# (ChatML, a system query, "<img><imgpad></img>" per image). The one a study's config gives it
+# writes that layout around the benchmark's text.
+GOT_OCR2_CHAT_TEMPLATE = (
+    "<|im_start|>system\nYou should follow the instructions carefully and explain your answers in detail.<|im_end|>"
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' }}"
+    "{% for content in message['content'] | selectattr('type', 'equalto', 'image') %}<img><imgpad></img>{% endfor %}"
+    "{% for content in message['content'] | selectattr('type', 'equalto', 'text') %}{{ '\n' + content['text'] }}"
+    "{% endfor %}<|im_end|>{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def _build_got_ocr2(p):
+    """GOT-OCR2: a SAM-style windowed tower, ``<img> <imgpad>*k </img>`` per image (its
+    processor's ``multi_page`` option would expand a prompt's images as one document's pages:
+    each gets its own run only from a flat list); a Qwen2 decoder. No chat template
+    (:data:`GOT_OCR2_CHAT_TEMPLATE` is given apart)."""
+    from transformers import GotOcr2Config, GotOcr2ForConditionalGeneration, GotOcr2ImageProcessor, GotOcr2Processor
+    special = ("<img>", "</img>", "<imgpad>")
+    tok = _tokenizer(special)
+    # the processor writes its fixed 256 tokens per image (no setting of its own survives a save):
+    # the released 1,024-px input, 16-px patches, its neck's 4x reduction; windowed attention only
+    side, patch, window = 1024, 16, 8
+    proc = GotOcr2Processor(image_processor=GotOcr2ImageProcessor(size={"height": side, "width": side}, **_NORM),
+                            tokenizer=tok)
+    ids = _ids(tok, QWEN_SPECIAL_TOKENS + special)
+    cfg = GotOcr2Config(text_config=dict(model_type="qwen2", **_text_config(p, ids)),
+                        vision_config=dict(hidden_size=p["vision_hidden"], output_channels=16,
+                                           num_hidden_layers=p["vision_depth"], num_attention_heads=2, image_size=side,
+                                           patch_size=patch, window_size=window, global_attn_indexes=[],
+                                           mlp_dim=2 * p["vision_hidden"]),
+                        image_token_index=ids["<imgpad>"], image_seq_length=(side // patch // 4) ** 2,
+                        tie_word_embeddings=False)
+    return GotOcr2ForConditionalGeneration(cfg), proc
+
+
+def _build_inkling2(p):
+    """Inkling 2: a decoder whose attention layers (sliding-window and full, keys and values
+    through a short convolution) add a relative position bias and data-dependent attention
+    sinks (one logit per query and head, ``sinks=``); one run of image tokens per image. ChatML
+    (not the released template)."""
+    from transformers import (Inkling2Config, Inkling2ForConditionalGeneration, Inkling2ImageProcessor,
+                              Inkling2Processor)
+    tok = _tokenizer(("<|image|>",), image_token="<|image|>")
+    proc = Inkling2Processor(image_processor=Inkling2ImageProcessor(size={"height": 40, "width": 40}, **_NORM),
+                             tokenizer=tok, chat_template=_chatml("<|image|>"))
+    ids = _ids(tok, QWEN_SPECIAL_TOKENS + ("<|image|>",))
+    head_dim = p["hidden"] // p["heads"]
+    text = _text_config(p, ids, head_dim=head_dim, swa_num_attention_heads=p["heads"],
+                        swa_num_key_value_heads=p["kv_heads"], swa_head_dim=head_dim, sliding_window_size=SLIDING_WINDOW,
+                        rel_extent=SLIDING_WINDOW, unpadded_vocab_size=VOCAB_SIZE, n_routed_experts=4,
+                        num_experts_per_tok=2, moe_intermediate_size=32,
+                        layer_types=["hybrid_sliding", "hybrid_sliding", "hybrid"][:p["layers"]])
+    for key in ("rope_theta", "intermediate_size", "sliding_window"):
+        text.pop(key, None)
+    vision = dict(_vision(p), patch_size=20, spatial_merge_size=2, text_hidden_size=p["hidden"],
+                  projection_hidden_dim=2 * p["hidden"])
+    cfg = Inkling2Config(text_config=text, vision_config=vision, image_token_id=ids["<|image|>"])
+    return Inkling2ForConditionalGeneration(cfg), proc
+
+
+def _build_cosmos3_edge(p):
+    """Cosmos3-Edge: Qwen3-VL's layout (template markers around each image, 3-axis M-RoPE) with
+    a SigLIP-style tower; its model reads ``mm_token_type_ids``, which its processor returns
+    only when asked."""
+    from transformers import (Cosmos3EdgeConfig, Cosmos3EdgeForConditionalGeneration, Cosmos3EdgeImageProcessor,
+                              Cosmos3EdgeProcessor, Cosmos3EdgeVideoProcessor)
+    tok = build_tokenizer()
+    ids = _ids(tok, QWEN_SPECIAL_TOKENS)
+    sizes = dict(min_pixels=64 * 64, max_pixels=p["max_pixels"], patch_size=16, merge_size=2, **_NORM)
+    proc = Cosmos3EdgeProcessor(image_processor=Cosmos3EdgeImageProcessor(**sizes),
+                                video_processor=Cosmos3EdgeVideoProcessor(**sizes), tokenizer=tok,
+                                chat_template=QWEN3_VL_CHAT_TEMPLATE)
+    patch, merge = sizes["patch_size"], sizes["merge_size"]
+    head_dim = p["hidden"] // p["heads"]
+    half = head_dim // 2
+    text = _text_config(p, ids, head_dim=head_dim)
+    text.pop("rope_theta")
+    text["rope_parameters"] = {"rope_type": "default", "rope_theta": 1e6,
+                               "mrope_section": [half - 2 * (half * 5 // 16), half * 5 // 16, half * 5 // 16]}
+    cfg = Cosmos3EdgeConfig(text_config=text, vision_config=dict(_vision(p), patch_size=patch, spatial_merge_size=merge),
+                            projector_hidden_size=2 * p["hidden"], **_qwen_tokens(ids))
+    return Cosmos3EdgeForConditionalGeneration(cfg), proc
+
+
 #: The hand-written families whose tiny builds (``models/tiny.py``) auto runs too, in the
 #: tests, where it must write their adapters' caches; each build's model type is the family's name.
 FAMILY_BUILDS_AUTO_RUNS = ("qwen2_5_vl", "internvl", "llava_onevision", "qwen3_vl")
@@ -739,7 +860,6 @@ NOT_BUILT = {
             "tower's patch count)",
     "chameleon": "a VQ image tokenizer config (images enter as VQ codes) for a tiny build",
     "cohere_compass": "a hand-written tiny build; the generic one fails at build (no full_attention layer type)",
-    "cosmos3_edge": "auto to ask its processor for mm_token_type_ids, then an M-RoPE shape mismatch diagnosed",
     "cosmos3_omni": "a hand-written tiny build; the generic one fails at load (an M-RoPE shape mismatch, undiagnosed)",
     "deepseek_ocr2": "a hand-written tiny build; the generic one does not finish (killed after 240 s)",
     "deepseek_vl_hybrid": "a hand-written tiny build; the generic one fails at load (a size mismatch, 576 vs 196)",
@@ -757,18 +877,17 @@ NOT_BUILT = {
                  "settings)",
     "glm_ocr": "a processor: none is mapped for its model type (a checkpoint names its own)",
     "glmga": "a hand-written tiny build; the generic one fails at load (an M-RoPE shape mismatch, undiagnosed)",
-    "got_ocr2": "a chat template (its checkpoint has none; its processor writes its own OCR prompt) and auto to pass "
-                "multi_page=True for several images",
     "granite4_vision": "a hand-written tiny build; the generic one fails at build (a length of None)",
     "granite_docling": "a hand-written tiny build; the generic one fails the span check (one span of 1,004 tokens, "
                        "undiagnosed)",
     "hunyuan_vl": "a hand-written tiny build; the generic one fails at build (a power of None)",
     "hyperclovax_vision_v2": "a hand-written tiny build; the generic one fails at load (a flag its config leaves None)",
-    "inkling2": "the capture to model attention sinks passed as sinks= (the probe refuses it: deviation 0.28)",
     "inkling_mm_model": "a hand-written tiny build; the generic one does not finish (killed after 240 s)",
     "kimi_k25": "a hand-written tiny build; the generic one fails at load (a layer norm of the wrong width)",
     "kosmos-2": "a chat template (its checkpoint has none and its processor takes none)",
-    "kosmos-2.5": "a chat template (its checkpoint has none: auto refuses it)",
+    "kosmos-2.5": "several images per prompt: its processor (Kosmos2_5Processor, named by its checkpoints) writes one "
+                  "image's 2,048 tokens before the text itself, with no placeholder to expand; a chat template in the "
+                  "config would not change that",
     "lfm3_vl": "a hand-written tiny build; the generic one fails at load (a matrix shape mismatch)",
     "llama4": "a hand-written tiny build; the generic one fails at build (an index out of range)",
     "minicpm_ocr": "a hand-written tiny build; the generic one passes capture, batching and KV checks; generate (the "
@@ -789,8 +908,6 @@ NOT_BUILT = {
     "ovis2": "a hand-written tiny build; the generic one's image tokens do not fall one image's run each into the spans"
              " (undiagnosed)",
     "paddleocr_vl": "a hand-written tiny build; the generic one fails at load (an M-RoPE shape mismatch, undiagnosed)",
-    "paligemma": "a chat template (its checkpoints have none: auto refuses them); with one written by hand every check "
-                 "passes once the KV check appends token type ids as generate does",
     "qwen2_5_omni_thinker": "a processor: none is mapped for its model type (a checkpoint names its own)",
     "qwen3_omni_moe_thinker": "a processor: none is mapped for its model type (a checkpoint names its own)",
     "shieldgemma2": "several images per prompt: its processor takes one image per prompt",
@@ -854,6 +971,16 @@ BUILDS: dict[str, TinyArch] = {
                             ("[IMG]", "[IMG]")),
     "qianfan_ocr": TinyArch(_build_qianfan_ocr, "tiles between markers, written by the template as a separate "
                             "placeholder", ("<img>", "</img>")),
+    "paligemma": TinyArch(_build_paligemma, "single span, no markers, all images before the text; bidirectional "
+                          "prompt; no released chat template (given in the config)", ("<image>", "<image>"),
+                          given_chat_template=PALIGEMMA_CHAT_TEMPLATE),
+    "got_ocr2": TinyArch(_build_got_ocr2, "fixed-length span between markers; windowed (SAM-style) tower; no released "
+                         "chat template (given in the config)", ("<img>", "</img>"),
+                         given_chat_template=GOT_OCR2_CHAT_TEMPLATE),
+    "inkling2": TinyArch(_build_inkling2, "single span, no markers; attention sinks and a relative position bias, "
+                         "sliding-window layers", ("<|image|>", "<|image|>")),
+    "cosmos3_edge": TinyArch(_build_cosmos3_edge, "single span between template markers; multi-axis RoPE from "
+                             "mm_token_type_ids", ("<|vision_start|>", "<|vision_end|>")),
     "exaone4_5": TinyArch(_build_exaone4_5, "single span between template markers; sliding-window layers",
                           ("<|vision_start|>", "<|vision_end|>")),
 }
@@ -868,6 +995,17 @@ def build_tiny_architecture(model_type: str, out_dir: str, *, seed: int = 0, pre
     torch.manual_seed(seed)
     model, processor = BUILDS[model_type].build(PRESETS[preset])
     model.eval()
-    return save_model_folder(out_dir, model, processor,
-                             {"architecture": model_type, "kind": TINY_RANDOM, "seed": seed, "preset": preset,
-                              "note": "random weights built offline by ladbench; answers are meaningless"})
+    folder = save_model_folder(out_dir, model, processor,
+                               {"architecture": model_type, "kind": TINY_RANDOM, "seed": seed, "preset": preset,
+                                "note": "random weights built offline by ladbench; answers are meaningless"})
+    if BUILDS[model_type].given_chat_template:
+        with open(os.path.join(folder, GIVEN_CHAT_TEMPLATE), "w", encoding="utf-8") as f:
+            f.write(BUILDS[model_type].given_chat_template)
+    return folder
+
+
+def given_chat_template(folder: str) -> str | None:
+    """The chat template file a study's config gives the tiny build in ``folder`` (None: the
+    build has its own)."""
+    path = os.path.join(folder, GIVEN_CHAT_TEMPLATE)
+    return path if os.path.isfile(path) else None

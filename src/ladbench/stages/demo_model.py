@@ -5,10 +5,11 @@ runs (:func:`ladbench.models.tiny_archs.build_tiny_architecture`) into a folder,
 from __future__ import annotations
 
 import argparse
+import sys
 
 from ladbench.families import TINY_FAMILIES
 from ladbench.models.tiny import PRESETS, build_tiny_model
-from ladbench.models.tiny_archs import BUILDS, build_tiny_architecture
+from ladbench.models.tiny_archs import BUILDS, build_tiny_architecture, given_chat_template
 from ladbench.stages.options import seed
 
 
@@ -29,6 +30,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> None:
     if args.architecture:
-        print(build_tiny_architecture(args.architecture, args.out, seed=args.seed, preset=args.preset))
+        folder = build_tiny_architecture(args.architecture, args.out, seed=args.seed, preset=args.preset)
+        print(folder)
+        template = given_chat_template(folder)
+        if template:
+            print(f"{args.architecture} is released without a chat template: give {template} as the model's "
+                  "chat_template (config) or --chat-template (ladbench infer)", file=sys.stderr)
     else:
         print(build_tiny_model(args.family, args.out, seed=args.seed, preset=args.preset))
