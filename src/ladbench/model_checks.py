@@ -5,7 +5,8 @@ Where the model's ``config.json`` is on this machine (a local folder, a tiny bui
 made, or a hub model already in the local Hugging Face cache), a model is refused in one line
 naming its config key and the cause when ``family: auto`` refuses its architecture (what
 ``ladbench models`` lists as refused), when its folder has no chat template and the config
-gives none (``models.<name>.chat_template``; auto lays the prompt out with the model's own), or when its layer range holds layers with a sliding window
+gives none (``models.<name>.chat_template``; auto lays the prompt out with the model's own), or
+when its layer range holds layers with a sliding window
 (:mod:`ladbench.windows`) and ``lad.windowed_layers`` is ``refuse``. A model whose
 ``config.json`` is not here yet (a hub id not downloaded, a tiny model not built) is checked
 when its infer job loads it, as every model is. The family's lane is checked before
