@@ -58,10 +58,10 @@ def ending(tiny_model):
     return get
 
 
-def generated(adapter, folder, prompt: str, decode: str, batch_size: int = 2):
+def generated(adapter, folder, prompt: str, decode: str, batch_size: int = 2, **option_changes):
     """One step of the infer stage over all rows: its results and the runner (counts)."""
     from ladbench.variants import variant
-    options = dataclasses.replace(variant(prompt).options(), **VARIANTS[prompt])
+    options = dataclasses.replace(variant(prompt).options(), **{**VARIANTS[prompt], **option_changes})
     runner = demo_runner(adapter, folder, 4, bench_options=dict(n_eval=3, n_orderings=2, n_cal=1), prompt=prompt,
                          decode=decode, options=options, batch_size=batch_size)
     return runner.generate_batch(runner.prepare(ROWS)), runner
@@ -83,6 +83,18 @@ def test_decode_loop_replies_equal_generate_and_keep_slots_useful(ending, tmp_pa
     assert stats.useful_fraction() >= 0.9
     today = stats.useful_tokens / reference.generate_slots  # generate: every sequence until its batch's longest ends
     assert today <= stats.useful_fraction()
+
+
+def test_samples_admitted_one_slot_at_a_time_keep_their_own_keys(ending, tmp_path):
+    """Batch size 1 and four samples ending at different steps: each freed slot admits ONE more
+    sample of the parked row, and that sample keeps its own key and reply (a regression: the
+    admitted flight once shared the parked row's state, so later samples got shifted keys)."""
+    adapter = ending("qwen2_5_vl")
+    new, _ = generated(adapter, tmp_path / "loop", "sc", "slots", batch_size=1, samples=4)
+    old, _ = generated(adapter, tmp_path / "generate", "sc", "generate", batch_size=1, samples=4)
+    assert len({len(t) for row in new["text"] for t in row}) > 1          # samples of mixed length
+    for key in ("text", "sample_parsed", "parsed", "n_generated"):
+        assert (new[key] == old[key]).all(), key
 
 
 @pytest.mark.parametrize("prompt", sorted(VARIANTS))

@@ -31,7 +31,7 @@ without a GPU here.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Sequence
 
 import torch
@@ -115,7 +115,9 @@ def _index(tensor: torch.Tensor | None, idx: torch.Tensor, dim: int = 0) -> torc
 def take(flight: Flight, rows: Sequence[int], *, joinable: bool) -> Flight:
     """The given rows of ``flight`` (a row may repeat: a sample of the same prompt), in that order."""
     if list(rows) == list(range(len(flight))):
-        return flight
+        # a new Flight over the same tensors: the caller sets its own ids, keys and steps, which
+        # must not become those of the flight it was taken from (a parked row's later samples)
+        return replace(flight, seq=list(flight.seq))
     idx = torch.tensor(list(rows), dtype=torch.long, device=flight.mask.device)
     if joinable:
         cache = compat.new_plain_cache([[k.index_select(0, idx), v.index_select(0, idx)]
