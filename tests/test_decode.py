@@ -185,3 +185,17 @@ def test_keyed_draws_at_per_sequence_steps_equal_the_shared_step():
         alone = KeyedSampler(keys[b:b + 1], 10, 0.8, 7)(torch.zeros(1, 10 + int(steps[b])), scores[b:b + 1])
         assert alone.argmax(-1).item() == drawn[b].item()
     assert np.unique(drawn.numpy()).size > 1
+
+
+def test_a_generation_option_only_generate_applies_is_found_even_at_token_id_0():
+    """Token 0 is a token: a forced BOS of id 0 sends the model through ``generate``; unset
+    options (None, 0 n-grams, a neutral 1.0) leave it to the loop."""
+    from types import SimpleNamespace
+
+    from ladbench.inference.decode import unreproduced_options
+
+    def options(**config):
+        return unreproduced_options(SimpleNamespace(model=SimpleNamespace(generation_config=SimpleNamespace(**config))))
+    assert options(forced_bos_token_id=0) == ["forced_bos_token_id"]
+    assert options(forced_eos_token_id=None, no_repeat_ngram_size=0, exponential_decay_length_penalty=1.0) == []
+    assert options(no_repeat_ngram_size=3) == ["no_repeat_ngram_size"]

@@ -19,7 +19,6 @@ left out, K lowered to the layers that remain.
 """
 from __future__ import annotations
 
-import json
 import os
 from typing import Any
 
@@ -29,9 +28,6 @@ from ladbench.study_paths import StudyPaths
 from ladbench.windows import (ATTENTION_LAYER_TYPES, compact, layer_windows, read_model_config, text_config,
                               windowed_range_problem)
 
-#: where a processor's or tokenizer's chat template can be stored in a model folder
-_TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json")
-_TEMPLATE_KEYS_IN = ("processor_config.json", "tokenizer_config.json")
 
 
 def check_models(config: dict, source: str = "config") -> list[str]:
@@ -70,17 +66,10 @@ def auto_refusal(model_config: dict[str, Any], folder: str, given_template: str 
 
 def has_chat_template(folder: str) -> bool:
     """Whether a local model folder holds a chat template (its own file, or a processor's or
-    tokenizer's config key)."""
+    tokenizer's config key: ``models.folder.CHAT_TEMPLATE_FILES``)."""
+    from ladbench.models.folder import chat_template_file
     folder = os.path.expanduser(folder)
-    if any(os.path.isfile(os.path.join(folder, name)) for name in _TEMPLATE_FILES):
-        return True
-    for name in _TEMPLATE_KEYS_IN:
-        path = os.path.join(folder, name)
-        if os.path.isfile(path):
-            with open(path, encoding="utf-8") as f:
-                if json.load(f).get("chat_template"):
-                    return True
-    return False
+    return chat_template_file(folder) != folder
 
 
 def _range_warnings(name: str, model: dict, model_config: dict, lad: dict, source: str) -> list[str]:

@@ -8,8 +8,6 @@ Nothing reads identity back out of these paths: every output records what it is.
 
 from __future__ import annotations
 
-import os
-
 from ladbench.data.reference_tables import CAPTIONS_FILE, CATEGORIES_FILE
 
 __all__ = ["FIGURES", "StudyPaths"]
@@ -111,10 +109,10 @@ class StudyPaths:
 
     # ---- benchmarks, caches, calibrations, evaluations, analyses ----------------------------
     def benchmark_file(self, benchmark: str) -> str:
-        return os.path.join(self.config["output_dir"], "benchmarks", f"{benchmark}.json")
+        return f"{self.out}/benchmarks/{benchmark}.json"
 
     def cache_file(self, model: str, benchmark: str, variant: str) -> str:
-        return os.path.join(self.config["output_dir"], "cache", model, benchmark, f"{variant}.h5")
+        return f"{self.out}/cache/{model}/{benchmark}/{variant}.h5"
 
     def shard_file(self, model: str, benchmark: str, variant: str, shard: int | str) -> str:
         return f"{self.out}/shards/{model}/{benchmark}/{variant}/{shard}-of-{self.shards}.h5"

@@ -29,9 +29,13 @@ SLIDING_LAYER_TYPES = ("sliding_attention", "chunked_attention")
 ATTENTION_LAYER_TYPES = ("full_attention",) + SLIDING_LAYER_TYPES
 
 
+#: where a multimodal config.json keeps its text decoder's config
+TEXT_CONFIG_KEYS = ("text_config", "llm_config", "language_config")
+
+
 def text_config(config: Mapping[str, Any]) -> Mapping[str, Any]:
-    """The text decoder's part of a (multimodal) config.json."""
-    return config.get("text_config") or config.get("llm_config") or config
+    """The text decoder's part of a (multimodal) config.json (the config itself when it has none)."""
+    return next((config[k] for k in TEXT_CONFIG_KEYS if isinstance(config.get(k), dict)), config)
 
 
 def layer_windows(config: Mapping[str, Any]) -> list[int]:

@@ -50,7 +50,12 @@ UNREPRODUCED_OPTIONS = ("no_repeat_ngram_size", "bad_words_ids", "min_length", "
 def unreproduced_options(adapter) -> list[str]:
     """The options of the model's generation config that only ``generate`` applies (empty: the loop runs)."""
     config = getattr(adapter.model, "generation_config", None)
-    return [name for name in UNREPRODUCED_OPTIONS if getattr(config, name, None) not in (None, 0, [], {}, 1.0)]
+    return [name for name in UNREPRODUCED_OPTIONS if _is_set(name, getattr(config, name, None))]
+
+
+def _is_set(name: str, value: Any) -> bool:
+    """Whether a generation option is on: a token id is on unless None (0 is a token)."""
+    return value is not None if name.endswith("_token_id") else value not in (None, 0, [], {}, 1.0)
 
 
 def _full_attention_only(text_config: Any) -> bool:

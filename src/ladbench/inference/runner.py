@@ -419,7 +419,7 @@ class RowRunner:
         from .sampling import KeyedSampler, sequence_keys
         s, entry, options = self.s, self.s.variant, self.s.options
         batch = self._prepared(batch)
-        rows, groups = batch.rows, batch.groups or [batch.inputs]
+        rows, groups = batch.rows, batch.groups
         samples = options.samples if entry.sampled else 1
         keys = sequence_keys(s.seed, torch.as_tensor(np.asarray(rows, dtype=np.int64) + self.plan.first_row),
                              samples) if entry.sampled else None

@@ -19,20 +19,20 @@ import re
 import struct
 from typing import Any
 
+from ladbench.windows import text_config
+
 #: plausible bounds of a decoder's sizes (largest released models are far inside them): a value
 #: outside is a damaged or hostile config, refused before the model is allocated
 SIZE_BOUNDS = {"vocab_size": 1 << 22, "hidden_size": 1 << 16, "intermediate_size": 1 << 20,
                "num_hidden_layers": 1024, "num_attention_heads": 1 << 12, "num_key_value_heads": 1 << 12,
                "head_dim": 1 << 12}
-#: keys of ``config.json`` that hold the text decoder's config, else the top level holds it
-TEXT_CONFIG_KEYS = ("text_config", "llm_config", "language_config")
 #: largest safetensors header read (real headers of sharded 100B models are a few MB)
 MAX_HEADER_BYTES = 100 << 20
 #: bytes per element of each safetensors dtype
 _DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1, "I16": 2, "U16": 2,
                 "F16": 2, "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
 #: files that hold a chat template, in the order the processor and tokenizer read them
-CHAT_TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json", "tokenizer_config.json")
+CHAT_TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json", "processor_config.json", "tokenizer_config.json")
 
 
 class ModelFolderError(ValueError):
@@ -116,10 +116,6 @@ def safetensors_header(path: str) -> dict[str, Any]:
 def _damaged(path: str, reason: str) -> ModelFolderError:
     return ModelFolderError(f"{path}: damaged weights file: {reason}; download or copy it again")
 
-
-def text_config(config: dict[str, Any]) -> dict[str, Any]:
-    """The text decoder's part of a ``config.json``."""
-    return next((config[k] for k in TEXT_CONFIG_KEYS if isinstance(config.get(k), dict)), config)
 
 
 def _check_sizes(path: str, config: dict[str, Any], weights: dict[str, dict[str, Any]]) -> None:
