@@ -25,12 +25,23 @@ list[int])``; no pixel values, no multi-axis positions), so it cannot serve thes
 both lanes run this loop. Caches that are not plain full-attention layers (sliding
 windows, linear attention: ``compat.plain_kv``) or models that take no position ids keep the
 padded path inside the same loop: a group's sequences run together until all have ended
-(finished ones fed the pad token, as ``generate`` does), then the next group starts. A static
-KV cache with CUDA graphs / ``torch.compile`` is not implemented: it could not be run and tested
-without a GPU here.
+(finished ones fed the pad token, as ``generate`` does), then the next group starts.
+
+**Static shapes** (``--decode static``, :class:`Ring`): the sequences in flight live in ``slots``
+fixed slots of one preallocated KV buffer per layer, a ring of C columns that every slot writes
+at the same column each step; a slot's mask covers the columns it holds (its prompt, copied in
+when it is admitted, and its reply so far). Keys carry their rotary positions already and the
+mask is explicit, so where in the ring a key sits changes nothing; a step's inputs (tokens
+[S, 1], positions, mask [S, 1, 1, C], the column) have the same shapes every step, and the step
+is compiled (``torch.compile``, CUDA graphs through its ``reduce-overhead`` mode on a GPU). No
+cache is cut or joined: a sequence that ends frees its slot, the next one's prompt is copied into
+it. C grows (the ring unrolled into a longer one, a new compilation) only when a prompt longer
+than any before does not fit. Joinable caches only; the others keep the padded path. Measured
+against ``slots`` on a GPU: not yet (no GPU in the session that wrote it), hence not the default.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Sequence
 
@@ -81,6 +92,7 @@ class DecodeStats:
     token_slots: int = 0              # tokens drawn, useful or not (a finished sequence kept in the batch)
     useful_tokens: int = 0            # tokens of the replies (end token included)
     slots: int = 0                    # the batch's capacity in sequences
+    ring_columns: int = 0             # --decode static: the ring's columns (0: no ring ran)
 
     def useful_fraction(self) -> float:
         return self.useful_tokens / max(self.token_slots, 1)
@@ -91,9 +103,9 @@ class DecodeStats:
 
     def add(self, other: "DecodeStats") -> None:
         for name in self.__dataclass_fields__:
-            if name != "slots":
+            if name not in ("slots", "ring_columns"):
                 setattr(self, name, getattr(self, name) + getattr(other, name))
-        self.slots = max(self.slots, other.slots)
+        self.slots, self.ring_columns = max(self.slots, other.slots), max(self.ring_columns, other.ring_columns)
 
 
 @dataclass
@@ -117,13 +129,22 @@ def _index(tensor: torch.Tensor | None, idx: torch.Tensor, dim: int = 0) -> torc
     return None if tensor is None else tensor.index_select(dim, idx)
 
 
+def device_index(values: Sequence[int], device: torch.device) -> torch.Tensor:
+    """A host list of indices on ``device``, copied from pinned memory without blocking: a
+    pageable copy to a GPU waits for the stream, a second host sync in the step."""
+    index = torch.tensor(list(values), dtype=torch.long)
+    if device.type != "cuda":
+        return index.to(device)
+    return index.pin_memory().to(device, non_blocking=True)
+
+
 def take(flight: Flight, rows: Sequence[int], *, joinable: bool) -> Flight:
     """The given rows of ``flight`` (a row may repeat: a sample of the same prompt), in that order."""
     if list(rows) == list(range(len(flight))):
         # a new Flight over the same tensors: the caller sets its own ids, keys and steps, which
         # must not become those of the flight it was taken from (a parked row's later samples)
         return replace(flight, seq=list(flight.seq))
-    idx = torch.tensor(list(rows), dtype=torch.long, device=flight.mask.device)
+    idx = device_index(rows, flight.mask.device)
     if joinable:
         cache = compat.new_plain_cache([[k.index_select(0, idx), v.index_select(0, idx)]
                                         for k, v in compat.plain_kv(flight.cache)])
@@ -175,8 +196,11 @@ class SlotDecoder:
 
     def __init__(self, adapter, *, samples: int, slots: int, max_new_tokens: int,
                  draw: Callable[[torch.Tensor, torch.Tensor | None, torch.Tensor], torch.Tensor],
-                 keys: torch.Tensor | None = None) -> None:
+                 keys: torch.Tensor | None = None, static: bool = False, compile_options: dict | None = None) -> None:
         self.adapter, self.samples, self.max_new_tokens, self.draw = adapter, samples, max_new_tokens, draw
+        # static: the sequences in a Ring (module docstring); compile_options: its step through
+        # torch.compile with these options (None: eager; mode reduce-overhead: CUDA graphs on a GPU)
+        self.static, self.compile_options = static, compile_options
         self.slots = max(slots, samples)
         self.keys = keys
         self.end_ids = set(adapter.end_token_ids())
@@ -210,52 +234,76 @@ class SlotDecoder:
     # ------------------------------------------------------------------ decode
     def run(self, groups: Iterable[dict[str, torch.Tensor]]) -> list[list[int]]:
         """The reply tokens of every sequence (end token included), row-major (row, sample)."""
-        pending = iter(groups)
+        self._pending, self._parked, self._next_sample, self._rows_seen = iter(groups), None, [], 0
         replies: list[list[int]] = []
-        flight: Flight | None = None
-        parked: Flight | None = None            # prefilled rows whose samples have not all started
-        next_sample: list[int] = []             # per parked row: its next sample to start
-        rows_seen = 0
-        while True:
-            # admit: fill the free slots from the parked rows, prefilling the next group when needed
-            while flight is None or (len(flight) < self.slots and self.joinable):
-                if parked is None or all(s == self.samples for s in next_sample):
-                    inputs = next(pending, None)
-                    if inputs is None:
-                        break
-                    parked = self.prefill(inputs, rows_seen)
-                    next_sample = [0] * len(parked)
-                    rows_seen += len(parked)
-                    replies += [[] for _ in range(len(parked) * self.samples)]
-                free = self.slots - (len(flight) if flight is not None else 0)
-                if not self.joinable:
-                    free = len(parked) * self.samples           # the whole group together
-                rows, samples = [], []
-                for r in range(len(parked)):
-                    while next_sample[r] < self.samples and len(rows) < free:
-                        rows.append(r)
-                        samples.append(next_sample[r])
-                        next_sample[r] += 1
-                fresh = take(parked, rows, joinable=self.joinable)
-                fresh.seq = [parked.seq[r] + sample for r, sample in zip(rows, samples)]
-                fresh.keys = None if self.keys is None else self.keys[fresh.seq].to(fresh.logits.device)
-                fresh.steps = torch.zeros(len(rows), dtype=torch.long, device=fresh.logits.device)
-                flight = fresh if flight is None else join(flight, fresh)
-                if not self.joinable:
-                    parked = None
+        flight = self._fresh(self.slots, replies)          # the first prefill decides ``joinable``
+        if flight is not None and self.static and self.joinable:
+            return self._run_ring(flight, replies)
+        while flight is not None:
+            while self.joinable and len(flight) < self.slots:
+                fresh = self._fresh(self.slots - len(flight), replies)
+                if fresh is None:
                     break
-            if flight is None or not len(flight):
+                flight = join(flight, fresh)
+            flight = self.step(flight, replies) or self._fresh(self.slots, replies)
+        return replies
+
+    def _fresh(self, free: int, replies: list[list[int]]) -> Flight | None:
+        """Up to ``free`` sequences not started yet (a cache that cannot be joined: the whole next
+        group), their rows prefilled when first needed (the next group once the parked one has
+        started all its samples); None when every sequence has started."""
+        if self._parked is None or all(s == self.samples for s in self._next_sample):
+            inputs = next(self._pending, None)
+            if inputs is None:
+                return None
+            self._parked = self.prefill(inputs, self._rows_seen)
+            self._next_sample = [0] * len(self._parked)
+            self._rows_seen += len(self._parked)
+            replies += [[] for _ in range(len(self._parked) * self.samples)]
+        parked = self._parked
+        if not self.joinable:
+            free = len(parked) * self.samples
+        rows, samples = [], []
+        for r in range(len(parked)):
+            while self._next_sample[r] < self.samples and len(rows) < free:
+                rows.append(r)
+                samples.append(self._next_sample[r])
+                self._next_sample[r] += 1
+        fresh = take(parked, rows, joinable=self.joinable)
+        fresh.seq = [parked.seq[r] + sample for r, sample in zip(rows, samples)]
+        fresh.keys = None if self.keys is None else self.keys[fresh.seq].to(fresh.logits.device)
+        fresh.steps = torch.zeros(len(rows), dtype=torch.long, device=fresh.logits.device)
+        if not self.joinable:
+            self._parked = None
+        return fresh
+
+    def _run_ring(self, first: Flight, replies: list[list[int]]) -> list[list[int]]:
+        """The loop over a :class:`Ring` (``--decode static``): draw and feed every slot, then fill
+        the slots freed with the next sequences."""
+        ring = Ring(self, first)
+        fresh: Flight | None = first
+        while True:
+            free = ring.free_slots()
+            while fresh is not None:
+                ring.admit(fresh, free[:len(fresh)])
+                free = free[len(fresh):]
+                fresh = self._fresh(len(free), replies) if free else None
+            if len(free) == ring.slots:
                 return replies
-            flight = self.step(flight, replies)
+            ring.step(replies)
+            fresh = self._fresh(len(ring.free_slots()), replies) if ring.free_slots() else None
+
+    def penalised(self, scores: torch.Tensor, seen: torch.Tensor | None) -> torch.Tensor:
+        """The model's repetition penalty on each sequence's own tokens (``seen``), as ``generate`` applies it."""
+        if seen is None:
+            return scores
+        p = self.penalty
+        return torch.where(seen, torch.where(scores < 0, scores * p, scores / p), scores)
 
     def step(self, flight: Flight, replies: list[list[int]]) -> Flight | None:
         """Draw one token per sequence, read them back (the step's one host sync), drop the
         sequences that ended and feed the others' tokens through the model."""
-        scores = flight.logits
-        if flight.seen is not None:
-            p = self.penalty
-            scores = torch.where(flight.seen, torch.where(scores < 0, scores * p, scores / p), scores)
-        tokens = self.draw(scores, flight.keys, flight.steps)
+        tokens = self.draw(self.penalised(flight.logits, flight.seen), flight.keys, flight.steps)
         ended = torch.isin(tokens, self.ends)
         host = torch.stack([tokens, ended.long()]).cpu().numpy()              # the one sync
         self.stats.token_slots += len(flight)
@@ -278,7 +326,7 @@ class SlotDecoder:
             finished[live] = False
             tokens = tokens.masked_fill(finished.to(tokens.device), self.adapter.pad_token_id)
         flight = take(flight, keep, joinable=self.joinable)
-        fed = tokens.index_select(0, torch.tensor(keep, device=tokens.device))
+        fed = tokens.index_select(0, device_index(keep, tokens.device))
         if flight.seen is not None:
             flight.seen = flight.seen.scatter(1, fed[:, None], True)
         flight.mask = torch.cat([flight.mask, flight.mask.new_ones(len(keep), 1)], 1)
@@ -292,3 +340,136 @@ class SlotDecoder:
         self.stats.decode_steps += 1
         self.stats.decode_rows += len(keep)
         return flight
+
+
+def static_compile_options(device: Any) -> dict | None:
+    """How ``--decode static`` compiles its step on ``device``: ``torch.compile``'s
+    ``reduce-overhead`` mode (CUDA graphs) on a GPU; on the CPU the step runs as it is (a
+    compilation there costs more than the few steps it would save)."""
+    return {"mode": "reduce-overhead", "dynamic": False} if torch.device(device).type == "cuda" else None
+
+
+def ring_capacity(tokens: int) -> int:
+    """Columns of a ring for sequences of up to ``tokens`` tokens (prompt and reply): a quarter
+    more, so that later prompts a little longer than the first fit, in whole blocks of 256 (fewer
+    distinct shapes, fewer compilations)."""
+    return 256 * math.ceil(1.25 * tokens / 256)
+
+
+class Ring:
+    """The static-shape store of the sequences in flight (module docstring): ``slots`` slots of one
+    preallocated KV buffer per layer, [S, H, C, D], written at one shared column per step.
+
+    Slot ``b`` holds ``length[b]`` tokens in the columns just before the write column (wrapping
+    around); a free slot holds none, attends to its own column only and is fed the pad token. Per
+    slot on the device: its length, next position, logits, seen tokens, key and step; on the host:
+    the sequence it holds (None: free).
+    """
+
+    def __init__(self, decoder: SlotDecoder, first: Flight) -> None:
+        self.decoder, self.slots = decoder, decoder.slots
+        device, slots = first.logits.device, decoder.slots
+        self.kv = [[torch.zeros((slots, *k.shape[1:2], 0, k.shape[-1]), dtype=k.dtype, device=device),
+                    torch.zeros((slots, *v.shape[1:2], 0, v.shape[-1]), dtype=v.dtype, device=device)]
+                   for k, v in compat.plain_kv(first.cache)]
+        self.column = torch.zeros(1, dtype=torch.long, device=device)      # where this step writes
+        self.t = 0                                                          # the same, on the host
+        self.length = torch.zeros(slots, dtype=torch.long, device=device)
+        self.live = torch.zeros(slots, dtype=torch.bool, device=device)
+        self.positions = first.positions.new_zeros((*first.positions.shape[:-2], slots, 1))
+        self.logits = first.logits.new_zeros((slots, first.logits.shape[-1]))
+        self.seen = None if first.seen is None else first.seen.new_zeros((slots, first.seen.shape[-1]))
+        self.keys = None if first.keys is None else first.keys.new_zeros(slots)
+        self.steps = torch.zeros(slots, dtype=torch.long, device=device)
+        self.seq: list[int | None] = [None] * slots
+        self.pad = decoder.adapter.pad_token_id
+        self._grow(first.mask.shape[1] + decoder.max_new_tokens)
+
+    @property
+    def capacity(self) -> int:
+        return self.kv[0][0].shape[-2]
+
+    def free_slots(self) -> list[int]:
+        return [b for b, seq in enumerate(self.seq) if seq is None]
+
+    def _grow(self, tokens: int) -> None:
+        """A longer ring holding what this one holds: unrolled so that the write column's
+        predecessors end just before the new write column C (a new shape: a new compilation)."""
+        old, capacity = self.capacity, ring_capacity(tokens)
+        for pair in self.kv:
+            for i, buf in enumerate(pair):
+                shape = (*buf.shape[:2], capacity - old, buf.shape[-1])
+                held = buf.roll(-self.t, dims=2) if old else buf
+                pair[i] = torch.cat([held, buf.new_zeros(shape)], dim=2)
+        self.t = old % capacity
+        self.column.fill_(self.t)
+        self.columns = torch.arange(capacity, device=self.column.device)
+        self.cache = compat.new_ring_cache(self.kv, self.column)
+        self.decoder.stats.ring_columns = capacity
+        forward = self._logits
+        if self.decoder.compile_options is not None:
+            forward = torch.compile(forward, **self.decoder.compile_options)
+        self.forward = forward
+
+    def admit(self, fresh: Flight, slots: list[int]) -> None:
+        """Put the prefilled sequences of ``fresh`` into the free ``slots``: their caches copied
+        into the columns before the write column, their state into the slots'."""
+        width = fresh.mask.shape[1]
+        if width + self.decoder.max_new_tokens > self.capacity:
+            self._grow(width + self.decoder.max_new_tokens)
+        idx = device_index(slots, self.column.device)
+        columns = (self.columns[:width] + (self.t - width)) % self.capacity
+        for (keys, values), (k, v) in zip(self.kv, compat.plain_kv(fresh.cache)):
+            keys[idx[:, None], :, columns[None, :]] = k.transpose(1, 2)
+            values[idx[:, None], :, columns[None, :]] = v.transpose(1, 2)
+        self.length.index_copy_(0, idx, fresh.mask.long().sum(1))
+        self.live.index_fill_(0, idx, True)
+        self.positions.index_copy_(-2, idx, fresh.positions)
+        self.logits.index_copy_(0, idx, fresh.logits)
+        self.steps.index_fill_(0, idx, 0)
+        if self.seen is not None:
+            self.seen.index_copy_(0, idx, fresh.seen)
+        if self.keys is not None:
+            self.keys.index_copy_(0, idx, fresh.keys)
+        for slot, seq in zip(slots, fresh.seq):
+            self.seq[slot] = seq
+
+    def _logits(self, fed: torch.Tensor, length: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """One forward of every slot (the compiled part: the same shapes every step)."""
+        held = (self.column - self.columns) % self.capacity <= length[:, None]       # [S, C]
+        return self.decoder.adapter.decode_logits(self.cache, fed[:, None], held[:, None, None, :], positions)
+
+    def step(self, replies: list[list[int]]) -> None:
+        """Draw one token per slot, read them back (the step's one host sync), free the slots
+        whose sequence ended and feed the others' tokens (every slot goes through the model)."""
+        d = self.decoder
+        tokens = d.draw(d.penalised(self.logits, self.seen), self.keys, self.steps)
+        ended = torch.isin(tokens, d.ends)
+        host = torch.stack([tokens, ended.long()]).cpu().numpy()              # the one sync
+        d.stats.token_slots += self.slots
+        live = 0
+        for b, seq in enumerate(self.seq):
+            if seq is None:
+                continue
+            reply = replies[seq]
+            reply.append(int(host[0][b]))
+            d.stats.useful_tokens += 1
+            if host[1][b] or len(reply) == d.max_new_tokens:
+                self.seq[b] = None
+            else:
+                live += 1
+        if not live:
+            return
+        self.live = self.live & ~ended & (self.steps + 1 < d.max_new_tokens)   # the host's live slots
+        fed = tokens.masked_fill(~self.live, self.pad)
+        if self.seen is not None:
+            self.seen = self.seen.scatter(1, fed[:, None], True)
+        length = torch.where(self.live, self.length, 0)
+        self.logits = self.forward(fed, length, self.positions)
+        self.length = length + 1
+        self.positions = self.positions + 1
+        self.steps = self.steps + 1
+        self.t = (self.t + 1) % self.capacity
+        self.column.fill_(self.t)
+        d.stats.decode_steps += 1
+        d.stats.decode_rows += live

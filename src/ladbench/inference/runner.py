@@ -132,8 +132,9 @@ class InferenceSettings(Settings):
         "slots", "generative variants: slots = the decode loop (one prefill per row, self-consistency's samples "
         "continue from it, a finished sequence's slot taken by the next; inference/decode.py); generate = "
         "transformers' generate per batch, each sample encoded as its own row: the path it replaced, at its cost "
-        "(the same replies on the CPU)",
-        choices=("slots", "generate"), config=False, group=EXECUTION_GROUP, hashed=False)
+        "(the same replies on the CPU); static = the decode loop with static shapes: its sequences in fixed slots "
+        "of one preallocated KV cache, each step compiled (CUDA graphs on a GPU; not yet measured there)",
+        choices=("slots", "static", "generate"), config=False, group=EXECUTION_GROUP, hashed=False)
     seed: int = setting(
         0, "self-consistency: sampling seed (each sample is keyed by the seed, its row and its index: see "
         "inference/sampling.py)", config=False, group="generation (generative variants)")
@@ -415,6 +416,7 @@ class RowRunner:
         ``generate`` per group instead (:meth:`_generate_groups`; the same replies on the CPU in float32)."""
         import torch
 
+        from . import decode as decoding
         from .decode import SlotDecoder, UnrepeatableCache, unreproduced_options
         from .sampling import KeyedSampler, sequence_keys
         s, entry, options = self.s, self.s.variant, self.s.options
@@ -423,15 +425,16 @@ class RowRunner:
         samples = options.samples if entry.sampled else 1
         keys = sequence_keys(s.seed, torch.as_tensor(np.asarray(rows, dtype=np.int64) + self.plan.first_row),
                              samples) if entry.sampled else None
-        if s.decode == "slots" and self.generate_reason is None:
+        if s.decode != "generate" and self.generate_reason is None:
             skipped = unreproduced_options(self.adapter)
             self.generate_reason = f"its generation config sets {', '.join(skipped)}" if skipped else None
         texts = None
-        if s.decode == "slots" and self.generate_reason is None:
+        if s.decode != "generate" and self.generate_reason is None:
             sampler = KeyedSampler(keys, 0, options.temperature, options.top_k) if entry.sampled else None
             decoder = SlotDecoder(self.adapter, samples=samples, slots=samples * len(groups[0]["input_ids"]),
                                   max_new_tokens=options.max_new_tokens, keys=keys,
-                                  draw=sampler.draw if sampler else lambda scores, _keys, _steps: scores.argmax(-1))
+                                  draw=sampler.draw if sampler else lambda scores, _keys, _steps: scores.argmax(-1),
+                                  static=s.decode == "static", compile_options=decoding.static_compile_options(self.adapter.device))
             try:
                 replies = decoder.run(groups)
             except UnrepeatableCache as exc:

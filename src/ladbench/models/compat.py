@@ -107,6 +107,54 @@ def new_plain_cache(kv: list[list[Any]]) -> Any:
     return cache
 
 
+def new_ring_cache(kv: list[list[Any]], column: Any) -> Any:
+    """A cache over preallocated per-layer ``[keys, values]`` buffers ([S, H, C, D], full attention)
+    that writes each decode step's one new position at the device tensor ``column`` ([1], the
+    same for every slot; advanced by the caller) and hands the attention the whole buffers: the
+    static-shape store of the decode loop (``inference/decode.Ring``), which masks what each slot
+    holds itself. Nothing in it depends on the sequence length, so a step can be compiled and
+    captured in a CUDA graph (the buffers are marked as static addresses)."""
+    import torch
+    for keys, values in kv:
+        torch._dynamo.mark_static_address(keys)
+        torch._dynamo.mark_static_address(values)
+    if on_current_lane():
+        from transformers.cache_utils import Cache, StaticLayer
+
+        class RingLayer(StaticLayer):
+            def __init__(self, keys: Any, values: Any) -> None:
+                super().__init__(max_cache_len=keys.shape[-2])
+                self.keys, self.values, self.is_initialized = keys, values, True
+                self.dtype, self.device = keys.dtype, keys.device
+
+            def update(self, key_states: Any, value_states: Any, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
+                self.keys.index_copy_(2, column, key_states)
+                self.values.index_copy_(2, column, value_states)
+                return self.keys, self.values
+
+            def get_seq_length(self) -> int:      # positions and the 4-D mask are given: unused
+                return 0
+        return Cache(layers=[RingLayer(keys, values) for keys, values in kv])
+
+    from transformers.cache_utils import Cache
+
+    class RingCache(Cache):
+        is_compileable = True
+
+        def update(self, key_states: Any, value_states: Any, layer_idx: int, cache_kwargs: Any = None) -> tuple[Any, Any]:
+            keys, values = kv[layer_idx]
+            keys.index_copy_(2, column, key_states)
+            values.index_copy_(2, column, value_states)
+            return keys, values
+
+        def get_seq_length(self, layer_idx: int | None = 0) -> int:
+            return 0
+
+        def get_max_cache_shape(self) -> int:
+            return int(kv[0][0].shape[-2])
+    return RingCache()
+
+
 def qwen_vl_rope_index(base_model: Any, inputs: dict[str, Any]) -> tuple[Any, Any]:
     """Qwen2.5-VL's M-RoPE ``(position_ids [3, B, T], rope_deltas [B, 1])`` for a prefill, computed
     by the model's own ``get_rope_index`` (5.x takes the processor's ``mm_token_type_ids``)."""
