@@ -489,9 +489,8 @@ def plain_generate(runner, prepared) -> tuple[list[int], int]:
 def generation_worker(model_dir: str, args: argparse.Namespace) -> list[dict]:
     """Per variant: the decode loop (``ladbench infer``'s path) against plain ``generate`` on the same
     prepared rows: replies equal, useful tokens / token slots, vision passes and prefilled tokens
-    per row, host syncs per decode step (a separate, untimed run), seconds of each (device work only)."""
-    import dataclasses
-
+    per row, host syncs per decode step (a separate, untimed run), seconds of each (device work only);
+    and the loop with static shapes (``--decode static``; its compilation in its warm-up run)."""
     from torch.profiler import ProfilerActivity, profile
 
     from ladbench.inference.decode import SlotDecoder
@@ -499,14 +498,8 @@ def generation_worker(model_dir: str, args: argparse.Namespace) -> list[dict]:
     for prompt in args.gen_variants:
         runner, rows = _generation_runner(model_dir, prompt, args)
         prepared = runner.prepare(rows)
-        runner.generate_batch(runner.prepare(rows[:2]))                       # warm-up
-        runner.decode_stats = type(runner.decode_stats)()
-        _sync(args.device)
-        t0 = time.perf_counter()
-        ours = runner.generate_batch(prepared)
-        _sync(args.device)
-        ours_s = time.perf_counter() - t0
-        stats = dataclasses.replace(runner.decode_stats)                     # (the counting run adds to it)
+        ours, ours_s, stats = _timed_decode(runner, prepared, rows, "slots", args.device)
+        static, static_s, static_stats = _timed_decode(runner, prepared, rows, "static", args.device)
         t0 = time.perf_counter()
         plain_counts, plain_slots = plain_generate(runner, prepared)
         _sync(args.device)
@@ -540,20 +533,43 @@ def generation_worker(model_dir: str, args: argparse.Namespace) -> list[dict]:
             "syncs_per_step_max": max(per_step), "syncs_per_step_mean": sum(per_step) / len(per_step),
             "ours_s": ours_s, "plain_s": plain_s, "ours_tokens_per_s": tokens / ours_s,
             "plain_tokens_per_s": sum(plain_counts) / plain_s, "ours_rows_per_s": len(rows) / ours_s,
-            "plain_rows_per_s": len(rows) / plain_s})
+            "plain_rows_per_s": len(rows) / plain_s,
+            "static_same_replies": bool((static["text"] == reference["text"]).all()),
+            "static_useful_fraction": static_stats.useful_fraction(), "static_ring_columns": static_stats.ring_columns,
+            "static_s": static_s, "static_tokens_per_s": tokens / static_s, "static_rows_per_s": len(rows) / static_s})
         print(f"generation {prompt}: {results[-1]}", file=sys.stderr)
     return results
+
+
+def _timed_decode(runner, prepared, rows: list[int], decode: str, device: str):
+    """``runner.generate_batch`` with ``--decode <decode>`` after a warm-up on two rows: its
+    results, its seconds and its decode counts."""
+    import dataclasses
+    before = runner.s.decode
+    runner.s.decode = decode
+    try:
+        runner.generate_batch(runner.prepare(rows[:2]))
+        runner.decode_stats = type(runner.decode_stats)()
+        _sync(device)
+        t0 = time.perf_counter()
+        out = runner.generate_batch(prepared)
+        _sync(device)
+        return out, time.perf_counter() - t0, dataclasses.replace(runner.decode_stats)
+    finally:
+        runner.s.decode = before
 
 
 def generation_table(rows: list[dict]) -> str:
     lines = ["| variant | rows x samples | device | replies equal | useful / token slots: plain generate | ours "
              "| batch occupancy (ours) | prefills per row: plain / ours | host syncs per decode step (max) "
-             "| tokens/s: plain / ours | rows/s: plain / ours |", "|---" * 11 + "|"]
+             "| tokens/s: plain / ours | rows/s: plain / ours | static shapes: replies equal, useful / token slots, "
+             "tokens/s |", "|---" * 12 + "|"]
     lines += [f"| {r['variant']} | {r['rows']} x {r['samples']} | {r['device']} | {r['same_replies']} | "
               f"{r['plain_useful_fraction']:.2f} | {r['ours_useful_fraction']:.2f} | {r['ours_occupancy']:.2f} | "
               f"{r['plain_prefilled_rows_per_row']} / {r['ours_prefilled_rows_per_row']:.0f} | "
               f"{r['syncs_per_step_max']} | {r['plain_tokens_per_s']:.1f} / {r['ours_tokens_per_s']:.1f} | "
-              f"{r['plain_rows_per_s']:.2f} / {r['ours_rows_per_s']:.2f} |" for r in rows]
+              f"{r['plain_rows_per_s']:.2f} / {r['ours_rows_per_s']:.2f} | {r['static_same_replies']}, "
+              f"{r['static_useful_fraction']:.2f}, {r['static_tokens_per_s']:.1f} |" for r in rows]
     return "\n".join(lines)
 
 

@@ -4,6 +4,8 @@ split and retried (simulated on the CPU by raising torch's out-of-memory error),
 lost, and the batch size that ran is recorded."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -11,6 +13,7 @@ import torch
 from conftest_models import TINY_IMAGE_SIZE, make_demo_benchmark
 from ladbench.inference import runner
 from ladbench.inference.cache import read_cache
+from ladbench.variants import variant
 
 pytestmark = [pytest.mark.slow, pytest.mark.lanes]
 
@@ -85,6 +88,31 @@ def test_out_of_memory_batches_are_split_and_retried(tiny_model, tmp_path, monke
     _assert_same_content(out, reference)
     assert out["done"].all() and out.attrs["batch_size_used"] == 2
     assert sizes[0] == 4 and set(sizes[1:]) == {2}            # split once, then the smaller size throughout
+
+
+def test_out_of_memory_in_generation_halves_the_groups_in_flight(tiny_model, tmp_path, monkeypatch):
+    """A generative step decodes a whole chunk in groups of the batch size; running out of memory
+    halves the groups (the sequences in flight), not only the rows of the step, which would keep
+    the groups, and the memory, as they were."""
+    model = tiny_model("qwen2_5_vl")
+    bench, images = make_demo_benchmark(tmp_path, 4, n_eval=3, n_orderings=2, n_cal=1)
+    settings = dict(prompt="cot", chunk_size=4, workers=1)
+    options = dataclasses.replace(variant("cot").options(), max_new_tokens=4)
+    reference = read_cache(runner.run_inference(_settings(model, bench, images, tmp_path / "b1.h5", batch_size=1,
+                                                          options=options, **settings)))
+    real, groups = runner.RowRunner.generate_batch, []
+
+    def fits_groups_of_one(self, batch):
+        groups.append([len(g["input_ids"]) for g in batch.groups])
+        if max(groups[-1]) > 1:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
+        return real(self, batch)
+    monkeypatch.setattr(runner.RowRunner, "generate_batch", fits_groups_of_one)
+    out = read_cache(runner.run_inference(_settings(model, bench, images, tmp_path / "b4.h5", batch_size=4,
+                                                    options=options, **settings)))
+    assert out["done"].all() and out.attrs["batch_size_used"] == 1
+    assert (out["text"][:] == reference["text"][:]).all()
+    assert groups[0] == [4] and groups[1] == [2, 2] and all(g == [1] * len(g) for g in groups[2:])
 
 
 def test_out_of_memory_at_batch_size_one_and_other_errors_are_fatal(tiny_model, tmp_path, monkeypatch):

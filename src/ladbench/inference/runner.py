@@ -22,7 +22,7 @@ import resource
 import shutil
 import time
 from dataclasses import dataclass, field, fields
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 import numpy as np
@@ -339,12 +339,13 @@ class RowRunner:
         rows = [int(r) for r in rows]
         return [r for c0 in range(0, len(rows), chunk_size) for r in sorted(rows[c0:c0 + chunk_size], key=length)]
 
-    def prepare(self, rows: Sequence[int]) -> PreparedBatch:
-        """The host part of a batch (runs in DataLoader workers): inputs and token segments."""
+    def prepare(self, rows: Sequence[int], group_size: int | None = None) -> PreparedBatch:
+        """The host part of a batch (runs in DataLoader workers): inputs and token segments; a
+        generative variant's rows in groups of ``group_size`` (default: the batch size)."""
         import torch
         texts, images = zip(*(self._row_inputs(r) for r in rows))
         if self.generative:           # groups of batch_size rows, each prefilled once (generate_batch)
-            size = self.s.batch_size
+            size = group_size or self.s.batch_size
             groups = [self.adapter.encode_on_host(list(texts[i:i + size]), list(images[i:i + size]))
                       for i in range(0, len(texts), size)]
             return PreparedBatch([int(r) for r in rows], {}, groups=groups)
@@ -547,7 +548,7 @@ def run_batches(step: Callable[[PreparedBatch], dict[str, np.ndarray]],
                 prepare: Callable[[Sequence[int]], PreparedBatch], rows: Sequence[int], *, batch_size: int,
                 chunk_size: int, workers: int, pin_memory: bool,
                 write: Callable[[list[int], dict[str, np.ndarray]], None],
-                batch_done: Callable[[int], None] | None = None) -> int:
+                batch_done: Callable[[int], None] | None = None, grouped: bool = False) -> int:
     """Run ``step`` over ``rows`` in batches and ``write`` each finished chunk of ``chunk_size`` rows.
 
     Batches never straddle a chunk. A batch whose step runs out of GPU memory is not lost: the
@@ -556,16 +557,22 @@ def run_batches(step: Callable[[PreparedBatch], dict[str, np.ndarray]],
     by its size (so preparation that the workers did not hide is counted). ``batch_done(rows)``
     follows each batch that ran (the progress bar). Returns the batch size in use at the end
     (the largest that ran without running out of memory).
+
+    ``grouped`` (generation): a step decodes a whole chunk in groups of ``batch_size`` rows (so
+    that finished sequences' slots refill), ``prepare(rows, group_size)`` makes the groups, and
+    running out of memory halves the groups (the sequences in flight).
     """
     chunks = [list(rows[i:i + chunk_size]) for i in range(0, len(rows), chunk_size)]
     chunk, offset, parts = 0, 0, []
     while chunk < len(chunks):
-        batches = [c[start:start + batch_size]
+        step_rows = chunk_size if grouped else batch_size
+        batches = [c[start:start + step_rows]
                    for i, c in enumerate(chunks[chunk:], start=chunk)
-                   for start in range(offset if i == chunk else 0, len(c), batch_size)]
+                   for start in range(offset if i == chunk else 0, len(c), step_rows)]
+        in_groups = partial(prepare, group_size=batch_size) if grouped else prepare
         tick = time.perf_counter()
         try:
-            for prepared in prepared_batches(prepare, batches, workers=workers, pin_memory=pin_memory):
+            for prepared in prepared_batches(in_groups, batches, workers=workers, pin_memory=pin_memory):
                 part = step(prepared)
                 now = time.perf_counter()
                 part["seconds"] = np.full(len(prepared.rows), (now - tick) / len(prepared.rows), np.float32)
@@ -665,13 +672,12 @@ def _run_inference(settings: InferenceSettings) -> str:
     runner = RowRunner(adapter, settings, bench, plan, paths, digests=image_digests(table))
     step = runner.generate_batch if generative else runner.score_batch
     # generation: a step decodes a whole chunk (groups of batch_size rows), so finished sequences' slots refill
-    step_rows = settings.chunk_size if generative else settings.batch_size
     if settings.group_by_length or generative:      # generation pads (and waits) for the longest prompt
         pending = runner.grouped_by_length(pending, settings.chunk_size)
 
     started = time.perf_counter()
     with progress_bar(len(pending), unit="row", desc=f"infer {settings.model_name}/{settings.prompt}") as bar:
-        used = run_batches(step, runner.prepare, pending, batch_size=step_rows,
+        used = run_batches(step, runner.prepare, pending, batch_size=settings.batch_size, grouped=generative,
                            chunk_size=settings.chunk_size, workers=settings.loader_workers(),
                            pin_memory=device.startswith("cuda"), write=writer.write, batch_done=bar.update)
     done_now = len(pending)
