@@ -425,7 +425,7 @@ class Ring:
         self.length.index_copy_(0, idx, fresh.mask.long().sum(1))
         self.live.index_fill_(0, idx, True)
         self.positions.index_copy_(-2, idx, fresh.positions)
-        self.logits.index_copy_(0, idx, fresh.logits)
+        self.logits = self.logits.index_copy(0, idx, fresh.logits)       # (not in place: a CUDA graph's output)
         self.steps.index_fill_(0, idx, 0)
         if self.seen is not None:
             self.seen.index_copy_(0, idx, fresh.seen)
@@ -465,6 +465,10 @@ class Ring:
         if self.seen is not None:
             self.seen = self.seen.scatter(1, fed[:, None], True)
         length = torch.where(self.live, self.length, 0)
+        if self.decoder.compile_options is not None:
+            # CUDA graphs (reduce-overhead): the previous step's outputs are no longer read (its
+            # logits were drawn from above), so this replay may reuse their memory
+            torch.compiler.cudagraph_mark_step_begin()
         self.logits = self.forward(fed, length, self.positions)
         self.length = length + 1
         self.positions = self.positions + 1
