@@ -243,6 +243,8 @@ def test_the_static_step_compiles_as_one_graph_and_replies_stay_equal(ending, tm
     new, loop = generated(adapter, tmp_path / "compiled", prompt, "static")
     old, _ = generated(adapter, tmp_path / "generate", prompt, "generate")
     assert compiled and loop.decode_stats.ring_columns
-    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1     # one ring shape, one graph
+    again = loop.generate_batch(loop.prepare(ROWS[:4]))                     # the next step of the stage
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1     # one ring, one graph, both steps
     for key in ("text", "parsed", "n_generated"):
         assert (new[key] == old[key]).all(), key
+        assert (again[key] == old[key][:4]).all(), key

@@ -196,11 +196,13 @@ class SlotDecoder:
 
     def __init__(self, adapter, *, samples: int, slots: int, max_new_tokens: int,
                  draw: Callable[[torch.Tensor, torch.Tensor | None, torch.Tensor], torch.Tensor],
-                 keys: torch.Tensor | None = None, static: bool = False, compile_options: dict | None = None) -> None:
+                 keys: torch.Tensor | None = None, static: bool = False, compile_options: dict | None = None,
+                 ring: "Ring | None" = None) -> None:
         self.adapter, self.samples, self.max_new_tokens, self.draw = adapter, samples, max_new_tokens, draw
         # static: the sequences in a Ring (module docstring); compile_options: its step through
         # torch.compile with these options (None: eager; mode reduce-overhead: CUDA graphs on a GPU)
         self.static, self.compile_options = static, compile_options
+        self.ring = ring                # a previous run's ring, reused where it serves (no new compilation)
         self.slots = max(slots, samples)
         self.keys = keys
         self.end_ids = set(adapter.end_token_ids())
@@ -280,7 +282,8 @@ class SlotDecoder:
     def _run_ring(self, first: Flight, replies: list[list[int]]) -> list[list[int]]:
         """The loop over a :class:`Ring` (``--decode static``): draw and feed every slot, then fill
         the slots freed with the next sequences."""
-        ring = Ring(self, first)
+        ring = self.ring.rebind(self) if self.ring is not None and self.ring.serves(self, first) else Ring(self, first)
+        self.ring = ring
         fresh: Flight | None = first
         while True:
             free = ring.free_slots()
@@ -367,7 +370,8 @@ class Ring:
     """
 
     def __init__(self, decoder: SlotDecoder, first: Flight) -> None:
-        self.decoder, self.slots = decoder, decoder.slots
+        self.decoder, self.slots, self.adapter = decoder, decoder.slots, decoder.adapter
+        self.compile_options = decoder.compile_options
         device, slots = first.logits.device, decoder.slots
         self.kv = [[torch.zeros((slots, *k.shape[1:2], 0, k.shape[-1]), dtype=k.dtype, device=device),
                     torch.zeros((slots, *v.shape[1:2], 0, v.shape[-1]), dtype=v.dtype, device=device)]
@@ -407,9 +411,25 @@ class Ring:
         self.cache = compat.new_ring_cache(self.kv, self.column)
         self.decoder.stats.ring_columns = capacity
         forward = self._logits
-        if self.decoder.compile_options is not None:
-            forward = torch.compile(forward, **self.decoder.compile_options)
+        if self.compile_options is not None:
+            forward = torch.compile(forward, **self.compile_options)
         self.forward = forward
+
+    def serves(self, decoder: SlotDecoder, first: Flight) -> bool:
+        """Whether this ring (a previous step's, its compiled step with it) can take ``decoder``'s
+        sequences: the same slots, compilation and cache layout (a longer prompt grows it)."""
+        return (decoder.slots == self.slots and decoder.compile_options == self.compile_options
+                and decoder.adapter is self.adapter
+                and [(k.shape[1], k.shape[-1], k.dtype, v.shape[-1]) for k, v in compat.plain_kv(first.cache)]
+                == [(k.shape[1], k.shape[-1], k.dtype, v.shape[-1]) for k, v in self.kv])
+
+    def rebind(self, decoder: SlotDecoder) -> "Ring":
+        """Every slot free, for ``decoder``'s run (its draws, replies and counts)."""
+        self.decoder, self.seq = decoder, [None] * self.slots
+        self.live.zero_()
+        self.length.zero_()
+        decoder.stats.ring_columns = self.capacity
+        return self
 
     def admit(self, fresh: Flight, slots: list[int]) -> None:
         """Put the prefilled sequences of ``fresh`` into the free ``slots``: their caches copied
@@ -437,7 +457,7 @@ class Ring:
     def _logits(self, fed: torch.Tensor, length: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """One forward of every slot (the compiled part: the same shapes every step)."""
         held = (self.column - self.columns) % self.capacity <= length[:, None]       # [S, C]
-        return self.decoder.adapter.decode_logits(self.cache, fed[:, None], held[:, None, None, :], positions)
+        return self.adapter.decode_logits(self.cache, fed[:, None], held[:, None, None, :], positions)
 
     def step(self, replies: list[list[int]]) -> None:
         """Draw one token per slot, read them back (the step's one host sync), free the slots
@@ -465,7 +485,7 @@ class Ring:
         if self.seen is not None:
             self.seen = self.seen.scatter(1, fed[:, None], True)
         length = torch.where(self.live, self.length, 0)
-        if self.decoder.compile_options is not None:
+        if self.compile_options is not None:
             # CUDA graphs (reduce-overhead): the previous step's outputs are no longer read (its
             # logits were drawn from above), so this replay may reuse their memory
             torch.compiler.cudagraph_mark_step_begin()

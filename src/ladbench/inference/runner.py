@@ -294,6 +294,8 @@ class RowRunner:
         self.decode_stats, self.generate_slots = DecodeStats(), 0
         #: why this model generates through transformers' generate instead (None: the decode loop)
         self.generate_reason: str | None = None
+        #: --decode static: the KV ring and compiled step of the previous step, kept for the next
+        self.ring = None
         if not self.generative:
             self.trie = IdentifierTrie.build(self.ids, identifier_encoder(adapter.tokenizer), adapter.end_of_turn_id)
             self.nodes = self.trie.nodes_needing_logits(settings.score_mode)
@@ -435,13 +437,15 @@ class RowRunner:
             decoder = SlotDecoder(self.adapter, samples=samples, slots=samples * len(groups[0]["input_ids"]),
                                   max_new_tokens=options.max_new_tokens, keys=keys,
                                   draw=sampler.draw if sampler else lambda scores, _keys, _steps: scores.argmax(-1),
-                                  static=s.decode == "static", compile_options=decoding.static_compile_options(self.adapter.device))
+                                  static=s.decode == "static", compile_options=decoding.static_compile_options(self.adapter.device),
+                                  ring=self.ring)
             try:
                 replies = decoder.run(groups)
             except UnrepeatableCache as exc:
                 self.generate_reason = str(exc)
             else:
                 self.decode_stats.add(decoder.stats)
+                self.ring = decoder.ring            # its buffers and compiled step serve the next step
                 texts = self.adapter.tokenizer.batch_decode(replies, skip_special_tokens=True)
                 counts = [len(reply) for reply in replies]
             if self.generate_reason:
