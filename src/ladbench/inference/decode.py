@@ -419,7 +419,8 @@ class Ring:
         """Whether this ring (a previous step's, its compiled step with it) can take ``decoder``'s
         sequences: the same slots, compilation and cache layout (a longer prompt grows it)."""
         return (decoder.slots == self.slots and decoder.compile_options == self.compile_options
-                and decoder.adapter is self.adapter
+                and decoder.adapter is self.adapter and (first.keys is None) == (self.keys is None)
+                and (first.seen is None) == (self.seen is None)
                 and [(k.shape[1], k.shape[-1], k.dtype, v.shape[-1]) for k, v in compat.plain_kv(first.cache)]
                 == [(k.shape[1], k.shape[-1], k.dtype, v.shape[-1]) for k, v in self.kv])
 
