@@ -38,6 +38,9 @@ Four parts; each prints a Markdown table (``--json`` also writes the raw numbers
    sampled every 250 ms); the per-row split at batch 8 (host preparation, vision tower, decoder
    with capture, scoring); one forward pass ours / bare SDPA / the reference's eager path, at
    N = 4, 8, 12. ``--arch-scale small`` shrinks the architectures to check the mechanics on a CPU.
+   ``--trace DIR`` also profiles one device step of the split per N (``torch.profiler``: a Chrome
+   trace and the operators of most device time). ``benchmarks/gpu_session.sh`` is the one call
+   a lent GPU runs for what is still unmeasured (scoring rows/s with traces, generation).
 
 4. Per architecture (current lane, ``--architectures all`` or names; no timing): the proxies
    of part 2 for ``family: auto`` on the tiny build of each architecture (models/tiny_archs.py),
@@ -405,8 +408,10 @@ def infer_throughput(model_dir: str, n: int, batch: int, rows: int, image_size: 
                 "peak_cuda_mb": float(f.attrs["peak_cuda_mb"])}
 
 
-def split_worker(n: int, model_dir: str, batch: int, image_size: int, device: str, reps: int) -> dict:
-    """Per-row split of one batch: host preparation, vision tower, decoder with capture, the rest of scoring."""
+def split_worker(n: int, model_dir: str, batch: int, image_size: int, device: str, reps: int,
+                 trace: str | None = None) -> dict:
+    """Per-row split of one batch: host preparation, vision tower, decoder with capture, the rest of
+    scoring; with ``trace`` (a folder), one more device step under ``torch.profiler`` (trace_step)."""
     import torch
     runner = _runner(model_dir, n, attention="capture", image_size=image_size, device=device, n_eval=batch)
     adapter, rows = runner.adapter, list(range(batch))
@@ -433,9 +438,39 @@ def split_worker(n: int, model_dir: str, batch: int, image_size: int, device: st
         prefill = timed(lambda: adapter.prefill(inputs, use_cache=False))
         step = timed(lambda: runner.score_batch(prepared))
     prepare = timed(lambda: runner.prepare(rows))
-    return {"n": n, "batch": batch, "prepare_ms": 1e3 * prepare, "vision_ms": 1e3 * vision,
-            "decoder_ms": 1e3 * (prefill - vision), "capture_and_scoring_ms": 1e3 * (step - prefill),
-            "device_step_ms": 1e3 * step}
+    result = {"n": n, "batch": batch, "prepare_ms": 1e3 * prepare, "vision_ms": 1e3 * vision,
+              "decoder_ms": 1e3 * (prefill - vision), "capture_and_scoring_ms": 1e3 * (step - prefill),
+              "device_step_ms": 1e3 * step}
+    if trace:
+        result["trace"] = trace_step(lambda: runner.score_batch(prepared), device,
+                                     os.path.join(trace, f"{os.path.basename(model_dir)}-n{n}-b{batch}"))
+    return result
+
+
+def trace_step(step, device: str, stem: str) -> dict:
+    """One call of ``step`` (warm) under ``torch.profiler``: its Chrome trace (``<stem>.trace.json.gz``,
+    open in https://ui.perfetto.dev) and its 40 operators of most self time on the device
+    (``<stem>.ops.txt``); the file names, for the results."""
+    import gzip
+    import shutil
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.startswith("cuda") else [])
+    step()
+    _sync(device)
+    with torch.no_grad(), profile(activities=activities, with_stack=False) as prof:
+        step()
+        _sync(device)
+    os.makedirs(os.path.dirname(stem) or ".", exist_ok=True)
+    prof.export_chrome_trace(f"{stem}.trace.json")
+    with open(f"{stem}.trace.json", "rb") as raw, gzip.open(f"{stem}.trace.json.gz", "wb") as packed:
+        shutil.copyfileobj(raw, packed)
+    os.remove(f"{stem}.trace.json")
+    sort = "self_cuda_time_total" if device.startswith("cuda") else "self_cpu_time_total"
+    with open(f"{stem}.ops.txt", "w") as table:
+        table.write(prof.key_averages().table(sort_by=sort, row_limit=40) + "\n")
+    return {"chrome_trace": f"{stem}.trace.json.gz", "operators": f"{stem}.ops.txt"}
 
 
 # ------------------------------------------------------------------------ 5. generation
@@ -700,7 +735,9 @@ def gpu(args: argparse.Namespace) -> dict:
                                                        args.workers, args.family))
                 print(arch, r["throughput"][-1], file=sys.stderr)
             if "split" in args.gpu_parts:
-                r["split"] += _run_worker("split", n, args, model_dir=model_dir, extra=("--batch", str(args.proxy_batch)))
+                r["split"] += _run_worker("split", n, args, model_dir=model_dir,
+                                          extra=("--batch", str(args.proxy_batch),
+                                                 *(("--trace", args.trace) if args.trace else ())))
             if "pass" in args.gpu_parts:
                 r["pass"] += _run_worker("time", n, args, model_dir=model_dir, extra=("--methods", "bare", "ours", "reference"))
         results[arch] = r
@@ -766,6 +803,9 @@ def main() -> None:
                    help="generation: scale of the end-of-turn row of the LM head (random weights seldom end a "
                         "reply; 2 gives replies of mixed length on the tiny model)")
     p.add_argument("--json", default=None, help="also write the raw results here")
+    p.add_argument("--trace", default=None, metavar="DIR",
+                   help="GPU part 'split': also profile one device step per (arch, N) with torch.profiler into DIR "
+                        "(a Chrome trace and a table of operators; e.g. benchmarks/results/<gpu>-<date>/traces)")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -778,7 +818,8 @@ def main() -> None:
             result = proxy_worker(args.n[0], args.model_dir, args.proxy_batch, args.image_size, args.vision,
                                   args.family)
         else:
-            result = split_worker(args.n[0], args.model_dir, args.proxy_batch, args.image_size, args.device, args.reps)
+            result = split_worker(args.n[0], args.model_dir, args.proxy_batch, args.image_size, args.device, args.reps,
+                                  args.trace)
         print(json.dumps(result))
         return
     raw: dict = {"threads": args.threads, "device": args.device, "date": time.strftime("%Y-%m-%d")}
