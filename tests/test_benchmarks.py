@@ -5,6 +5,7 @@ asserted. Without this, a refactor can break a script that nothing else imports,
 once did, or leave it printing wrong numbers."""
 from __future__ import annotations
 
+import gzip
 import json
 import re
 import subprocess
@@ -181,5 +182,20 @@ def test_bench_inference_generation_counts_the_decode_loop_against_generate(tmp_
         assert r["same_replies"] and r["syncs_per_step_max"] <= 1 and r["ours_prefilled_rows_per_row"] == 1
         assert r["ours_useful_fraction"] == r["useful_tokens"] / r["ours_token_slots"] >= 0.9
         assert r["plain_useful_fraction"] <= r["ours_useful_fraction"]
+        assert r["static_same_replies"] and r["static_ring_columns"] > 0 and r["static_tokens_per_s"] > 0
     assert rows["sc"]["plain_prefilled_rows_per_row"] == 2 and rows["cot"]["plain_prefilled_rows_per_row"] == 1
     assert [cells[:3] for cells in table_rows(out, "sc")] == [["sc", "8 x 2", "cpu"]]
+
+
+def test_bench_inference_traces_one_device_step_of_the_split(tmp_path):
+    """``--trace``: the split of the GPU part (here the small architecture on the CPU) leaves one
+    profiled step per N, a Chrome trace and the table of its operators, and names them."""
+    run_script("bench_inference.py", "--arch", "qwen2_5_vl_3b", "--arch-scale", "small", "--n", "4", "--reps", "1",
+               "--gpu-parts", "split", "--image-size", "56", "--threads", "1", "--trace", str(tmp_path / "traces"),
+               "--json", str(tmp_path / "raw.json"))
+    (split,) = json.loads((tmp_path / "raw.json").read_text())["gpu"]["qwen2_5_vl_3b"]["split"]
+    trace = split["trace"]
+    with gzip.open(trace["chrome_trace"], "rt") as handle:
+        events = json.load(handle)["traceEvents"]
+    assert any(e.get("name") == "aten::mm" for e in events)
+    assert "aten::mm" in Path(trace["operators"]).read_text()
