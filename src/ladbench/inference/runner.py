@@ -128,13 +128,13 @@ class InferenceSettings(Settings):
         config=False, group=EXECUTION_GROUP, hashed=False)
     # the prompt variant's own settings (its dataclass, ladbench.variants); None: its defaults
     options: Any = field(default=None, metadata=UNHASHED)      # hashed through its variant (hashed_settings)
-    decode: str = setting(
-        "slots", "generative variants: slots = the decode loop (one prefill per row, self-consistency's samples "
-        "continue from it, a finished sequence's slot taken by the next; inference/decode.py); generate = "
-        "transformers' generate per batch, each sample encoded as its own row: the path it replaced, at its cost "
-        "(the same replies on the CPU); static = the decode loop with static shapes: its sequences in fixed slots "
-        "of one preallocated KV cache, each step compiled (CUDA graphs on a GPU; not yet measured there)",
-        choices=("slots", "static", "generate"), config=False, group=EXECUTION_GROUP, hashed=False)
+    decode: str | None = setting(
+        None, "generative variants: slots (unset) = the decode loop (one prefill per row, self-consistency's "
+        "samples continue from it, a finished sequence's slot taken by the next; inference/decode.py); static = "
+        "the decode loop with static shapes: its sequences in fixed slots of one preallocated KV cache, each step "
+        "compiled (CUDA graphs on a GPU; not yet measured there); generate = transformers' generate per batch, each "
+        "sample encoded as its own row: the path it replaced, at its cost (the same replies on the CPU)",
+        kind=str, choices=("slots", "static", "generate"), group=EXECUTION_GROUP, hashed=False)
     seed: int = setting(
         0, "self-consistency: sampling seed (each sample is keyed by the seed, its row and its index: see "
         "inference/sampling.py)", config=False, group="generation (generative variants)")
