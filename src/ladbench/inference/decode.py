@@ -417,8 +417,9 @@ class Ring:
 
     def serves(self, decoder: SlotDecoder, first: Flight) -> bool:
         """Whether this ring (a previous step's, its compiled step with it) can take ``decoder``'s
-        sequences: the same slots, compilation and cache layout (a longer prompt grows it)."""
-        return (decoder.slots == self.slots and decoder.compile_options == self.compile_options
+        sequences: as many slots or more (a stage's last, smaller step), the same compilation and
+        cache layout (a longer prompt grows it)."""
+        return (decoder.slots <= self.slots and decoder.compile_options == self.compile_options
                 and decoder.adapter is self.adapter and (first.keys is None) == (self.keys is None)
                 and (first.seen is None) == (self.seen is None)
                 and [(k.shape[1], k.shape[-1], k.dtype, v.shape[-1]) for k, v in compat.plain_kv(first.cache)]

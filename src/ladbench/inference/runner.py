@@ -443,6 +443,9 @@ class RowRunner:
                 replies = decoder.run(groups)
             except UnrepeatableCache as exc:
                 self.generate_reason = str(exc)
+            except BaseException:
+                self.ring = None            # (out of memory: its buffers go with the failed step's)
+                raise
             else:
                 self.decode_stats.add(decoder.stats)
                 self.ring = decoder.ring            # its buffers and compiled step serve the next step
