@@ -254,6 +254,29 @@ def test_refused_for_one_image_per_prompt(auto_adapter):
 
 
 @current_lane
+def test_a_known_one_image_processor_is_refused_by_name_before_any_job(tmp_path):
+    """ShieldGemma 2's processor classifies one image per sample: ``ladbench models`` lists it as
+    refused with that cause (not untested), and the start-up checks refuse a configured one."""
+    from ladbench.model_checks import check_models
+    from ladbench.models.auto import ONE_IMAGE_PROCESSORS, architecture_refusal
+    from ladbench.models.catalog import architecture_statuses
+    from ladbench.models.tiny_archs import NOT_BUILT
+    statuses = {row.model_type: row for row in architecture_statuses()}
+    for model_type in ONE_IMAGE_PROCESSORS:
+        assert statuses[model_type].status == "refused" and model_type not in NOT_BUILT
+        assert statuses[model_type].reason.startswith("its processor takes one image per prompt (")
+    assert "ShieldGemma2Processor" in architecture_refusal("shieldgemma2")
+    folder = tmp_path / "shieldgemma2"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "shieldgemma2"}))
+    config = {"output_dir": str(tmp_path), "lad": dict(LAD), "models": {"shield": {
+        "family": "auto", "path": str(folder), "tiny": False}}}
+    with pytest.raises(ConfigError, match=r"^s\.yaml: models\.shield: family auto cannot run architecture "
+                                          r"'shieldgemma2': its processor takes one image per prompt"):
+        check_models(config, "s.yaml")
+
+
+@current_lane
 def test_refused_when_attention_does_not_go_through_the_capture(tiny_arch_model, monkeypatch):
     from ladbench.models import attention, load_adapter
     monkeypatch.setattr(attention.AttentionProbe, "record", lambda self, *args: None)     # no call reaches it
