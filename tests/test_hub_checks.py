@@ -162,3 +162,51 @@ def test_the_download_is_config_json_alone_at_the_revision_into_the_cache(monkey
     monkeypatch.setattr(utils, "get_session", lambda: Session())
     assert model_checks.hub_unreachable().endswith(f"within {model_checks.HUB_TIMEOUT_S} s: ConnectionError")
     assert asked["timeout"] == model_checks.HUB_TIMEOUT_S and asked["url"].startswith("http")
+
+
+#: a plugin (the config's ``plugins``) that stands in for the hub inside Snakemake's own process
+FAKE_HUB = '''
+import json, os
+from ladbench import model_checks
+
+def download(repo_id, revision):
+    with open(os.environ["FAKE_HUB_LOG"], "a") as log:
+        log.write(f"{repo_id} {revision}\\n")
+    file = os.path.join(os.path.dirname(os.environ["FAKE_HUB_LOG"]), "config.json")
+    with open(file, "w") as f:
+        json.dump({"model_type": "a_test_type", "num_hidden_layers": 4, "sliding_window": 16}, f)
+    return file
+
+model_checks.hub_unreachable = lambda: None
+model_checks.download_config = download
+'''
+
+
+@pytest.mark.slow
+def test_a_run_fetches_and_refuses_before_any_job_and_a_dry_run_fetches_nothing(tmp_path):
+    """The workflow on the demo plus a hub model whose config.json (fetched) has a sliding window
+    on every layer of its given range: a dry run plans it without asking the hub; a run asks the
+    hub once, at its start, and stops in one line naming the key before any job."""
+    import subprocess
+
+    import yaml
+    from workflow_runner import DEMO_CONFIG, environment, planned_jobs, snakemake_command
+    (tmp_path / "plugin").mkdir()
+    (tmp_path / "plugin" / "fake_hub.py").write_text(FAKE_HUB)
+    config = yaml.safe_load(DEMO_CONFIG.read_text())
+    config.update(output_dir=str(tmp_path / "study"), plugins=["fake_hub"])
+    config["models"]["windowed"] = {"family": "qwen2_5_vl", "path": "org/windowed", "layer_range": [0, 3]}
+    configfile = tmp_path / "config.yaml"
+    configfile.write_text(yaml.safe_dump(config))
+    log = tmp_path / "fetched.log"
+    env = {"PYTHONPATH": str(tmp_path / "plugin"), "FAKE_HUB_LOG": str(log), "HF_HUB_OFFLINE": "0"}
+    (tmp_path / "work").mkdir()
+    command = snakemake_command(tmp_path / "work", "--cores", "1", configfile=configfile)
+    dry = subprocess.run(command + ["--dry-run"], capture_output=True, text=True, env=environment(env), timeout=600)
+    assert dry.returncode == 0 and "rule infer:" in dry.stdout + dry.stderr and not log.exists()
+    run = subprocess.run(command, capture_output=True, text=True, env=environment(env), timeout=600)
+    output = run.stdout + run.stderr
+    assert run.returncode != 0 and "models.windowed.layer_range: layers 0-3 of the range have a sliding window of 16 " \
+                                   "tokens" in output, output[-3000:]
+    assert "Traceback" not in output and log.read_text() == "org/windowed main\n"
+    assert not (tmp_path / "study" / "data").exists()                          # no job ran
