@@ -190,7 +190,7 @@ def test_a_run_fetches_and_refuses_before_any_job_and_a_dry_run_fetches_nothing(
     import subprocess
 
     import yaml
-    from workflow_runner import DEMO_CONFIG, environment, planned_jobs, snakemake_command
+    from workflow_runner import DEMO_CONFIG, environment, snakemake_command
     (tmp_path / "plugin").mkdir()
     (tmp_path / "plugin" / "fake_hub.py").write_text(FAKE_HUB)
     config = yaml.safe_load(DEMO_CONFIG.read_text())

@@ -31,8 +31,9 @@ What a family adapter states, derived here from the model and its processor:
   message, else the generation config's first end-of-sequence token.
 
 What cannot be derived is refused with one line naming the architecture and why:
-:func:`architecture_refusal` (what transformers' classes tell, also used by ``ladbench
-models``) before anything loads, the template and probe checks after.
+:func:`architecture_refusal` (what transformers' classes tell, and the processors known to
+take one image per prompt; also used by ``ladbench models`` and the start-up checks) before
+anything loads, the template and probe checks after.
 """
 from __future__ import annotations
 
