@@ -38,9 +38,7 @@ from ladbench.study_paths import StudyPaths
 from ladbench.windows import (ATTENTION_LAYER_TYPES, compact, layer_windows, read_model_config, text_config,
                               windowed_range_problem)
 
-
-
-#: seconds the start-up checks wait, once, for the hub to answer before fetching config.json files
+#: seconds the start-up checks wait for the hub to answer a request (its one probe, each config.json)
 HUB_TIMEOUT_S = 3
 
 
@@ -95,10 +93,11 @@ class HubFetch:
         try:
             return download_config(repo_id, revision)
         except Exception as error:                  # noqa: BLE001 (any failure leaves the check to the infer job)
-            if getattr(error, "response", None) is None:     # no answer from the server: stop asking it
+            response = getattr(error, "response", None)
+            if response is None:                    # no answer (a gated or missing repository has one): stop asking
                 self.stopped = f"the hub stopped answering ({type(error).__name__})"
-            status = getattr(getattr(error, "response", None), "status_code", None)
-            self.left[name] = f"{repo_id} at {revision or 'main'}: {type(error).__name__}" + (f" {status}" if status else "")
+            status = f" {response.status_code}" if getattr(response, "status_code", None) else ""
+            self.left[name] = f"{repo_id} at {revision or 'main'}: {type(error).__name__}{status}"
             return None
 
     def warning(self) -> str:
