@@ -166,6 +166,16 @@ def test_a_mistral_text_model_windowed_on_every_layer(tmp_path):
 # --------------------------------------------------------------------------- refusal reasons
 
 
+def local_auto_model(tmp_path, key: str, model_config: dict):
+    """The validated study config (its parts the start-up checks read) of one ``family: auto``
+    model ``key`` whose local folder holds ``model_config`` only, and that folder."""
+    folder = tmp_path / key
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(model_config))
+    return {"output_dir": str(tmp_path), "lad": dict(LAD), "models": {key: {
+        "family": "auto", "path": str(folder), "tiny": False}}}, folder
+
+
 @current_lane
 def test_refused_for_cross_attention_images_before_any_job(tmp_path):
     """Mllama's images enter through cross-attention layers: ``ladbench models`` lists it as
@@ -173,11 +183,7 @@ def test_refused_for_cross_attention_images_before_any_job(tmp_path):
     from ladbench.model_checks import check_models
     from ladbench.models.auto import architecture_refusal
     assert "cross-attention layers" in architecture_refusal("mllama")
-    folder = tmp_path / "mllama"
-    folder.mkdir()
-    (folder / "config.json").write_text(json.dumps({"model_type": "mllama"}))
-    config = {"output_dir": str(tmp_path), "lad": dict(LAD), "models": {"llama_vision": {
-        "family": "auto", "path": str(folder), "tiny": False}}}
+    config, folder = local_auto_model(tmp_path, "llama_vision", {"model_type": "mllama"})
     with pytest.raises(ConfigError, match=r"^s\.yaml: models\.llama_vision: family auto cannot run architecture "
                                           r"'mllama': images enter the decoder through cross-attention layers"):
         check_models(config, "s.yaml")
@@ -251,6 +257,25 @@ def test_refused_for_one_image_per_prompt(auto_adapter):
     with pytest.raises(ValueError, match=r"^family auto cannot run architecture 'gemma3': its processor takes one "
                                          r"image per prompt"):
         adapter._row_spans(inputs["input_ids"][0].numpy(), inputs["offset_mapping"][0].numpy(), replaced, 2)
+
+
+@current_lane
+def test_a_known_one_image_processor_is_refused_by_name_before_any_job(tmp_path):
+    """ShieldGemma 2's processor classifies one image per sample: ``ladbench models`` lists it as
+    refused with that cause (not untested), and the start-up checks refuse a configured one."""
+    from ladbench.model_checks import check_models
+    from ladbench.models.auto import ONE_IMAGE_PROCESSORS, architecture_refusal
+    from ladbench.models.catalog import architecture_statuses
+    from ladbench.models.tiny_archs import NOT_BUILT
+    statuses = {row.model_type: row for row in architecture_statuses()}
+    for model_type in ONE_IMAGE_PROCESSORS:
+        assert statuses[model_type].status == "refused" and model_type not in NOT_BUILT
+        assert statuses[model_type].reason.startswith("its processor takes one image per prompt (")
+    assert "ShieldGemma2Processor" in architecture_refusal("shieldgemma2")
+    config, _ = local_auto_model(tmp_path, "shield", {"model_type": "shieldgemma2"})
+    with pytest.raises(ConfigError, match=r"^s\.yaml: models\.shield: family auto cannot run architecture "
+                                          r"'shieldgemma2': its processor takes one image per prompt"):
+        check_models(config, "s.yaml")
 
 
 @current_lane

@@ -72,7 +72,7 @@ def _where(args: argparse.Namespace) -> None:
 
     config = load_config(args.configfile)
     check_environment(config, source=args.configfile)
-    for warning in startup_warnings(config) + check_models(config, args.configfile):
+    for warning in startup_warnings(config) + check_models(config, args.configfile, fetch=True):
         print(f"WARNING: {args.configfile}: {warning}", file=sys.stderr)
     report = Path(StudyPaths(config).report_dir)
     print(f"Config {args.configfile} is valid.")

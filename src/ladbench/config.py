@@ -416,7 +416,8 @@ _COMMIT = re.compile(r"[0-9a-f]{40}")
 _CHECKPOINT_SUFFIXES = (".pt", ".pth", ".bin", ".safetensors")
 
 
-def _hub_offline() -> bool:
+def hub_offline() -> bool:
+    """Whether ``HF_HUB_OFFLINE`` forbids the hub (read when asked, not at import)."""
     return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "true", "yes", "on"}
 
 
@@ -440,7 +441,7 @@ def check_environment(config: dict, source: str = "config") -> None:
         if not _HUB_ID.fullmatch(path):
             raise ConfigError(f"{source}: models.{name}.path: {path!r} is no folder on this machine (and not a "
                               "hub id such as Qwen/Qwen2.5-VL-3B-Instruct)")
-        if _hub_offline():
+        if hub_offline():
             from huggingface_hub import constants, try_to_load_from_cache
 
             if not isinstance(try_to_load_from_cache(path, "config.json", revision=model["revision"]), str):

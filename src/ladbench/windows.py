@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 #: what the file's ``layer_types`` calls a windowed layer
 SLIDING_LAYER_TYPES = ("sliding_attention", "chunked_attention")
@@ -103,9 +103,11 @@ def compact(layers: Sequence[int]) -> str:
     return ", ".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
 
 
-def read_model_config(path: str, revision: str | None = None) -> dict[str, Any] | None:
+def read_model_config(path: str, revision: str | None = None,
+                      fetch: Callable[[str, str | None], str | None] | None = None) -> dict[str, Any] | None:
     """A model's ``config.json``: from its folder, or from the local Hugging Face cache for a hub
-    id; None when it is on neither (a hub model not downloaded yet: checked when infer loads it)."""
+    id, else from what ``fetch(hub_id, revision)`` returns (the file, or None); None when there is
+    none (a hub model not downloaded yet, not fetched: checked when infer loads it)."""
     folder = os.path.expanduser(path)
     if os.path.isdir(folder):
         file = os.path.join(folder, "config.json")
@@ -118,6 +120,8 @@ def read_model_config(path: str, revision: str | None = None) -> dict[str, Any] 
         except Exception:              # noqa: BLE001 (not a valid hub id: the path checks say so)
             return None
         if not isinstance(file, str):
-            return None
+            file = fetch(path, revision) if fetch else None
+            if file is None:
+                return None
     with open(file, encoding="utf-8") as f:
         return json.load(f)

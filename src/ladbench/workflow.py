@@ -27,7 +27,7 @@ from ladbench.evaluation import default_methods
 from ladbench.inference.runner import InferenceSettings
 from ladbench.methods import METHODS, LadSettings, ReadoutSettings
 from ladbench.metrics import Bootstrap
-from ladbench.model_checks import check_models
+from ladbench.model_checks import check_hub_models, check_models
 from ladbench.report.explorer import Thumbnails
 from ladbench.report.render import TABLE_FORMATS
 from ladbench.report.tables import TABLE_BUILDERS
@@ -82,13 +82,27 @@ def start(config: dict, config_files: Sequence[str], schema_path: str,
     the names that refer to each other and what the config names on this machine (model
     folders, offline caches). Returns the study (``report``: Snakemake's ``report()``) and the
     warnings to print; raises ConfigError."""
-    source = " ".join(map(str, config_files)) or "config.yaml"
+    source = config_source(config_files)
     for path in config_files:
         read_yaml(path)
     validate_config(config, load_schema(schema_path), source=source)
     check_environment(config, source=source)
     warnings = startup_warnings(config) + check_models(config, source)      # each model's config.json, if here
     return Study(config, report), [f"{source}: {warning}" for warning in warnings]
+
+
+def start_run(config: dict, config_files: Sequence[str]) -> list[str]:
+    """The start-up checks of the hub models not on this machine yet, from their ``config.json``
+    fetched now (:func:`ladbench.model_checks.check_hub_models`): the workflow's ``onstart``, so
+    only a run with jobs to do asks the hub, not a dry run nor a cluster job. Returns the
+    warnings to print; raises ConfigError."""
+    source = config_source(config_files)
+    return [f"{source}: {warning}" for warning in check_hub_models(config, source)]
+
+
+def config_source(config_files: Sequence[str]) -> str:
+    """How the console names the study's config files."""
+    return " ".join(map(str, config_files)) or "config.yaml"
 
 
 def put_ladbench_on_path() -> None:

@@ -5,7 +5,7 @@ import sys
 
 from ladbench.atomic import LockedError, lock_output_dir
 from ladbench.config import ConfigError
-from ladbench.workflow import flags, name_pattern, output_folder, start
+from ladbench.workflow import flags, name_pattern, output_folder, start, start_run
 
 try:
     study, _warnings = start(
@@ -24,6 +24,12 @@ _OUTPUT_LOCK = []
 
 
 onstart:
+    # The hub models not on this machine yet: their config.json fetched and checked (a run only).
+    try:
+        for _warning in start_run(config, workflow.overwrite_configfiles):
+            print(f"WARNING: {_warning}", file=sys.stderr)
+    except ConfigError as error:
+        raise WorkflowError(f"invalid configuration: {error}") from None
     try:
         _OUTPUT_LOCK.append(lock_output_dir(study.out))
     except LockedError as error:

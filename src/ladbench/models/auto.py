@@ -31,8 +31,9 @@ What a family adapter states, derived here from the model and its processor:
   message, else the generation config's first end-of-sequence token.
 
 What cannot be derived is refused with one line naming the architecture and why:
-:func:`architecture_refusal` (what transformers' classes tell, also used by ``ladbench
-models``) before anything loads, the template and probe checks after.
+:func:`architecture_refusal` (what transformers' classes tell, and the processors known to
+take one image per prompt; also used by ``ladbench models`` and the start-up checks) before
+anything loads, the template and probe checks after.
 """
 from __future__ import annotations
 
@@ -70,11 +71,27 @@ def _refused(model_type: str, reason: str) -> UnsupportedModel:
     return UnsupportedModel(f"family auto cannot run architecture {model_type!r}: {reason}")
 
 
+#: Architectures whose processor is known to take one image per prompt, and how (refused by name
+#: before anything loads; another such processor is refused at load, when it expands one image
+#: placeholder of several)
+ONE_IMAGE_PROCESSORS = {
+    "shieldgemma2": "ShieldGemma2Processor classifies at most one image per sample",
+    "kosmos-2.5": "Kosmos2_5Processor, named by its checkpoints, writes one image's 2,048 tokens before the text "
+                  "itself, with no placeholder to expand; a chat template in the config would not change that",
+}
+
+
+def one_image_per_prompt(how: str) -> str:
+    """The refusal of a processor that takes one image per prompt (``how``: what shows it)."""
+    return f"its processor takes one image per prompt ({how}); the benchmark shows N images in one prompt"
+
+
 @lru_cache(maxsize=None)
 def architecture_refusal(model_type: str) -> str | None:
     """Why ``family: auto`` refuses ``model_type`` from what transformers' classes alone tell
-    (no weights, no files), or None: not in the image-text-to-text mapping, an encoder-decoder,
-    a processor class that does not report which tokens each image becomes. (Whether the
+    (no weights, no files), or None: not in the image-text-to-text mapping, a processor known to
+    take one image per prompt (:data:`ONE_IMAGE_PROCESSORS`), an encoder-decoder, images through
+    cross-attention, a processor class that does not report which tokens each image becomes. (Whether the
     decoder's attention dispatches through ``AttentionInterface``, and which processor a
     checkpoint without a mapped one uses, only loading tells.)"""
     import transformers
@@ -89,6 +106,8 @@ def architecture_refusal(model_type: str) -> str | None:
     model_class = getattr(transformers, class_name, None)
     if model_class is None:
         return f"transformers {transformers.__version__} does not export {class_name}"
+    if model_type in ONE_IMAGE_PROCESSORS:
+        return one_image_per_prompt(ONE_IMAGE_PROCESSORS[model_type])
     try:
         defaults = CONFIG_MAPPING[model_type]()
     except Exception:                      # noqa: BLE001 (a config without defaults: decided when the model loads)
@@ -315,8 +334,7 @@ class AutoAdapter(ModelAdapter):
     def _row_spans(self, ids: np.ndarray, offsets: np.ndarray, replaced: list[dict],
                    n_images: int) -> list[tuple[int, int]]:
         if len(replaced) == 1 < n_images:
-            raise self.refused(f"its processor takes one image per prompt (it expanded 1 of the {n_images} image "
-                               "placeholders); the benchmark shows N images in one prompt")
+            raise self.refused(one_image_per_prompt(f"it expanded 1 of the {n_images} image placeholders"))
         if len(replaced) != n_images:
             raise self.refused(f"its processor replaced {len(replaced)} image placeholders in a prompt of {n_images} images")
         real = offsets[:, 1] > offsets[:, 0]

@@ -885,9 +885,6 @@ NOT_BUILT = {
     "inkling_mm_model": "a hand-written tiny build; the generic one does not finish (killed after 240 s)",
     "kimi_k25": "a hand-written tiny build; the generic one fails at load (a layer norm of the wrong width)",
     "kosmos-2": "a chat template (its checkpoint has none and its processor takes none)",
-    "kosmos-2.5": "several images per prompt: its processor (Kosmos2_5Processor, named by its checkpoints) writes one "
-                  "image's 2,048 tokens before the text itself, with no placeholder to expand; a chat template in the "
-                  "config would not change that",
     "lfm3_vl": "a hand-written tiny build; the generic one fails at load (a matrix shape mismatch)",
     "llama4": "a hand-written tiny build; the generic one fails at build (an index out of range)",
     "minicpm_ocr": "a hand-written tiny build; the generic one passes capture, batching and KV checks; generate (the "
@@ -910,7 +907,6 @@ NOT_BUILT = {
     "paddleocr_vl": "a hand-written tiny build; the generic one fails at load (an M-RoPE shape mismatch, undiagnosed)",
     "qwen2_5_omni_thinker": "a processor: none is mapped for its model type (a checkpoint names its own)",
     "qwen3_omni_moe_thinker": "a processor: none is mapped for its model type (a checkpoint names its own)",
-    "shieldgemma2": "several images per prompt: its processor takes one image per prompt",
     "step3p7": "a hand-written tiny build; the generic one fails at load (its config leaves the sliding window unset)",
     "unlimited_ocr": "auto to keep its processor's list-valued outputs (num_local_patches, patches_grid) off the "
                      "device, then a tiny build",
