@@ -302,9 +302,10 @@ class AutoAdapter(ModelAdapter):
         offsets = inputs.pop("offset_mapping", None)
         if not replacements or offsets is None:
             raise self.refused("its processor does not report each image's token expansion (text_replacement_offsets)")
-        out = dict(inputs)
-        if "pixel_values" in out and out["pixel_values"].is_floating_point():
-            out["pixel_values"] = out["pixel_values"].to(self.model.dtype)       # cast here: half the copy
+        # every floating-point tensor in the weights' dtype, as ``BatchFeature.to(device, dtype)`` casts them
+        # (Unlimited-OCR's pixel_values_local too), here: half the copy
+        out = {k: v.to(self.model.dtype) if isinstance(v, torch.Tensor) and v.is_floating_point() else v
+               for k, v in inputs.items()}
         ids = out["input_ids"].numpy()
         spans = [self._row_spans(ids[b], offsets[b].numpy(), [r for r in replacements[b] if r["type"] == "image"],
                                  len(images[b])) for b in range(len(texts))]
