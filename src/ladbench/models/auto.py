@@ -9,7 +9,9 @@ What a family adapter states, derived here from the model and its processor:
   ``chat_template``);
 * **the processor's inputs**: each prompt's images as one list, or one flat list where the
   processor has a ``multi_page`` option (:func:`reads_lists_as_pages`), and the inputs it
-  returns only when asked (``mm_token_type_ids``) where the model's forward takes them;
+  returns only when asked (``mm_token_type_ids``) where the model's forward takes them; what
+  it returns that is not a tensor (Unlimited-OCR's per-image ``num_local_patches`` and
+  ``patches_grid``) stays on the host and reaches the forward as it is;
 * **each image's token span**: the processor's own expansion of that image's placeholder
   (``text_replacement_offsets``, mapped to tokens through the tokenizer's character offsets)
   together with what the chat template writes around the placeholder for each image (e.g.
