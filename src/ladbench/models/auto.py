@@ -9,7 +9,9 @@ What a family adapter states, derived here from the model and its processor:
   ``chat_template``);
 * **the processor's inputs**: each prompt's images as one list, or one flat list where the
   processor has a ``multi_page`` option (:func:`reads_lists_as_pages`), and the inputs it
-  returns only when asked (``mm_token_type_ids``) where the model's forward takes them;
+  returns only when asked (``mm_token_type_ids``) where the model's forward takes them; what
+  it returns that is not a tensor (Unlimited-OCR's per-image ``num_local_patches`` and
+  ``patches_grid``) stays on the host and reaches the forward as it is;
 * **each image's token span**: the processor's own expansion of that image's placeholder
   (``text_replacement_offsets``, mapped to tokens through the tokenizer's character offsets)
   together with what the chat template writes around the placeholder for each image (e.g.
@@ -321,9 +323,10 @@ class AutoAdapter(ModelAdapter):
         offsets = inputs.pop("offset_mapping", None)
         if not replacements or offsets is None:
             raise self.refused("its processor does not report each image's token expansion (text_replacement_offsets)")
-        out = dict(inputs)
-        if "pixel_values" in out and out["pixel_values"].is_floating_point():
-            out["pixel_values"] = out["pixel_values"].to(self.model.dtype)       # cast here: half the copy
+        # every floating-point tensor in the weights' dtype, as ``BatchFeature.to(device, dtype)`` casts them
+        # (Unlimited-OCR's pixel_values_local too), here: half the copy
+        out = {k: v.to(self.model.dtype) if isinstance(v, torch.Tensor) and v.is_floating_point() else v
+               for k, v in inputs.items()}
         ids = out["input_ids"].numpy()
         spans = [self._row_spans(ids[b], offsets[b].numpy(), [r for r in replacements[b] if r["type"] == "image"],
                                  len(images[b])) for b in range(len(texts))]

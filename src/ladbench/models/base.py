@@ -299,11 +299,14 @@ class ModelAdapter:
         computed inside the forward pass with host syncs. Default: none."""
         return {}
 
-    def to_device(self, inputs: dict[str, torch.Tensor], *, for_prefill: bool = False) -> dict[str, torch.Tensor]:
+    def to_device(self, inputs: dict[str, Any], *, for_prefill: bool = False) -> dict[str, Any]:
         """Move host inputs to the model's device (asynchronously from pinned memory); for our
-        ``prefill``, the ``host_input_keys`` stay on the host (generation gets everything moved)."""
+        ``prefill``, the ``host_input_keys`` stay on the host (generation gets everything moved).
+        Values that are not tensors (Unlimited-OCR's per-image ``num_local_patches`` and
+        ``patches_grid``: lists its forward reads on the host) reach the forward as they are."""
         device, keep = self.device, self.host_input_keys if for_prefill else ()
-        return {k: v if k in keep else v.to(device, non_blocking=True) for k, v in inputs.items()}
+        return {k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) and k not in keep else v
+                for k, v in inputs.items()}
 
     def image_spans(self, input_ids: Sequence[int]) -> list[tuple[int, int]]:
         """Token spans ``[start, end)`` of each image, start and end markers included (METHOD §3)."""

@@ -848,6 +848,44 @@ def _build_cosmos3_edge(p):
     return Cosmos3EdgeForConditionalGeneration(cfg), proc
 
 
+# baidu/Unlimited-OCR: its chat template cannot be read offline; its decoder and tokenizer are DeepSeek's, so this
+# follows Janus's "<|User|>:" / "<|Assistant|>:" turns (its processor expands one "<image>" per image)
+UNLIMITED_OCR_CHAT_TEMPLATE = JANUS_CHAT_TEMPLATE.replace("<image_placeholder>", "<image>")
+
+
+def _build_unlimited_ocr(p):
+    """Unlimited-OCR: a SAM tower feeding a CLIP-style encoder; per image, local tiles (a grid of
+    ``tile``-px crops, with a newline feature after each row), its global view (likewise) and a
+    view separator, all one run of ``<image>``. Its processor returns per-image lists
+    (``num_local_patches``, ``patches_grid``) that its forward reads on the host. Tiny: a 128-px
+    global view (2 x 2 features after the SAM tower's 16-px patches and 4x reduction) and 48-px
+    tiles (1 feature each, 2 tiles per image), so a 56-px image is 11 tokens. Its decoder's
+    reference sliding window applies to generated tokens only (the prompt is always seen whole)."""
+    from transformers import (UnlimitedOcrConfig, UnlimitedOcrForConditionalGeneration, UnlimitedOcrImageProcessor,
+                              UnlimitedOcrProcessor)
+    special = ("<image>", "<｜end▁of▁sentence｜>")
+    tok = _tokenizer(special, image_token="<image>")
+    side, tile, patch, reduction = 128, 48, 16, 4
+    improc = UnlimitedOcrImageProcessor(size={"height": side, "width": side}, tile_size=tile, min_patches=2,
+                                        max_patches=2, **_NORM)
+    proc = UnlimitedOcrProcessor(image_processor=improc, tokenizer=tok, chat_template=UNLIMITED_OCR_CHAT_TEMPLATE,
+                                 patch_size=patch, downsample_ratio=reduction)
+    ids = _ids(tok, QWEN_SPECIAL_TOKENS + special)
+    # as released, as many key-value heads as query heads: its eager attention repeats none (grouped heads fail there)
+    text = dict(_text_config(p, ids, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=p["hidden"] // 2,
+                             n_shared_experts=1), num_key_value_heads=p["heads"])
+    width = p["vision_hidden"]
+    # the SAM tower's output (downsample_channels[-1]) is the encoder's input width: one width throughout; its
+    # weights drawn at the preset's scale (its default, 1e-10, would make every image's features alike)
+    sam = dict(hidden_size=width, output_channels=width // 2, num_hidden_layers=p["vision_depth"], num_attention_heads=2,
+               image_size=side, patch_size=patch, window_size=4, global_attn_indexes=[p["vision_depth"] - 1],
+               mlp_dim=2 * width, downsample_channels=[width, width], initializer_range=p["init_std"])
+    encoder = dict(_vision(p), image_size=side // patch // reduction, patch_size=1)
+    cfg = UnlimitedOcrConfig(text_config=text, vision_config=dict(sam_config=sam, encoder_config=encoder),
+                             image_token_id=ids["<image>"])
+    return UnlimitedOcrForConditionalGeneration(cfg), proc
+
+
 #: The hand-written families whose tiny builds (``models/tiny.py``) auto runs too, in the
 #: tests, where it must write their adapters' caches; each build's model type is the family's name.
 FAMILY_BUILDS_AUTO_RUNS = ("qwen2_5_vl", "internvl", "llava_onevision", "qwen3_vl")
@@ -908,8 +946,6 @@ NOT_BUILT = {
     "qwen2_5_omni_thinker": "a processor: none is mapped for its model type (a checkpoint names its own)",
     "qwen3_omni_moe_thinker": "a processor: none is mapped for its model type (a checkpoint names its own)",
     "step3p7": "a hand-written tiny build; the generic one fails at load (its config leaves the sliding window unset)",
-    "unlimited_ocr": "auto to keep its processor's list-valued outputs (num_local_patches, patches_grid) off the "
-                     "device, then a tiny build",
     "video_llama_3": "a hand-written tiny build; the generic one fails at load (a patch reshape of the wrong size)",
 }
 
@@ -979,6 +1015,8 @@ BUILDS: dict[str, TinyArch] = {
                              "mm_token_type_ids", ("<|vision_start|>", "<|vision_end|>")),
     "exaone4_5": TinyArch(_build_exaone4_5, "single span between template markers; sliding-window layers",
                           ("<|vision_start|>", "<|vision_end|>")),
+    "unlimited_ocr": TinyArch(_build_unlimited_ocr, "tiles and a global view with newline features and a view "
+                              "separator, no markers; list-valued processor outputs", ("<image>", "<image>")),
 }
 
 
