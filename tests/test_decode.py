@@ -248,3 +248,16 @@ def test_the_static_step_compiles_as_one_graph_and_replies_stay_equal(ending, tm
     for key in ("text", "parsed", "n_generated"):
         assert (new[key] == old[key]).all(), key
         assert (again[key] == old[key][:4]).all(), key
+
+
+@pytest.mark.skipif(not compat.on_current_lane(), reason="family auto's architectures run on the current lane")
+def test_a_cache_transformers_repeats_only_in_part_sends_self_consistency_through_generate(auto_adapter, tmp_path):
+    """Unlimited-OCR's cache layers keep the prompt's keys beside their window, which transformers'
+    generic repeat leaves at the prompt's batch: the loop finds it when it repeats the cache for the
+    samples and generates through ``generate`` instead, with its replies."""
+    adapter = auto_adapter("unlimited_ocr")
+    new, loop = generated(adapter, tmp_path / "loop", "sc", "slots")
+    old, _ = generated(adapter, tmp_path / "generate", "sc", "generate")
+    assert "is not repeated along the batch" in loop.generate_reason
+    for key in ("text", "sample_parsed", "parsed", "n_generated"):
+        assert (new[key] == old[key]).all(), key

@@ -210,3 +210,18 @@ def test_a_run_fetches_and_refuses_before_any_job_and_a_dry_run_fetches_nothing(
                                    "tokens" in output, output[-3000:]
     assert "Traceback" not in output and log.read_text() == "org/windowed main\n"
     assert not (tmp_path / "study" / "data").exists()                          # no job ran
+
+
+def test_layers_windowed_over_generated_tokens_only_count_as_seeing_the_prompt(tmp_path):
+    """Unlimited-OCR's ``reference_sliding_attention``: a window over generated tokens only, the
+    prompt seen whole. Its layers are attention layers without a window for the readout, so the
+    start-up checks read its range (they skip hybrid decoders, read when loaded)."""
+    from ladbench.windows import layer_windows
+    folder = tmp_path / "ocr"
+    folder.mkdir()
+    text = {"num_hidden_layers": 4, "sliding_window": 16, "layer_types": ["reference_sliding_attention"] * 4}
+    (folder / "config.json").write_text(json.dumps({"model_type": "a_local_test_type", **text}))
+    assert layer_windows(text) == [0, 0, 0, 0]
+    config = study(tmp_path, ocr=dict(hub_model(str(folder)), layer_range=[0, 9]))
+    assert model_checks.check_models(config, "s.yaml") == [
+        "models.ocr: its layer range 0:9 runs past its 4 decoder layers: LAD searches layers 0-3"]

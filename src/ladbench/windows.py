@@ -25,8 +25,11 @@ from typing import Any, Callable, Mapping, Sequence
 
 #: what the file's ``layer_types`` calls a windowed layer
 SLIDING_LAYER_TYPES = ("sliding_attention", "chunked_attention")
+#: layers whose window covers generated tokens only, the prompt always seen whole (Unlimited-OCR):
+#: for the readout (the last prompt token's attention) they have none
+PROMPT_WHOLE_LAYER_TYPES = ("reference_sliding_attention",)
 #: the ``layer_types`` of layers with self-attention (others: linear attention, convolution)
-ATTENTION_LAYER_TYPES = ("full_attention",) + SLIDING_LAYER_TYPES
+ATTENTION_LAYER_TYPES = ("full_attention",) + PROMPT_WHOLE_LAYER_TYPES + SLIDING_LAYER_TYPES
 
 
 #: where a multimodal config.json keeps its text decoder's config

@@ -156,9 +156,22 @@ def take(flight: Flight, rows: Sequence[int], *, joinable: bool) -> Flight:
         if repeats > 1 and not all(hasattr(layer, "batch_repeat_interleave") for layer in getattr(cache, "layers", [])):
             raise UnrepeatableCache(f"{type(cache).__name__}'s layers cannot be repeated along the batch")
         cache.batch_repeat_interleave(repeats)
+        if repeats > 1:
+            _check_repeated(cache, len(rows))
     return Flight(cache, flight.mask.index_select(0, idx), _index(flight.positions, idx, -2),
                   flight.logits.index_select(0, idx), _index(flight.seen, idx),
                   [flight.seq[r] for r in rows], _index(flight.keys, idx), _index(flight.steps, idx))
+
+
+def _check_repeated(cache: Any, batch: int) -> None:
+    """Every tensor a cache layer holds has the repeated batch: a layer that keeps state of its
+    own beyond transformers' generic repeat (Unlimited-OCR's prompt keys beside its window) would
+    otherwise decode with another batch's size."""
+    for layer in getattr(cache, "layers", []):
+        for name, value in vars(layer).items():
+            if isinstance(value, torch.Tensor) and value.dim() == 4 and value.shape[0] != batch:
+                raise UnrepeatableCache(f"{type(layer).__name__}.{name} is not repeated along the batch by "
+                                        "transformers' batch_repeat_interleave")
 
 
 def _left_pad(t: torch.Tensor, length: int, dim: int) -> torch.Tensor:

@@ -268,8 +268,8 @@ class PreparedBatch:
     def pin_memory(self) -> "PreparedBatch":
         """Called by the DataLoader's pinning thread on a GPU run: page-locked tensors copy asynchronously."""
         segments = self.segments.pin_memory() if self.segments is not None else None
-        groups = [{k: v.pin_memory() for k, v in g.items()} for g in self.groups] if self.groups else None
-        return PreparedBatch(self.rows, {k: v.pin_memory() for k, v in self.inputs.items()}, segments, groups)
+        groups = [_pinned(g) for g in self.groups] if self.groups else None
+        return PreparedBatch(self.rows, _pinned(self.inputs), segments, groups)
 
 
 class RowRunner:
@@ -528,6 +528,12 @@ class _Batches:
 
     def __getitem__(self, i: int) -> PreparedBatch:
         return self.prepare(self.batches[i])
+
+
+def _pinned(inputs: dict[str, Any]) -> dict[str, Any]:
+    """The tensors of ``inputs`` in pinned memory; other values (a processor's per-image lists) as they are."""
+    import torch
+    return {k: v.pin_memory() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
 
 
 def prepared_batches(prepare: Callable[[Sequence[int]], PreparedBatch], batches: list[list[int]], *,
