@@ -202,7 +202,10 @@ def test_a_full_disk_under_the_report_names_the_folder(tmp_path, monkeypatch):
 
 def test_ctrl_c_is_one_line_and_the_work_kept(tmp_path):
     """Ctrl-C (SIGINT) printed a 25-line traceback."""
+    # Python's own SIGINT handler, as in a terminal: a process started in the background inherits
+    # SIGINT ignored (a non-interactive shell's `&`), and Python then installs none
     script = ("import os, signal, sys\n"
+              "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
               "from ladbench import cli\n"
               "from ladbench.stages import calibrate\n"
               "def interrupted(args):\n"
