@@ -22,6 +22,6 @@ timeout 290 python3 benchmarks/bench_inference.py --device cuda --arch qwen2_5_v
   --gpu-parts throughput split --batches 32 --gpu-rows 256 --trace "$out/traces" \
   --json "$out/scoring.json" > "$out/scoring.md" 2> "$out/scoring.log" || echo "scoring: exit $?" >> "$out/gpu.txt"
 timeout 230 python3 benchmarks/bench_inference.py --generation --device cuda --arch qwen2_5_vl_3b \
-  --gen-rows 64 --gen-batch 8 --gen-samples 10 --gen-max-new-tokens 256 \
+  --gen-rows 32 --gen-batch 8 --gen-samples 10 --gen-max-new-tokens 128 \
   --json "$out/generation.json" > "$out/generation.md" 2> "$out/generation.log" || echo "generation: exit $?" >> "$out/gpu.txt"
 cat "$out/gpu.txt" "$out/scoring.md" "$out/generation.md"
