@@ -217,7 +217,7 @@ class SlotDecoder:
         self.static, self.compile_options = static, compile_options
         self.ring = ring                # a previous run's ring, reused where it serves (no new compilation)
         self.slots = max(slots, samples)
-        self.keys = keys
+        self.keys = None if keys is None else keys.to(adapter.device)      # once, not per admission
         self.end_ids = set(adapter.end_token_ids())
         self.ends = torch.tensor(sorted(self.end_ids), device=adapter.device)
         self.penalty = repetition_penalty(adapter)
@@ -286,7 +286,7 @@ class SlotDecoder:
                 self._next_sample[r] += 1
         fresh = take(parked, rows, joinable=self.joinable)
         fresh.seq = [parked.seq[r] + sample for r, sample in zip(rows, samples)]
-        fresh.keys = None if self.keys is None else self.keys[fresh.seq].to(fresh.logits.device)
+        fresh.keys = None if self.keys is None else self.keys.index_select(0, device_index(fresh.seq, self.keys.device))
         fresh.steps = torch.zeros(len(rows), dtype=torch.long, device=fresh.logits.device)
         if not self.joinable:
             self._parked = None
