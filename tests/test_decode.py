@@ -261,3 +261,9 @@ def test_a_cache_transformers_repeats_only_in_part_sends_self_consistency_throug
     assert "is not repeated along the batch" in loop.generate_reason
     for key in ("text", "sample_parsed", "parsed", "n_generated"):
         assert (new[key] == old[key]).all(), key
+    # CoT needs no repeat: its groups decode together in the loop (the padded path), as generate's
+    new, loop = generated(adapter, tmp_path / "cot-loop", "cot", "slots")
+    old, _ = generated(adapter, tmp_path / "cot-generate", "cot", "generate")
+    assert loop.generate_reason is None and loop.decode_stats.decode_steps
+    for key in ("text", "parsed", "n_generated"):
+        assert (new[key] == old[key]).all(), key

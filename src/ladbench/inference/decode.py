@@ -338,9 +338,9 @@ class SlotDecoder:
             keep = live
         else:                       # the padded path: every row stays, finished ones fed the pad token
             keep = list(range(len(flight)))
-            finished = torch.ones(len(flight), dtype=torch.bool)
-            finished[live] = False
-            tokens = tokens.masked_fill(finished.to(tokens.device), self.adapter.pad_token_id)
+            finished = torch.ones(len(flight), dtype=torch.bool, device=tokens.device)
+            finished[device_index(live, tokens.device)] = False
+            tokens = tokens.masked_fill(finished, self.adapter.pad_token_id)
         flight = take(flight, keep, joinable=self.joinable)
         fed = tokens.index_select(0, device_index(keep, tokens.device))
         if flight.seen is not None:
