@@ -118,14 +118,20 @@ def test_no_domain_module_imports_the_command_layer():
     assert upward_imports(import_graph(module_files())) == []
 
 
+def write_package(root: Path, modules: dict[str, str]) -> None:
+    """A ``ladbench`` package under ``root`` holding ``modules`` (path in the package -> source),
+    with an ``__init__.py`` in each of its folders."""
+    for path, source in {"__init__.py": "", **modules}.items():
+        module = root / "ladbench" / path
+        module.parent.mkdir(parents=True, exist_ok=True)
+        (module.parent / "__init__.py").touch()
+        module.write_text(source)
+
+
 def test_the_direction_check_finds_an_upward_import(tmp_path):
-    package = tmp_path / "ladbench"
-    (package / "stages").mkdir(parents=True)
-    for init in (package / "__init__.py", package / "stages" / "__init__.py"):
-        init.write_text("")
-    (package / "stages" / "options.py").write_text("from ladbench.analysis import analyze\n")
-    (package / "analysis.py").write_text("def analyze():\n    from ladbench.stages.options import X\n")
-    (package / "cli.py").write_text("import ladbench.stages.options\n")
+    write_package(tmp_path, {"stages/options.py": "from ladbench.analysis import analyze\n",
+                             "analysis.py": "def analyze():\n    from ladbench.stages.options import X\n",
+                             "cli.py": "import ladbench.stages.options\n"})
     assert upward_imports(import_graph(module_files(tmp_path))) == [("ladbench.analysis", "ladbench.stages.options")]
 
 
@@ -177,13 +183,9 @@ def test_no_import_runs_back_up():
 
 
 def test_the_floor_check_finds_an_import_from_above(tmp_path):
-    package = tmp_path / "ladbench"
-    (package / "inference").mkdir(parents=True)
-    for init in (package / "__init__.py", package / "inference" / "__init__.py"):
-        init.write_text("")
-    (package / "inputs.py").write_text("def what():\n    from ladbench.config import X\n")
-    (package / "config.py").write_text("from ladbench.inference.cache import Y\n")
-    (package / "inference" / "cache.py").write_text("Y = 1\n")
+    write_package(tmp_path, {"inputs.py": "def what():\n    from ladbench.config import X\n",
+                             "config.py": "from ladbench.inference.cache import Y\n",
+                             "inference/cache.py": "Y = 1\n"})
     floors = {"ladbench": 0, "ladbench.inference.cache": 1, "ladbench.config": 2, "ladbench.inputs": 1}
     assert imports_up(import_graph(module_files(tmp_path)), floors) == [
         "ladbench.inputs (floor 1) imports ladbench.config (floor 2)"]
