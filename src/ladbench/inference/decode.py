@@ -297,17 +297,15 @@ class SlotDecoder:
         the slots freed with the next sequences."""
         ring = self.ring.rebind(self) if self.ring is not None and self.ring.serves(self, first) else Ring(self, first)
         self.ring = ring
-        fresh: Flight | None = first
+        ring.admit(first, ring.free_slots()[:len(first)])
         while True:
             free = ring.free_slots()
-            while fresh is not None:
+            while free and (fresh := self._fresh(len(free), replies)) is not None:
                 ring.admit(fresh, free[:len(fresh)])
                 free = free[len(fresh):]
-                fresh = self._fresh(len(free), replies) if free else None
             if len(free) == ring.slots:
                 return replies
             ring.step(replies)
-            fresh = self._fresh(len(ring.free_slots()), replies) if ring.free_slots() else None
 
     def penalised(self, scores: torch.Tensor, seen: torch.Tensor | None) -> torch.Tensor:
         """The model's repetition penalty on each sequence's own tokens (``seen``), as ``generate`` applies it."""
@@ -399,7 +397,6 @@ class Ring:
         self.keys = None if first.keys is None else first.keys.new_zeros(slots)
         self.steps = torch.zeros(slots, dtype=torch.long, device=device)
         self.seq: list[int | None] = [None] * slots
-        self.pad = decoder.adapter.pad_token_id
         self._grow(first.mask.shape[1] + decoder.max_new_tokens)
 
     @property
@@ -496,7 +493,7 @@ class Ring:
         if not live:
             return
         self.live = self.live & ~ended & (self.steps + 1 < d.max_new_tokens)   # the host's live slots
-        fed = tokens.masked_fill(~self.live, self.pad)
+        fed = tokens.masked_fill(~self.live, self.adapter.pad_token_id)
         if self.seen is not None:
             self.seen = self.seen.scatter(1, fed[:, None], True)
         length = torch.where(self.live, self.length, 0)
