@@ -5,6 +5,8 @@
 #   snakemake --workflow-profile workflow/profiles/slurm  on a SLURM cluster
 #
 # A --configfile replaces config.yaml entirely (it is not merged into it).
+# Snakemake reads a --configfile before this file; the profiles (profiles/default, found by
+# itself, and workflow/profiles/*) check first that it is data (no YTE): see README.
 
 from snakemake.utils import min_version
 

@@ -113,21 +113,62 @@ def test_a_yte_config_in_the_working_folder_is_refused_before_it_runs(tmp_path, 
     assert not (tmp_path / "PWNED").exists()
 
 
-def test_a_yte_configfile_is_refused_at_start_up(tmp_path):
-    """With --configfile Snakemake (9.x) evaluates YTE while it reads its command line, before
-    any workflow code: the workflow stops at start-up, before any job; `ladbench where`
-    checks a config without evaluating anything."""
-    from workflow_runner import snakemake_command, environment
+def test_command_line_configfiles_are_found_as_snakemake_reads_them():
+    from ladbench.config import command_line_configfiles
+    argv = ["-n", "--configfile", "a.yaml", "b.yaml", "--cores", "2", "target", "--configfiles=c.yaml",
+            "--configfile", "d.yaml", "-p", "e.yaml", "--", "--configfile", "f.yaml"]
+    assert command_line_configfiles(argv) == ["a.yaml", "b.yaml", "c.yaml", "d.yaml"]
+    assert command_line_configfiles(["--config", "x=1", "--configfile"]) == []
+
+
+#: Every profile the workflow ships, and the way each is chosen: none named (Snakemake finds
+#: ``profiles/default`` beside the Snakefile), or named as the README names them.
+PROFILES = [[], ["--workflow-profile", "workflow/profiles/default"], ["--workflow-profile", "workflow/profiles/slurm"]]
+
+
+def test_every_profile_the_workflow_ships_is_tested():
+    from workflow_runner import ROOT
+    shipped = {path.parent.relative_to(ROOT).as_posix() for path in ROOT.glob("workflow/profiles/*/config.yaml")}
+    assert shipped == {args[1] for args in PROFILES if args}
+    assert (ROOT / "profiles" / "default" / "config.yaml").is_file()
+
+
+@pytest.mark.parametrize("profile", PROFILES, ids=["found", "default", "slurm"])
+@pytest.mark.parametrize("spelling", ["--configfile", "--configfile="])
+def test_a_yte_configfile_is_refused_before_snakemake_reads_it(tmp_path, profile, spelling):
+    """Snakemake (9.x) evaluates a --configfile's YTE while it parses its command line, before
+    any workflow code; the profiles, read earlier, refuse the file in one line and its Python
+    never runs. `ladbench where` checks a config without evaluating anything."""
+    from workflow_runner import ROOT, environment
     config = _yte_config(tmp_path, "evil.yaml")
-    result = subprocess.run(snakemake_command(tmp_path, "-n", configfile=config), capture_output=True, text=True,
-                            env=environment(None), timeout=300)
-    assert result.returncode != 0 and "evil.yaml: line 1: __use_yte__" in result.stderr + result.stdout
-    (tmp_path / "PWNED").unlink(missing_ok=True)
+    configfile = [f"--configfile={config}"] if spelling.endswith("=") else ["--configfile", str(config)]
+    result = subprocess.run([str(Path(sys.executable).parent / "snakemake"), "-n", "--cores", "1", *profile,
+                             *configfile, "--directory", str(tmp_path)],
+                            capture_output=True, text=True, cwd=ROOT, env=environment(None), timeout=300)
+    assert result.returncode == 1 and not (tmp_path / "PWNED").exists()
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"invalid configuration: {config}: line 1: __use_yte__ turns on Snakemake's YTE templating, which runs "
+        "the Python in the config's ?-expressions; a config is data: remove it")
+    assert "Traceback" not in result.stderr + result.stdout
     where = subprocess.run([str(Path(sys.executable).parent / "ladbench"), "where", "--configfile", str(config)],
                            capture_output=True, text=True, cwd=tmp_path, env=environment(None), timeout=300)
     assert where.returncode != 0 and not (tmp_path / "PWNED").exists()
     assert where.stderr.strip().splitlines()[-1].startswith("ladbench where: error: ")
     assert "__use_yte__" in where.stderr
+
+
+def test_a_configfile_that_is_not_utf8_is_one_line(tmp_path):
+    """Snakemake decodes a --configfile while it parses its command line (a traceback before);
+    the profile reads it first."""
+    from workflow_runner import ROOT, environment
+    config = tmp_path / "latin.yaml"
+    config.write_bytes(b"output_dir: r\xe9sultats\n")
+    result = subprocess.run([str(Path(sys.executable).parent / "snakemake"), "-n", "--cores", "1",
+                             "--configfile", str(config), "--directory", str(tmp_path)],
+                            capture_output=True, text=True, cwd=ROOT, env=environment(None), timeout=300)
+    assert result.returncode == 1 and "Traceback" not in result.stderr + result.stdout
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"invalid configuration: {config}: not UTF-8 text (byte 13: invalid continuation byte); save it as UTF-8")
 
 
 # ------------------------------------------------------------------------ full disks, Ctrl-C

@@ -14,8 +14,9 @@ import math
 import os
 import re
 import reprlib
+import sys
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterator, Mapping, Sequence
 
 import jsonschema
 import yaml
@@ -83,6 +84,46 @@ def read_yaml(path: Path | str) -> Any:
         raise ConfigError(f"{path}: not valid YAML: {where}{exc.problem}{context}") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+
+
+#: Snakemake's two spellings of the option that names config files (it refuses abbreviations).
+CONFIGFILE_FLAGS = ("--configfile", "--configfiles")
+
+
+def command_line_configfiles(argv: Sequence[str]) -> list[str]:
+    """The files a Snakemake command line names with ``--configfile`` (``nargs="+"``: the values
+    run up to the next option; ``--configfile=x`` too), in order, before any ``--``."""
+    files, taking = [], False
+    for arg in argv:
+        if arg == "--":
+            break
+        flag, equals, value = arg.partition("=")
+        if arg in CONFIGFILE_FLAGS:
+            taking = True
+        elif equals and flag in CONFIGFILE_FLAGS:
+            files.append(value)
+            taking = False
+        elif taking and not arg.startswith("-"):
+            files.append(arg)
+        else:
+            taking = False
+    return files
+
+
+def refuse_code_in_configfiles(argv: Sequence[str] | None = None) -> None:
+    """Stop Snakemake, one line, if a ``--configfile`` on its command line is not plain data.
+
+    Snakemake (9.x) loads a ``--configfile`` while it parses its own command line, evaluating
+    its YTE expressions, before any workflow code. Only the workflow's profiles are read
+    earlier, so each of them calls this (``workflow/profiles/*/config.yaml``, ``profiles/``):
+    the files are read here with the strict loader (:func:`read_yaml`: no YTE switch, no
+    duplicate key, UTF-8), before Snakemake opens them."""
+    for path in command_line_configfiles(sys.argv[1:] if argv is None else argv):
+        try:
+            read_yaml(path)
+        except ConfigError as error:
+            print(f"invalid configuration: {error}", file=sys.stderr)
+            raise SystemExit(1) from None
 
 
 def _extend_with_defaults(validator_class):
