@@ -556,6 +556,7 @@ def generation_worker(model_dir: str, args: argparse.Namespace) -> list[dict]:
             SlotDecoder.step = step
         samples = runner.s.options.samples if prompt == "sc" else 1
         tokens = int(ours["n_generated"].sum())
+        across = chunk_counts(runner, rows, args.gen_chunk)
         results.append({
             "variant": prompt, "rows": len(rows), "samples": samples, "batch": args.gen_batch,
             "device": args.device, "same_replies": bool((ours["text"] == reference["text"]).all()),
@@ -571,9 +572,31 @@ def generation_worker(model_dir: str, args: argparse.Namespace) -> list[dict]:
             "plain_rows_per_s": len(rows) / plain_s,
             "static_same_replies": bool((static["text"] == reference["text"]).all()),
             "static_useful_fraction": static_stats.useful_fraction(), "static_ring_columns": static_stats.ring_columns,
-            "static_s": static_s, "static_tokens_per_s": tokens / static_s, "static_rows_per_s": len(rows) / static_s})
+            "static_s": static_s, "static_tokens_per_s": tokens / static_s, "static_rows_per_s": len(rows) / static_s,
+            **across})
         print(f"generation {prompt}: {results[-1]}", file=sys.stderr)
     return results
+
+
+def chunk_counts(runner, rows: list[int], chunk: int) -> dict:
+    """Decode steps and batch occupancy of the rows in chunks of ``chunk`` rows (the cache's
+    chunks), decoded one chunk at a time (each chunk's batch drains before the next starts: the
+    stage before) and streamed through one loop (``generate_chunks``: the stage now), with the
+    same replies. Decode steps are the figure that carries to a GPU, whose step costs about the
+    same at any occupancy while the weights' reads dominate it."""
+    from ladbench.inference.decode import DecodeStats
+    prepared = [runner.prepare(rows[i:i + chunk]) for i in range(0, len(rows), chunk)]
+    out = {"chunk_rows": chunk, "chunks": len(prepared)}
+    texts = {}
+    for name, decode_all in (("alone", lambda: [runner.generate_batch(p) for p in prepared]),
+                             ("streamed", lambda: [part for _, part in runner.generate_chunks(iter(prepared))])):
+        runner.decode_stats = DecodeStats()
+        parts = decode_all()
+        texts[name] = sorted(map(repr, (t for part in parts for t in part["text"].tolist())))
+        out.update({f"{name}_decode_steps": runner.decode_stats.decode_steps,
+                    f"{name}_occupancy": runner.decode_stats.occupancy()})
+    out["streamed_same_replies"] = texts["alone"] == texts["streamed"]
+    return out
 
 
 def _timed_decode(runner, prepared, rows: list[int], decode: str, device: str):
@@ -598,13 +621,15 @@ def generation_table(rows: list[dict]) -> str:
     lines = ["| variant | rows x samples | device | replies equal | useful / token slots: plain generate | ours "
              "| batch occupancy (ours) | prefills per row: plain / ours | host syncs per decode step (max) "
              "| tokens/s: plain / ours | rows/s: plain / ours | static shapes: replies equal, useful / token slots, "
-             "tokens/s |", "|---" * 12 + "|"]
+             "tokens/s | decode steps over chunks: one at a time / streamed (occupancy) |", "|---" * 13 + "|"]
     lines += [f"| {r['variant']} | {r['rows']} x {r['samples']} | {r['device']} | {r['same_replies']} | "
               f"{r['plain_useful_fraction']:.2f} | {r['ours_useful_fraction']:.2f} | {r['ours_occupancy']:.2f} | "
               f"{r['plain_prefilled_rows_per_row']} / {r['ours_prefilled_rows_per_row']:.0f} | "
               f"{r['syncs_per_step_max']} | {r['plain_tokens_per_s']:.1f} / {r['ours_tokens_per_s']:.1f} | "
               f"{r['plain_rows_per_s']:.2f} / {r['ours_rows_per_s']:.2f} | {r['static_same_replies']}, "
-              f"{r['static_useful_fraction']:.2f}, {r['static_tokens_per_s']:.1f} |" for r in rows]
+              f"{r['static_useful_fraction']:.2f}, {r['static_tokens_per_s']:.1f} | {r['chunks']} x {r['chunk_rows']} "
+              f"rows: {r['alone_decode_steps']} ({r['alone_occupancy']:.2f}) / {r['streamed_decode_steps']} "
+              f"({r['streamed_occupancy']:.2f}), replies equal: {r['streamed_same_replies']} |" for r in rows]
     return "\n".join(lines)
 
 
@@ -798,6 +823,9 @@ def main() -> None:
     p.add_argument("--gen-rows", type=int, default=24, help="generation: rows (24)")
     p.add_argument("--gen-batch", type=int, default=4, help="generation: batch size (rows per prefill group; 4)")
     p.add_argument("--gen-samples", type=int, default=5, help="generation: SC samples per row (5)")
+    p.add_argument("--gen-chunk", type=int, default=8,
+                   help="generation: rows per chunk of the cache, for decode steps one chunk at a time against "
+                        "streamed across chunks (8)")
     p.add_argument("--gen-max-new-tokens", type=int, default=24, help="generation: longest reply (24)")
     p.add_argument("--end-boost", type=float, default=2.0,
                    help="generation: scale of the end-of-turn row of the LM head (random weights seldom end a "

@@ -198,6 +198,55 @@ def test_a_ring_grows_for_a_longer_prompt_and_keeps_what_it_holds(ending, tmp_pa
         assert (new[key] == old[key]).all(), key
 
 
+def _batch_sizes(monkeypatch) -> list[int]:
+    """The sequences in flight at each decode step, recorded from now on (both paths)."""
+    from ladbench.inference.decode import Ring, SlotDecoder
+    sizes: list[int] = []
+    slot_step, ring_step = SlotDecoder.step, Ring.step
+
+    def slots(self, flight, replies):
+        sizes.append(len(flight))
+        return slot_step(self, flight, replies)
+
+    def ring(self, replies):
+        sizes.append(sum(seq is not None for seq in self.seq))
+        return ring_step(self, replies)
+    monkeypatch.setattr(SlotDecoder, "step", slots)
+    monkeypatch.setattr(Ring, "step", ring)
+    return sizes
+
+
+def _drains_once(sizes: list[int], slots: int) -> bool:
+    """Full until the first step that is not, then never refilled: the batch drained once."""
+    tail = next((i for i, size in enumerate(sizes) if size < slots), len(sizes))
+    return all(a >= b for a, b in zip(sizes[tail:], sizes[tail + 1:]))
+
+
+@pytest.mark.parametrize("decode", ["slots", "static"])
+@pytest.mark.parametrize("prompt", sorted(VARIANTS))
+def test_the_loop_keeps_its_batch_full_across_chunks(ending, tmp_path, monkeypatch, prompt, decode):
+    """The stage's chunks (steps of the cache) stream through one loop: the batch stays full from
+    one chunk to the next and drains once, at the end; each chunk comes out whole, with the replies
+    it has alone. Decoded one chunk at a time, as before, the batch drains at every chunk's end:
+    the same check fails there."""
+    adapter = ending(QWEN_BUILDS[0])
+    _, runner = generated(adapter, tmp_path / "whole", prompt, decode)
+    chunks = [ROWS[:4], ROWS[4:6], ROWS[6:]]
+    alone = [runner.generate_batch(runner.prepare(rows)) for rows in chunks]
+    slots = runner.s.batch_size * (SAMPLES if prompt == "sc" else 1)
+    sizes = _batch_sizes(monkeypatch)
+    for rows in chunks:
+        runner.generate_batch(runner.prepare(rows))
+    per_chunk, streamed = list(sizes), sizes
+    sizes.clear()
+    out = {tuple(batch.rows): part for batch, part in runner.generate_chunks(runner.prepare(rows) for rows in chunks)}
+    assert sorted(out) == sorted(tuple(rows) for rows in chunks)
+    for rows, expected in zip(chunks, alone):
+        for key in expected:
+            assert (out[tuple(rows)][key] == expected[key]).all(), key
+    assert _drains_once(streamed, slots) and not _drains_once(per_chunk, slots)
+
+
 def test_keyed_draws_at_per_sequence_steps_equal_the_shared_step():
     """The loop draws each sequence at its own step; the draws equal the processor's at that step."""
     from ladbench.inference.sampling import KeyedSampler, sequence_keys

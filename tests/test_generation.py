@@ -1,5 +1,5 @@
 """Batched generation (CoT, self-consistency): greedy replies at batch B equal batch 1; SC's
-samples do not depend on the batch size or on shards (keyed sampling); each sequence stops
+samples do not depend on the batch size, the chunks or shards (keyed sampling); each sequence stops
 at its own end token; the keyed sampler draws from softmax(top-k(logits) / T); generated
 tokens per second are recorded."""
 from __future__ import annotations
@@ -51,10 +51,12 @@ def test_self_consistency_samples_do_not_depend_on_batch_size_or_shards(setup):
     model, bench, images, folder = setup
     sc = ("--prompt", "sc", "--sc-samples", 3, "--sc-max-new-tokens", 6, "--seed", 7)
     one = infer(model, bench, images, folder / "sc1.h5", *sc)
-    many = infer(model, bench, images, folder / "sc4.h5", *sc, "--batch-size", 4)
+    many = infer(model, bench, images, folder / "sc4.h5", *sc, "--batch-size", 4)     # 3 chunks, one decode loop
+    whole = infer(model, bench, images, folder / "sc4-whole.h5", *sc, "--batch-size", 4, "--chunk-size", 10)
     assert one["text"].shape == (10, 3)
-    assert (one["text"] == many["text"]).all() and (one["sample_parsed"] == many["sample_parsed"]).all()
-    assert (one["n_generated"] == many["n_generated"]).all()
+    for other in (many, whole):
+        assert (one["text"] == other["text"]).all() and (one["sample_parsed"] == other["sample_parsed"]).all()
+        assert (one["n_generated"] == other["n_generated"]).all()
     # samples of one row differ from each other (they are draws, not copies)
     assert any(len(set(row)) > 1 for row in one["text"])
     shards = [folder / f"sc-shard{i}.h5" for i in range(2)]

@@ -100,14 +100,17 @@ def test_out_of_memory_in_generation_halves_the_groups_in_flight(tiny_model, tmp
     options = dataclasses.replace(variant("cot").options(), max_new_tokens=4)
     reference = read_cache(runner.run_inference(_settings(model, bench, images, tmp_path / "b1.h5", batch_size=1,
                                                           options=options, **settings)))
-    real, groups = runner.RowRunner.generate_batch, []
+    real, groups = runner.RowRunner.generate_chunks, []
 
-    def fits_groups_of_one(self, batch):
-        groups.append([len(g["input_ids"]) for g in batch.groups])
-        if max(groups[-1]) > 1:
-            raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
-        return real(self, batch)
-    monkeypatch.setattr(runner.RowRunner, "generate_batch", fits_groups_of_one)
+    def fits_groups_of_one(self, batches):
+        def read():                      # the decode loop reads the next step as slots free up
+            for batch in batches:
+                groups.append([len(g["input_ids"]) for g in batch.groups])
+                if max(groups[-1]) > 1:
+                    raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
+                yield batch
+        return real(self, read())
+    monkeypatch.setattr(runner.RowRunner, "generate_chunks", fits_groups_of_one)
     out = read_cache(runner.run_inference(_settings(model, bench, images, tmp_path / "b4.h5", batch_size=4,
                                                     options=options, **settings)))
     assert out["done"].all() and out.attrs["batch_size_used"] == 1

@@ -312,12 +312,27 @@ def test_progress_in_a_log_is_a_line_every_interval():
 
 def test_run_batches_reports_every_batch():
     """The bar moves after every batch, not only after every written chunk."""
-    from ladbench.inference.runner import PreparedBatch, run_batches
+    from ladbench.inference.runner import PreparedBatch, per_step, run_batches
     done, written = [], []
-    run_batches(lambda b: {"x": np.zeros(len(b.rows))}, lambda rows: PreparedBatch(list(rows), {}), list(range(7)),
+    run_batches(per_step(lambda b: {"x": np.zeros(len(b.rows))}), lambda rows: PreparedBatch(list(rows), {}), list(range(7)),
                 batch_size=2, chunk_size=5, workers=0, pin_memory=False,
                 write=lambda rows, results: written.append(rows), batch_done=done.append)
     assert done == [2, 2, 1, 2] and [len(rows) for rows in written] == [5, 2]
+
+
+def test_run_batches_writes_each_chunk_whole_as_soon_as_its_rows_are_done_in_any_order():
+    """Generation streams chunks through one decode loop, which may finish a later chunk first."""
+    from ladbench.inference.runner import PreparedBatch, run_batches
+
+    def last_first(batches):
+        read = list(batches)
+        for batch in reversed(read):
+            yield batch, {"x": np.asarray(batch.rows, dtype=float)}
+    written = []
+    run_batches(last_first, lambda rows, group_size=None: PreparedBatch(list(rows), {}), list(range(7)),
+                batch_size=2, chunk_size=3, workers=0, pin_memory=False, grouped=True,
+                write=lambda rows, results: written.append((rows, results["x"].tolist(), len(results["seconds"]))))
+    assert written == [([6], [6.0], 1), ([3, 4, 5], [3.0, 4.0, 5.0], 3), ([0, 1, 2], [0.0, 1.0, 2.0], 3)]
 
 
 def test_a_given_chat_template_is_part_of_the_cache_identity_by_content(tmp_path):

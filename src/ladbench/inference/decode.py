@@ -9,7 +9,10 @@ What ``generate(num_return_sequences=S)`` did per batch of rows, and what this l
 * **a full batch**: at most ``slots`` sequences are in flight; a sequence that ends leaves the
   batch at once (its rows of the cache are dropped) and the next pending sequence takes its
   place (its row prefilled when it is first needed, its cache joined to the batch's by left
-  padding; each row's next position is tracked explicitly, so padding moves no position);
+  padding; each row's next position is tracked explicitly, so padding moves no position), and it
+  stays full from one chunk of the cache to the next: the stage streams the rows of all its
+  chunks through one loop (:meth:`SlotDecoder.stream`, ``RowRunner.generate_chunks``) and writes
+  a chunk as soon as its rows have ended, so the batch drains once per job, not once per chunk;
 * **one host sync per decode step**: the step's drawn tokens and their "ended" flags come back in
   one copy; drawing, dropping, joining and the forward pass read nothing else from the device.
 
@@ -43,7 +46,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import torch
 
@@ -203,21 +206,23 @@ class SlotDecoder:
     """Decode the replies of groups of rows (each ``samples`` sequences) with ``slots`` in flight.
 
     ``draw(scores [B, V], keys [B] | None, steps [B]) -> tokens [B]`` picks each token (greedy:
-    argmax; sampled: ``KeyedSampler.draw``); ``keys`` are the sequences' keys in row-major order
-    (row, sample), or None for greedy decoding.
+    argmax; sampled: ``KeyedSampler.draw``); ``sample_keys(first, count)`` gives the keys of the
+    sequences of rows ``first`` to ``first + count - 1`` (rows numbered as :meth:`stream` reads
+    them) in row-major order (row, sample), called once per group as it is prefilled; None for
+    greedy decoding.
     """
 
     def __init__(self, adapter, *, samples: int, slots: int, max_new_tokens: int,
                  draw: Callable[[torch.Tensor, torch.Tensor | None, torch.Tensor], torch.Tensor],
-                 keys: torch.Tensor | None = None, static: bool = False, compile_options: dict | None = None,
-                 ring: "Ring | None" = None) -> None:
+                 sample_keys: Callable[[int, int], torch.Tensor] | None = None, static: bool = False,
+                 compile_options: dict | None = None, ring: "Ring | None" = None) -> None:
         self.adapter, self.samples, self.max_new_tokens, self.draw = adapter, samples, max_new_tokens, draw
         # static: the sequences in a Ring (module docstring); compile_options: its step through
         # torch.compile with these options (None: eager; mode reduce-overhead: CUDA graphs on a GPU)
         self.static, self.compile_options = static, compile_options
         self.ring = ring                # a previous run's ring, reused where it serves (no new compilation)
         self.slots = max(slots, samples)
-        self.keys = None if keys is None else keys.to(adapter.device)      # once, not per admission
+        self.sample_keys = sample_keys
         self.end_ids = set(adapter.end_token_ids())
         self.ends = torch.tensor(sorted(self.end_ids), device=adapter.device)
         self.penalty = repetition_penalty(adapter)
@@ -247,23 +252,47 @@ class SlotDecoder:
                       [(first_row + r) * self.samples for r in range(rows)])
 
     # ------------------------------------------------------------------ decode
-    def run(self, groups: Iterable[dict[str, torch.Tensor]]) -> list[list[int]]:
-        """The reply tokens of every sequence (end token included), row-major (row, sample)."""
+    def stream(self, groups: Iterable[dict[str, torch.Tensor]]) -> Iterator[tuple[int, list[list[int]]]]:
+        """Each row's replies (its samples' tokens, end token included) as soon as all of them have
+        ended, rows numbered in the order ``groups`` hold them. Groups are read only as slots free
+        up, so a caller may stream rows of any number of groups through one full batch; the batch
+        drains once, at the end of the stream."""
         self._pending, self._parked, self._next_sample, self._rows_seen = iter(groups), None, [], 0
-        replies: list[list[int]] = []
-        flight = self._fresh(self.slots, replies)          # the first prefill decides ``joinable``
+        self._replies: dict[int, list[int]] = {}        # sequence -> its tokens so far (rows in flight)
+        self._unended: dict[int, int] = {}              # row in flight -> its samples still decoding
+        self._rows_ended: list[int] = []                # rows whose samples have all ended, not yet yielded
+        flight = self._fresh(self.slots)                # the first prefill decides ``joinable``
         if flight is not None and self.static and self.joinable:
-            return self._run_ring(flight, replies)
+            yield from self._ring_stream(flight)
+            return
         while flight is not None:
             while self.joinable and len(flight) < self.slots:
-                fresh = self._fresh(self.slots - len(flight), replies)
+                fresh = self._fresh(self.slots - len(flight))
                 if fresh is None:
                     break
                 flight = join(flight, fresh)
-            flight = self.step(flight, replies) or self._fresh(self.slots, replies)
-        return replies
+            flight = self.step(flight, self._replies)
+            yield from self._ended_rows()
+            flight = flight or self._fresh(self.slots)
 
-    def _fresh(self, free: int, replies: list[list[int]]) -> Flight | None:
+    def run(self, groups: Iterable[dict[str, torch.Tensor]]) -> list[list[int]]:
+        """The reply tokens of every sequence (end token included), row-major (row, sample)."""
+        ended = dict(self.stream(groups))
+        return [reply for row in sorted(ended) for reply in ended[row]]
+
+    def _sequence_ended(self, seq: int) -> None:
+        row = seq // self.samples
+        self._unended[row] -= 1
+        if not self._unended[row]:
+            del self._unended[row]
+            self._rows_ended.append(row)
+
+    def _ended_rows(self) -> Iterator[tuple[int, list[list[int]]]]:
+        for row in self._rows_ended:
+            yield row, [self._replies.pop(row * self.samples + s) for s in range(self.samples)]
+        self._rows_ended = []
+
+    def _fresh(self, free: int) -> Flight | None:
         """Up to ``free`` sequences not started yet (a cache that cannot be joined: the whole next
         group), their rows prefilled when first needed (the next group once the parked one has
         started all its samples); None when every sequence has started."""
@@ -273,8 +302,13 @@ class SlotDecoder:
                 return None
             self._parked = self.prefill(inputs, self._rows_seen)
             self._next_sample = [0] * len(self._parked)
+            # the group's sequence keys, row-major [rows x samples], on the device once (not per admission)
+            self._parked_keys = (None if self.sample_keys is None else
+                                 self.sample_keys(self._rows_seen, len(self._parked)).to(self._parked.logits.device))
+            for row in range(self._rows_seen, self._rows_seen + len(self._parked)):
+                self._unended[row] = self.samples
+                self._replies.update((row * self.samples + s, []) for s in range(self.samples))
             self._rows_seen += len(self._parked)
-            replies += [[] for _ in range(len(self._parked) * self.samples)]
         parked = self._parked
         if not self.joinable:
             free = len(parked) * self.samples
@@ -286,13 +320,15 @@ class SlotDecoder:
                 self._next_sample[r] += 1
         fresh = take(parked, rows, joinable=self.joinable)
         fresh.seq = [parked.seq[r] + sample for r, sample in zip(rows, samples)]
-        fresh.keys = None if self.keys is None else self.keys.index_select(0, device_index(fresh.seq, self.keys.device))
+        if self._parked_keys is not None:
+            fresh.keys = self._parked_keys.index_select(
+                0, device_index([r * self.samples + sample for r, sample in zip(rows, samples)], self._parked_keys.device))
         fresh.steps = torch.zeros(len(rows), dtype=torch.long, device=fresh.logits.device)
         if not self.joinable:
             self._parked = None
         return fresh
 
-    def _run_ring(self, first: Flight, replies: list[list[int]]) -> list[list[int]]:
+    def _ring_stream(self, first: Flight) -> Iterator[tuple[int, list[list[int]]]]:
         """The loop over a :class:`Ring` (``--decode static``): draw and feed every slot, then fill
         the slots freed with the next sequences."""
         ring = self.ring.rebind(self) if self.ring is not None and self.ring.serves(self, first) else Ring(self, first)
@@ -300,12 +336,13 @@ class SlotDecoder:
         ring.admit(first, ring.free_slots()[:len(first)])
         while True:
             free = ring.free_slots()
-            while free and (fresh := self._fresh(len(free), replies)) is not None:
+            while free and (fresh := self._fresh(len(free))) is not None:
                 ring.admit(fresh, free[:len(fresh)])
                 free = free[len(fresh):]
             if len(free) == ring.slots:
-                return replies
-            ring.step(replies)
+                return
+            ring.step(self._replies)
+            yield from self._ended_rows()
 
     def penalised(self, scores: torch.Tensor, seen: torch.Tensor | None) -> torch.Tensor:
         """The model's repetition penalty on each sequence's own tokens (``seen``), as ``generate`` applies it."""
@@ -314,7 +351,7 @@ class SlotDecoder:
         p = self.penalty
         return torch.where(seen, torch.where(scores < 0, scores * p, scores / p), scores)
 
-    def step(self, flight: Flight, replies: list[list[int]]) -> Flight | None:
+    def step(self, flight: Flight, replies: dict[int, list[int]]) -> Flight | None:
         """Draw one token per sequence, read them back (the step's one host sync), drop the
         sequences that ended and feed the others' tokens through the model."""
         tokens = self.draw(self.penalised(flight.logits, flight.seen), flight.keys, flight.steps)
@@ -323,13 +360,15 @@ class SlotDecoder:
         self.stats.token_slots += len(flight)
         live = []
         for b, (seq, token, end) in enumerate(zip(flight.seq, host[0], host[1])):
-            reply = replies[seq]
-            if reply and (reply[-1] in self.end_ids or len(reply) == self.max_new_tokens):
+            reply = replies.get(seq)                       # None: its row has ended and been handed on
+            if reply is None or (reply and (reply[-1] in self.end_ids or len(reply) == self.max_new_tokens)):
                 continue                                   # finished earlier, kept in a padded batch
             reply.append(int(token))
             self.stats.useful_tokens += 1
             if not end and len(reply) < self.max_new_tokens:
                 live.append(b)
+            else:
+                self._sequence_ended(seq)
         if not live:
             return None
         if self.joinable:
@@ -471,7 +510,7 @@ class Ring:
         held = (self.column - self.columns) % self.capacity <= length[:, None]       # [S, C]
         return self.adapter.decode_logits(self.cache, fed[:, None], held[:, None, None, :], positions)
 
-    def step(self, replies: list[list[int]]) -> None:
+    def step(self, replies: dict[int, list[int]]) -> None:
         """Draw one token per slot, read them back (the step's one host sync), free the slots
         whose sequence ended and feed the others' tokens (every slot goes through the model)."""
         d = self.decoder
@@ -488,6 +527,7 @@ class Ring:
             d.stats.useful_tokens += 1
             if host[1][b] or len(reply) == d.max_new_tokens:
                 self.seq[b] = None
+                d._sequence_ended(seq)
             else:
                 live += 1
         if not live:

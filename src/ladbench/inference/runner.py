@@ -12,8 +12,10 @@ and ``attn`` stay NaN).
 """
 from __future__ import annotations
 
+import bisect
 import contextlib
 import hashlib
+import itertools
 import json
 import logging
 import os
@@ -23,7 +25,7 @@ import shutil
 import time
 from dataclasses import dataclass, field, fields
 from functools import lru_cache, partial
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -101,8 +103,10 @@ class InferenceSettings(Settings):
         1, "rows per forward pass (left padded); a batch that runs out of GPU memory is halved and retried, and the "
         "size that ran is recorded in the cache (batch_size_used); in the config, a model's own batch_size wins",
         minimum=1, group=EXECUTION_GROUP, hashed=False)
-    chunk_size: int = setting(64, "rows per flushed chunk of the cache (at most this many are lost on a kill)",
-                              minimum=1, group=EXECUTION_GROUP, hashed=False)
+    chunk_size: int = setting(
+        64, "rows per flushed chunk of the cache; a kill loses only the chunks not written yet (scoring: at most "
+        "this many rows; generation: the chunks with rows still decoding, as the decode loop runs on across chunks)",
+        minimum=1, group=EXECUTION_GROUP, hashed=False)
     workers: int | None = setting(
         None, f"DataLoader workers preparing batches (image decoding, square resize, processor) ahead of the model; "
         f"0 = in the main process; unset: 0 on the CPU, up to {GPU_WORKERS} on a GPU (one CPU of the job left to the "
@@ -408,53 +412,106 @@ class RowRunner:
         return out
 
     def generate_batch(self, batch: Sequence[int] | PreparedBatch) -> dict[str, np.ndarray]:
-        """Replies and parsed answers of the rows of a step, each sequence stopping at its end
-        token. A greedy variant (CoT): one reply per row. A sampled one (self-consistency): S
-        samples per row, each drawn with its own key (sampling.py), so the samples do not depend
-        on the batch size, chunking or shards; the answer is their majority vote.
+        """Replies and parsed answers of the rows of one step (:meth:`generate_chunks` of it alone)."""
+        [(_, out)] = list(self.generate_chunks([self._prepared(batch)]))
+        return out
+
+    def generate_chunks(self, batches: Iterable[PreparedBatch]) -> Iterator[tuple[PreparedBatch, dict[str, np.ndarray]]]:
+        """Replies and parsed answers of each prepared step (a chunk of the cache, in groups of the
+        batch size), yielded as soon as all its rows have ended (not always in the order read). A
+        greedy variant (CoT): one reply per row. A sampled one (self-consistency): S samples per
+        row, each drawn with its own key (sampling.py), so the samples do not depend on the batch
+        size, chunking or shards; the answer is their majority vote.
 
         The decode loop (``decode.py``) prefills each group of ``batch_size`` rows once and keeps
-        ``batch_size`` x S sequences in flight; ``--decode generate`` (or a generation config with
-        options only ``generate`` applies, or a cache transformers cannot repeat per sample) runs
-        ``generate`` per group instead (:meth:`_generate_groups`; the same replies on the CPU in float32)."""
-        import torch
-
-        from . import decode as decoding
-        from .decode import SlotDecoder, UnrepeatableCache, unreproduced_options
-        from .sampling import KeyedSampler, sequence_keys
-        s, entry, options = self.s, self.s.variant, self.s.options
-        batch = self._prepared(batch)
-        rows, groups = batch.rows, batch.groups
-        samples = options.samples if entry.sampled else 1
-        keys = sequence_keys(s.seed, torch.as_tensor(np.asarray(rows, dtype=np.int64) + self.plan.first_row),
-                             samples) if entry.sampled else None
-        if s.decode != "generate" and self.generate_reason is None:
+        ``batch_size`` x S sequences in flight, across steps: it reads the next step when a slot
+        frees up, so the batch drains once, after the last step. ``--decode generate`` (or a
+        generation config with options only ``generate`` applies, or a cache transformers cannot
+        repeat per sample) runs ``generate`` per group instead (:meth:`_generate_groups`; the
+        same replies on the CPU in float32)."""
+        from .decode import unreproduced_options
+        batches = iter(batches)
+        if self.s.decode != "generate" and self.generate_reason is None:
             skipped = unreproduced_options(self.adapter)
             self.generate_reason = f"its generation config sets {', '.join(skipped)}" if skipped else None
-        texts = None
-        if s.decode != "generate" and self.generate_reason is None:
-            sampler = KeyedSampler(keys, 0, options.temperature, options.top_k) if entry.sampled else None
-            decoder = SlotDecoder(self.adapter, samples=samples, slots=samples * len(groups[0]["input_ids"]),
-                                  max_new_tokens=options.max_new_tokens, keys=keys,
-                                  draw=sampler.draw if sampler else lambda scores, _keys, _steps: scores.argmax(-1),
-                                  static=s.decode == "static", compile_options=decoding.static_compile_options(self.adapter.device),
-                                  ring=self.ring)
-            try:
-                replies = decoder.run(groups)
-            except UnrepeatableCache as exc:
-                self.generate_reason = str(exc)
-            except BaseException:
-                self.ring = None            # (out of memory: its buffers go with the failed step's)
-                raise
-            else:
-                self.decode_stats.add(decoder.stats)
-                self.ring = decoder.ring            # its buffers and compiled step serve the next step
-                texts = self.adapter.tokenizer.batch_decode(replies, skip_special_tokens=True)
-                counts = [len(reply) for reply in replies]
+        if self.s.decode != "generate" and self.generate_reason is None:
+            unfinished = yield from self._decode_chunks(batches)
             if self.generate_reason:
                 log.warning("generating through transformers' generate: %s", self.generate_reason)
-        if texts is None:
-            texts, counts = self._generate_groups(rows, len(groups[0]["input_ids"]), keys, samples)
+            batches = itertools.chain(unfinished, batches)
+        samples = self.s.options.samples if self.s.variant.sampled else 1
+        for batch in batches:
+            keys = self._sequence_keys(batch.rows)
+            yield batch, self._generated(batch.rows, *self._generate_groups(batch.rows, len(batch.groups[0]["input_ids"]),
+                                                                             keys, samples))
+
+    def _sequence_keys(self, rows: Sequence[int]):
+        """The sampling keys of the rows' sequences, row-major (None: a greedy variant)."""
+        import torch
+
+        from .sampling import sequence_keys
+        if not self.s.variant.sampled:
+            return None
+        return sequence_keys(self.s.seed, torch.as_tensor(np.asarray(rows, dtype=np.int64) + self.plan.first_row),
+                             self.s.options.samples)
+
+    def _decode_chunks(self, batches: Iterator[PreparedBatch]):
+        """:meth:`generate_chunks` through one decode loop over the rows of every step read. Returns
+        the steps read but not yielded when the loop cannot serve the model's cache (an
+        :class:`~.decode.UnrepeatableCache`, found at the first prefill; ``generate_reason`` set)."""
+        from . import decode as decoding
+        from .sampling import KeyedSampler
+        first = next(batches, None)
+        if first is None:
+            return []
+        s, options = self.s, self.s.options
+        samples = options.samples if s.variant.sampled else 1
+        rows: list[int] = []                     # the plan row of each row the loop has read, in order
+        starts: list[int] = []                   # the loop's number of the first row of each step read
+        steps: dict[int, PreparedBatch] = {}     # the steps read and not yet yielded, by their first row
+        ended: dict[int, list[list[int]]] = {}   # replies of the rows that have ended, by the loop's number
+
+        def groups():
+            for batch in itertools.chain([first], batches):
+                starts.append(len(rows))
+                steps[len(rows)] = batch
+                rows.extend(batch.rows)
+                yield from batch.groups
+
+        def sample_keys(first_row: int, count: int):
+            return self._sequence_keys(rows[first_row:first_row + count])
+
+        sampler = KeyedSampler(None, 0, options.temperature, options.top_k) if s.variant.sampled else None
+        decoder = decoding.SlotDecoder(
+            self.adapter, samples=samples, slots=samples * len(first.groups[0]["input_ids"]),
+            max_new_tokens=options.max_new_tokens, sample_keys=sample_keys if sampler else None,
+            draw=sampler.draw if sampler else lambda scores, _keys, _steps: scores.argmax(-1),
+            static=s.decode == "static", compile_options=decoding.static_compile_options(self.adapter.device),
+            ring=self.ring)
+        try:
+            for row, replies in decoder.stream(groups()):
+                ended[row] = replies
+                start = starts[bisect.bisect_right(starts, row) - 1]
+                batch = steps[start]
+                if all(r in ended for r in range(start, start + len(batch.rows))):
+                    del steps[start]
+                    done = [reply for r in range(start, start + len(batch.rows)) for reply in ended.pop(r)]
+                    texts = self.adapter.tokenizer.batch_decode(done, skip_special_tokens=True)
+                    yield batch, self._generated(batch.rows, texts, [len(reply) for reply in done])
+        except decoding.UnrepeatableCache as exc:
+            self.generate_reason = str(exc)
+            return list(steps.values())
+        except BaseException:
+            self.ring = None            # (out of memory: its buffers go with the failed step's)
+            raise
+        self.decode_stats.add(decoder.stats)
+        self.ring = decoder.ring            # its buffers and compiled step serve the next stage's run
+        return []
+
+    def _generated(self, rows: Sequence[int], texts: list[str], counts: list[int]) -> dict[str, np.ndarray]:
+        """A step's results from its replies (row-major: row, sample) and their token counts."""
+        entry, s = self.s.variant, self.s
+        samples = s.options.samples if entry.sampled else 1
         texts = np.array(texts, dtype=object).reshape(len(rows), samples)
         parsed = np.array([[entry.parse(t, self.n, s.identifiers) for t in row] for row in texts], np.int16)
         n_generated = np.asarray(counts, dtype=np.int32).reshape(len(rows), samples).sum(-1).astype(np.int32)
@@ -557,52 +614,69 @@ def is_out_of_memory(exc: BaseException) -> bool:
     return isinstance(exc, torch.cuda.OutOfMemoryError)
 
 
-def run_batches(step: Callable[[PreparedBatch], dict[str, np.ndarray]],
-                prepare: Callable[[Sequence[int]], PreparedBatch], rows: Sequence[int], *, batch_size: int,
-                chunk_size: int, workers: int, pin_memory: bool,
+#: What :func:`run_batches` runs: prepared steps in (read as far as it needs), and each step
+#: with its results out, when they are ready (in the order read or not).
+Stream = Callable[[Iterator[PreparedBatch]], Iterable[tuple[PreparedBatch, dict[str, np.ndarray]]]]
+
+
+def per_step(step: Callable[[PreparedBatch], dict[str, np.ndarray]]) -> Stream:
+    """The :data:`Stream` of a function of one prepared step (scoring: each batch's results at once)."""
+    def stream(batches: Iterator[PreparedBatch]) -> Iterator[tuple[PreparedBatch, dict[str, np.ndarray]]]:
+        for batch in batches:
+            yield batch, step(batch)
+    return stream
+
+
+def run_batches(stream: Stream, prepare: Callable[[Sequence[int]], PreparedBatch], rows: Sequence[int], *,
+                batch_size: int, chunk_size: int, workers: int, pin_memory: bool,
                 write: Callable[[list[int], dict[str, np.ndarray]], None],
                 batch_done: Callable[[int], None] | None = None, grouped: bool = False) -> int:
-    """Run ``step`` over ``rows`` in batches and ``write`` each finished chunk of ``chunk_size`` rows.
+    """Run ``stream`` over ``rows`` in batches and ``write`` each chunk of ``chunk_size`` rows as
+    soon as all its rows have their results.
 
     Batches never straddle a chunk. A batch whose step runs out of GPU memory is not lost: the
     batch size halves (down to 1, where the error is final) and the preparation restarts from
-    that batch's rows. Each row's ``seconds`` is its batch's wall time between results divided
-    by its size (so preparation that the workers did not hide is counted). ``batch_done(rows)``
+    the rows not written yet. Each row's ``seconds`` is the wall time between results divided
+    by their rows (so preparation that the workers did not hide is counted). ``batch_done(rows)``
     follows each batch that ran (the progress bar). Returns the batch size in use at the end
     (the largest that ran without running out of memory).
 
-    ``grouped`` (generation): a step decodes a whole chunk in groups of ``batch_size`` rows (so
-    that finished sequences' slots refill), ``prepare(rows, group_size)`` makes the groups, and
-    running out of memory halves the groups (the sequences in flight).
+    ``grouped`` (generation): a step is a whole chunk in groups of ``batch_size`` rows,
+    ``prepare(rows, group_size)`` makes the groups, the stream may yield chunks later and in
+    another order than it read them (the decode loop runs on across chunks), and running out of
+    memory halves the groups (the sequences in flight).
     """
     chunks = [list(rows[i:i + chunk_size]) for i in range(0, len(rows), chunk_size)]
-    chunk, offset, parts = 0, 0, []
-    while chunk < len(chunks):
+    chunk_of = {row: c for c, chunk in enumerate(chunks) for row in chunk}
+    parts: list[list | None] = [[] for _ in chunks]      # each chunk's finished batches (None: written)
+    done = [0] * len(chunks)                             # rows of each chunk with results (leading ones)
+    while any(part is not None for part in parts):
         step_rows = chunk_size if grouped else batch_size
-        batches = [c[start:start + step_rows]
-                   for i, c in enumerate(chunks[chunk:], start=chunk)
-                   for start in range(offset if i == chunk else 0, len(c), step_rows)]
+        batches = [chunk[start:start + step_rows] for c, chunk in enumerate(chunks) if parts[c] is not None
+                   for start in range(done[c], len(chunk), step_rows)]
         in_groups = partial(prepare, group_size=batch_size) if grouped else prepare
         tick = time.perf_counter()
         try:
-            for prepared in prepared_batches(in_groups, batches, workers=workers, pin_memory=pin_memory):
-                part = step(prepared)
+            for prepared, part in stream(prepared_batches(in_groups, batches, workers=workers, pin_memory=pin_memory)):
                 now = time.perf_counter()
                 part["seconds"] = np.full(len(prepared.rows), (now - tick) / len(prepared.rows), np.float32)
                 tick = now
-                parts.append(part)
-                offset += len(prepared.rows)
+                c = chunk_of[prepared.rows[0]]
+                parts[c].append((prepared.rows, part))
+                done[c] += len(prepared.rows)
                 if batch_done is not None:
                     batch_done(len(prepared.rows))
-                if offset == len(chunks[chunk]):
-                    write(chunks[chunk], {k: np.concatenate([p[k] for p in parts]) for k in parts[0]})
-                    chunk, offset, parts = chunk + 1, 0, []
+                if done[c] == len(chunks[c]):
+                    write([row for batch_rows, _ in parts[c] for row in batch_rows],
+                          {k: np.concatenate([p[k] for _, p in parts[c]]) for k in parts[c][0][1]})
+                    parts[c] = None
         except Exception as exc:                       # noqa: BLE001 (only out-of-memory is handled)
             if not is_out_of_memory(exc) or batch_size == 1:
                 raise
-            batch_size = max(1, min(batch_size, len(chunks[chunk]) - offset) // 2)
+            first = next(c for c, part in enumerate(parts) if part is not None)
+            batch_size = max(1, min(batch_size, len(chunks[first]) - done[first]) // 2)
             log.warning("a batch ran out of GPU memory; retrying its rows with batch size %d", batch_size)
-        if chunk < len(chunks):        # out of memory: the failed batch's tensors are freed now, return them to CUDA
+        if any(part is not None for part in parts):   # out of memory: the failed batch's tensors are freed now, return them to CUDA
             _release_cached_memory()
     return batch_size
 
@@ -683,14 +757,14 @@ def _run_inference(settings: InferenceSettings) -> str:
     if settings.limit_rows is not None:
         pending = pending[: settings.limit_rows]
     runner = RowRunner(adapter, settings, bench, plan, paths, digests=image_digests(table))
-    step = runner.generate_batch if generative else runner.score_batch
-    # generation: a step decodes a whole chunk (groups of batch_size rows), so finished sequences' slots refill
+    # generation: a step is a whole chunk (groups of batch_size rows), streamed through one decode loop
+    stream = runner.generate_chunks if generative else per_step(runner.score_batch)
     if settings.group_by_length or generative:      # generation pads (and waits) for the longest prompt
         pending = runner.grouped_by_length(pending, settings.chunk_size)
 
     started = time.perf_counter()
     with progress_bar(len(pending), unit="row", desc=f"infer {settings.model_name}/{settings.prompt}") as bar:
-        used = run_batches(step, runner.prepare, pending, batch_size=settings.batch_size, grouped=generative,
+        used = run_batches(stream, runner.prepare, pending, batch_size=settings.batch_size, grouped=generative,
                            chunk_size=settings.chunk_size, workers=settings.loader_workers(),
                            pin_memory=device.startswith("cuda"), write=writer.write, batch_done=bar.update)
     done_now = len(pending)
