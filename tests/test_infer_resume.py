@@ -196,6 +196,50 @@ def test_limit_rows_leaves_an_incomplete_cache(tiny_model, tmp_path):
     assert read_cache(str(out))["done"].all()
 
 
+# Runs `ladbench infer` with every decode step slowed down (as on a big model), so that a kill
+# lands while the decode loop still has chunks in flight.
+SLOW_DECODE = textwrap.dedent("""
+    import sys, time
+    from ladbench.cli import main
+    from ladbench.inference import decode
+    real = decode.SlotDecoder.step
+    def slow(self, flight, replies):
+        time.sleep(0.03)
+        return real(self, flight, replies)
+    decode.SlotDecoder.step = slow
+    main(sys.argv[1:])
+""")
+
+
+def test_a_generation_killed_mid_stream_keeps_its_written_chunks_and_resumes_equal(tiny_model, tmp_path):
+    """One decode loop runs across the chunks: each chunk is written as soon as its rows have
+    ended, not at the end of the loop, so a kill keeps them, and the rerun computes only the rest."""
+    model = tiny_model("qwen2_5_vl")
+    bench, images = make_demo_benchmark(tmp_path, 4, n_eval=4, n_orderings=2, n_cal=2)   # 8 + 8 rows
+    sc = ["--prompt", "sc", "--sc-samples", "3", "--sc-max-new-tokens", "6", "--batch-size", "2"]
+    reference, killed = tmp_path / "reference.h5", tmp_path / "killed.h5"
+    _run_cli(_infer_args(model, bench, images, reference, *sc))
+    job = subprocess.Popen([sys.executable, "-c", SLOW_DECODE, *_infer_args(model, bench, images, killed, *sc)],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 120
+        while not _done_rows(killed):
+            assert job.poll() is None and time.time() < deadline, "no chunk was written while the loop ran"
+            time.sleep(0.01)
+        job.send_signal(signal.SIGKILL)
+        job.wait()
+    finally:
+        job.kill()
+    kept = _done_rows(killed)
+    total = len(read_cache(str(reference))["done"])
+    assert 0 < len(kept) < total and not killed.exists()
+    _run_cli(_infer_args(model, bench, images, killed, *sc))                # resume
+    resumed, ref = read_cache(str(killed)), read_cache(str(reference))
+    for key in ("text", "sample_parsed", "parsed", "n_generated"):
+        assert (resumed[key] == ref[key]).all(), key
+    assert resumed.attrs["last_run_rows"] == total - len(kept)
+
+
 @pytest.mark.parametrize("family", [f for f in ("qwen2_5_vl", "llava_ov15") if f in FAMILIES])
 def test_generative_variants_store_texts_and_parsed_answers(family, tiny_model, tmp_path):
     model = tiny_model(family)
