@@ -556,7 +556,7 @@ def generation_worker(model_dir: str, args: argparse.Namespace) -> list[dict]:
             SlotDecoder.step = step
         samples = runner.s.options.samples if prompt == "sc" else 1
         tokens = int(ours["n_generated"].sum())
-        across = chunk_counts(runner, rows, args.gen_chunk)
+        across = chunk_counts(runner, rows, args.gen_chunk, args.device)
         results.append({
             "variant": prompt, "rows": len(rows), "samples": samples, "batch": args.gen_batch,
             "device": args.device, "same_replies": bool((ours["text"] == reference["text"]).all()),
@@ -578,12 +578,13 @@ def generation_worker(model_dir: str, args: argparse.Namespace) -> list[dict]:
     return results
 
 
-def chunk_counts(runner, rows: list[int], chunk: int) -> dict:
+def chunk_counts(runner, rows: list[int], chunk: int, device: str) -> dict:
     """Decode steps and batch occupancy of the rows in chunks of ``chunk`` rows (the cache's
     chunks), decoded one chunk at a time (each chunk's batch drains before the next starts: the
     stage before) and streamed through one loop (``generate_chunks``: the stage now), with the
-    same replies. Decode steps are the figure that carries to a GPU, whose step costs about the
-    same at any occupancy while the weights' reads dominate it."""
+    same replies, and the seconds of each (on a GPU the ratio that matters; on the CPU a step's
+    cost grows with its sequences, so there the decode steps are the figure that carries to a
+    GPU, whose step costs about the same at any occupancy while the weights' reads dominate it)."""
     from ladbench.inference.decode import DecodeStats
     prepared = [runner.prepare(rows[i:i + chunk]) for i in range(0, len(rows), chunk)]
     out = {"chunk_rows": chunk, "chunks": len(prepared)}
@@ -591,9 +592,12 @@ def chunk_counts(runner, rows: list[int], chunk: int) -> dict:
     for name, decode_all in (("alone", lambda: [runner.generate_batch(p) for p in prepared]),
                              ("streamed", lambda: [part for _, part in runner.generate_chunks(iter(prepared))])):
         runner.decode_stats = DecodeStats()
+        _sync(device)
+        t0 = time.perf_counter()
         parts = decode_all()
+        _sync(device)
         texts[name] = sorted(map(repr, (t for part in parts for t in part["text"].tolist())))
-        out.update({f"{name}_decode_steps": runner.decode_stats.decode_steps,
+        out.update({f"{name}_decode_steps": runner.decode_stats.decode_steps, f"{name}_s": time.perf_counter() - t0,
                     f"{name}_occupancy": runner.decode_stats.occupancy()})
     out["streamed_same_replies"] = texts["alone"] == texts["streamed"]
     return out

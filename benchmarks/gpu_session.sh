@@ -4,7 +4,8 @@
 # .whl/). Writes under $OUT: scoring.json (infer rows/s and GPU utilisation at N = 4 and 8,
 # batch 32; the per-row split at batch 8) with one torch.profiler trace per N (traces/), and
 # generation.json (CoT and self-consistency, 10 samples: plain generate / the decode loop /
-# its static shapes, tokens/s and rows/s on the same rows). Full-size random Qwen2.5-VL-3B,
+# its static shapes, tokens/s and rows/s on the same rows; and the rows in 4 chunks of 8, decoded
+# one chunk at a time against one loop across them: seconds and decode steps). Full-size random Qwen2.5-VL-3B,
 # bfloat16. About 8 minutes on an H100 by the plan; not yet run (written without a GPU).
 #   run: bash benchmarks/gpu_session.sh   (carry: .whl)
 set -euo pipefail
