@@ -280,8 +280,9 @@ class RowRunner:
     """Runs the model on batches of rows for one setting (scoring or generative).
 
     ``prepare(rows)`` does the host work of a batch (image decoding, square resize, processor,
-    image spans; no device involved); ``score_batch`` / ``generate_batch`` do the device work of a
-    prepared batch (or of plain row indices, prepared on the spot).
+    image spans; no device involved); ``score_batch`` does the device work of a prepared batch (or
+    of plain row indices, prepared on the spot), ``generate_chunks`` that of a stream of them
+    (``generate_batch``: of one).
     """
 
     def __init__(self, adapter, settings: InferenceSettings, bench: dict, plan: RowPlan,
@@ -350,7 +351,7 @@ class RowRunner:
         generative variant's rows in groups of ``group_size`` (default: the batch size)."""
         import torch
         texts, images = zip(*(self._row_inputs(r) for r in rows))
-        if self.generative:           # groups of batch_size rows, each prefilled once (generate_batch)
+        if self.generative:           # groups of batch_size rows, each prefilled once (generate_chunks)
             size = group_size or self.s.batch_size
             groups = [self.adapter.encode_on_host(list(texts[i:i + size]), list(images[i:i + size]))
                       for i in range(0, len(texts), size)]
