@@ -1,6 +1,6 @@
 """`ladbench plan`: every inference job of a study with its rows, generated tokens and
-estimated GPU hours (measured rates from existing caches, else assumed ones), and the
-wall time on G GPUs."""
+estimated GPU hours (measured rates from existing caches, else a GPU benchmark's rates given
+with --rates, else assumed ones), and the wall time on G GPUs."""
 from __future__ import annotations
 
 import numpy as np
@@ -9,7 +9,8 @@ import pytest
 from ladbench.cli import main
 from ladbench.config import REPO_ROOT, load_config
 from ladbench.inference.cache import CacheLayout, CacheWriter, plan_rows
-from ladbench.plan import ASSUMED_ROWS_PER_S_N4, Job, cache_path, plan_jobs, wall_seconds
+from ladbench.plan import (ASSUMED_GENERATED_TOKENS_PER_S, ASSUMED_ROWS_PER_S_N4, Job, bench_rates, cache_path,
+                           plan_jobs, read_bench_rates, wall_seconds)
 
 from test_cache import BENCH
 
@@ -85,3 +86,90 @@ def test_plan_command_prints_jobs_totals_and_what_is_assumed(capsys, tmp_path, m
     out = capsys.readouterr().out
     # the demo: 2 models (the random tiny one and the organism) x 4 benchmarks x the vanilla cache
     assert "8 inference jobs" in out and "wall time of the inference on 2 GPU(s)" in out and "ASSUMED" in out
+
+
+def bench_file(tmp_path, device="cuda", archs=("qwen2_5_vl_3b",), name="bench.json"):
+    """A bench_inference.py --json file: scoring at N = 4 (batch 1, 8, 32) and N = 8 (batch 8),
+    and the decode loop's generation rates, of each architecture."""
+    import json
+    document = {"device": device, "gpu": {arch: {"throughput": [
+        {"n": 4, "batch": 1, "rows_per_s": 5.0}, {"n": 4, "batch": 8, "rows_per_s": 20.0},
+        {"n": 4, "batch": 32, "rows_per_s": 25.0}, {"n": 8, "batch": 8, "rows_per_s": 12.0}]} for arch in archs},
+        "generation": [{"variant": "sc", "model": arch, "ours_tokens_per_s": 2000.0} for arch in archs]}
+    path = tmp_path / name
+    path.write_text(json.dumps(document))
+    return path
+
+
+def test_a_gpu_benchmarks_rates_price_the_jobs_no_cache_measured(tmp_path):
+    config = paper(tmp_path)                                  # batch size 4: the nearest measured is 8
+    model, rates = read_bench_rates(f"qwen2_5_vl_3b={bench_file(tmp_path)}")
+    jobs = {(j.model, j.benchmark, j.variant): j for j in plan_jobs(config, {model: rates})}
+    n4, n8 = jobs[model, "coco_random_N4", "vanilla"], jobs[model, "coco_random_N8", "vanilla"]
+    assert n4.rate == "benchmark (N = 4, batch 8)" and n4.seconds == pytest.approx(n4.rows / 20.0)
+    assert n8.rate == "benchmark (N = 8, batch 8)" and n8.seconds == pytest.approx(n8.rows / 12.0)
+    sc, cot = jobs[model, "coco_random_N4", "sc"], jobs[model, "coco_random_N4", "cot"]
+    assert sc.rate == "benchmark" and sc.generated_tokens == sc.rows * 10 * 512      # replies at their limit
+    assert sc.seconds == pytest.approx(sc.generated_tokens / 2000.0)
+    assert cot.rate == "assumed" and cot.seconds == pytest.approx(cot.generated_tokens / ASSUMED_GENERATED_TOKENS_PER_S)
+    assert jobs["internvl3_8b", "coco_random_N4", "vanilla"].rate == "assumed"      # only the model it was given for
+    config["models"][model]["batch_size"] = 32                # the model's own batch size picks the entry
+    config["benchmarks"]["n_candidates"] = [4, 12]
+    jobs = {(j.model, j.benchmark, j.variant): j for j in plan_jobs(config, {model: rates})}
+    assert jobs[model, "coco_random_N4", "vanilla"].rate == "benchmark (N = 4, batch 32)"
+    n12 = jobs[model, "coco_random_N12", "vanilla"]           # not measured: the nearest N, scaled as the prompt grows
+    assert n12.rate == "benchmark (N = 8 x 8/12, batch 8)" and n12.seconds == pytest.approx(n12.rows / (12.0 * 8 / 12))
+    with pytest.raises(ValueError, match=r"^--rates: no model 'qwen' in the config \(its models: qwen2_5_vl_3b, "):
+        plan_jobs(config, {"qwen": rates})
+
+
+def test_rates_files_are_refused_in_one_line_naming_them(tmp_path):
+    cpu, two = bench_file(tmp_path, device="cpu", name="cpu.json"), bench_file(tmp_path, archs=("a", "b"), name="two.json")
+    (tmp_path / "text.json").write_text("not json")
+    for spec, message in [("qwen", "expected MODEL=FILE"), (f"m={tmp_path / 'missing.json'}", "missing.json: No such file"),
+                          (f"m={tmp_path / 'text.json'}", "text.json: not a JSON file of benchmarks/bench_inference.py"),
+                          (f"m={cpu}", "cpu.json: measured on 'cpu', not a GPU"),
+                          (f"m={two}", "two.json holds the rates of a, b: name one, m=FILE#ARCH"),
+                          (f"m={two}#c", "two.json holds no rates of 'c'")]:
+        with pytest.raises(ValueError, match=message):
+            read_bench_rates(spec)
+    assert read_bench_rates(f"m={two}#b")[1].source == f"{two}#b"
+
+
+def test_a_cache_measured_rate_wins_over_a_benchmarks(tmp_path):
+    config = load_config(REPO_ROOT / "workflow" / "demo" / "config.yaml")
+    config["output_dir"] = str(tmp_path)
+    model, benchmark = "tiny_qwen2_5_vl", "scenes_random_N4"
+    path = cache_path(config, model, benchmark, "vanilla")
+    plan = plan_rows(BENCH)
+    writer = CacheWriter.open(path, plan, CacheLayout(3, 2, 1), {"config_sha256": "x"})
+    writer.write(np.arange(len(plan)), {"seconds": np.full(len(plan), 0.5, np.float32)})   # 2 rows/s
+    writer.finish(writer.throughput())
+    _, rates = read_bench_rates(f"{model}={bench_file(tmp_path)}")
+    jobs = {(j.model, j.benchmark, j.variant): j for j in plan_jobs(config, {model: rates})}
+    assert jobs[model, benchmark, "vanilla"].rate == "measured (this cache)"
+    assert jobs[model, "scenes_random_N8", "vanilla"].rate == "benchmark (N = 8, batch 8)"
+
+
+def test_plan_command_takes_rates_and_names_their_files(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    path = bench_file(tmp_path)
+    main(["plan", "--configfile", str(REPO_ROOT / "workflow" / "demo" / "config.yaml"),
+          "--rates", f"tiny_qwen2_5_vl={path}"])
+    out = capsys.readouterr().out
+    assert f"4 job(s) at BENCHMARK rates (tiny_qwen2_5_vl: {path}#qwen2_5_vl_3b)" in out
+    assert "4 job(s) at ASSUMED rates" in out
+
+
+def test_a_models_rates_files_are_merged(tmp_path):
+    """A GPU session writes scoring.json and generation.json apart: both price the model's jobs."""
+    import json
+    scoring, generation = bench_file(tmp_path, name="scoring.json"), tmp_path / "generation.json"
+    generation.write_text(json.dumps({"device": "cuda", "generation": [
+        {"variant": "cot", "model": "qwen2_5_vl_3b", "ours_tokens_per_s": 800.0}]}))
+    rates = bench_rates([f"qwen2_5_vl_3b={scoring}", f"qwen2_5_vl_3b={generation}"])
+    assert rates["qwen2_5_vl_3b"].generation == {"sc": 2000.0, "cot": 800.0}
+    assert rates["qwen2_5_vl_3b"].source == f"{scoring}#qwen2_5_vl_3b + {generation}#qwen2_5_vl_3b"
+    jobs = {(j.model, j.benchmark, j.variant): j for j in plan_jobs(paper(tmp_path), rates)}
+    assert {jobs["qwen2_5_vl_3b", "coco_random_N4", v].rate for v in ("vanilla", "cot", "sc")} == {
+        "benchmark (N = 4, batch 8)", "benchmark"}

@@ -5,17 +5,21 @@ rows, the tokens it may generate and its estimated GPU hours, and the study's wa
 G GPUs. Rates come from caches already written for the study (``rows_per_s``,
 ``generated_tokens_per_s`` and the mean ``n_generated`` per row, docs/formats.md §4): the
 same job's cache, else another cache of the same model, N and kind (scoring or
-generating); else the conservative defaults below, marked "assumed". Generated tokens
-without a measurement are the upper bound (every reply runs to its length limit). No
-torch, no model: it reads the config, benchmark files where they exist, and cache
-attributes.
+generating); else, for a model given a benchmark's rates (``--rates MODEL=FILE``: what
+``benchmarks/bench_inference.py --device cuda`` measured on the model's architecture at full
+size with random weights), those; else the conservative defaults below, marked "assumed".
+Generated tokens without a measurement from a cache are the upper bound (every reply runs to
+its length limit). No torch, no model: it reads the config, benchmark files where they exist,
+cache attributes and the benchmark JSON files given.
 """
 
 from __future__ import annotations
 
 import heapq
+import json
+import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ladbench.config import study_benchmarks
 from ladbench.study_paths import StudyPaths
@@ -45,6 +49,79 @@ class Job:
     @property
     def gpu_hours(self) -> float:
         return self.seconds * self.gpus / 3600.0
+
+
+@dataclass(frozen=True)
+class BenchRates:
+    """The GPU rates ``benchmarks/bench_inference.py --device cuda`` measured for one architecture
+    (full size, random weights: the arithmetic of the real model, not its replies)."""
+
+    source: str                                              # FILE#ARCH
+    scoring: tuple[tuple[int, int, float], ...] = ()         # (N, batch, rows/s of `ladbench infer`)
+    generation: dict[str, float] = field(default_factory=dict)   # prompt (cot, sc) -> generated tokens/s
+
+    def rows_per_s(self, n: int, batch: int) -> tuple[float, str] | None:
+        """Scoring rows/s at N = ``n`` and the measured batch nearest ``batch`` (on a log scale,
+        the smaller on a tie), and how it was taken; at the nearest N measured when ``n`` was
+        not, scaled by N'/N (a row's prompt grows with N), as the assumed rate is."""
+        if not self.scoring:
+            return None
+        measured_n = min({e[0] for e in self.scoring}, key=lambda m: (abs(m - n), m))
+        m, b, rate = min((e for e in self.scoring if e[0] == measured_n),
+                         key=lambda e: (abs(math.log(e[1] / batch)), e[1]))
+        return rate * m / n, f"N = {m}{f' x {m}/{n}' if m != n else ''}, batch {b}"
+
+
+    def merged(self, other: "BenchRates") -> "BenchRates":
+        """Both files' rates for one model (a GPU session writes scoring and generation apart);
+        the later file's generation rate of a prompt wins."""
+        return BenchRates(f"{self.source} + {other.source}", self.scoring + other.scoring,
+                          {**self.generation, **other.generation})
+
+
+def bench_rates(specs: list[str]) -> dict[str, BenchRates]:
+    """The ``--rates`` options by model key, a model's files merged."""
+    by_model: dict[str, BenchRates] = {}
+    for spec in specs:
+        model, rates = read_bench_rates(spec)
+        by_model[model] = by_model[model].merged(rates) if model in by_model else rates
+    return by_model
+
+
+def read_bench_rates(spec: str) -> tuple[str, BenchRates]:
+    """``MODEL=FILE`` or ``MODEL=FILE#ARCH`` (``ladbench plan --rates``): the config's model
+    ``MODEL`` and the rates FILE (a ``bench_inference.py --json`` file of a GPU run) holds for
+    its one architecture, or for ARCH."""
+    model, equals, where = spec.partition("=")
+    if not (model and equals and where):
+        raise ValueError(f"--rates {spec!r}: expected MODEL=FILE (or MODEL=FILE#ARCH)")
+    path, _, arch = where.partition("#")
+    try:
+        with open(path, encoding="utf-8") as handle:
+            document = json.load(handle)
+    except OSError as exc:
+        raise ValueError(f"--rates: {path}: {exc.strerror or exc}") from None
+    except (ValueError, UnicodeDecodeError):
+        raise ValueError(f"--rates: {path}: not a JSON file of benchmarks/bench_inference.py") from None
+    device = str(document.get("device", "")) if isinstance(document, dict) else ""
+    if not device.startswith("cuda"):
+        raise ValueError(f"--rates: {path}: measured on {device or 'no device'!r}, not a GPU; GPU hours take a "
+                         "GPU's rates (bench_inference.py --device cuda)")
+    scoring = {name: parts.get("throughput") or [] for name, parts in (document.get("gpu") or {}).items()}
+    generation = [entry for entry in document.get("generation") or [] if isinstance(entry, dict)]
+    archs = sorted(set(scoring) | {str(entry.get("model")) for entry in generation})
+    if not arch and len(archs) != 1:
+        raise ValueError(f"--rates: {path} holds the rates of {', '.join(archs) or 'no architecture'}: name one, "
+                         f"{model}=FILE#ARCH")
+    arch = arch or archs[0]
+    if arch not in archs:
+        raise ValueError(f"--rates: {path} holds no rates of {arch!r} (it has {', '.join(archs) or 'none'})")
+    return model, BenchRates(
+        f"{path}#{arch}",
+        tuple((int(e["n"]), int(e["batch"]), float(e["rows_per_s"])) for e in scoring.get(arch, [])
+              if float(e.get("rows_per_s", 0)) > 0),
+        {e["variant"]: float(e["ours_tokens_per_s"]) for e in generation
+         if e.get("model") == arch and float(e.get("ours_tokens_per_s", 0)) > 0})
 
 
 def cache_path(config: dict, model: str, benchmark: str, variant: str) -> str:
@@ -103,17 +180,34 @@ def job_seconds(config: dict, rows: int, prompt: str, n: int, attrs: dict | None
     if not _generating(prompt):
         rate = attrs["rows_per_s"] if attrs else ASSUMED_ROWS_PER_S_N4 * 4 / n
         return rows / rate, 0
-    if attrs and attrs.get("generated_tokens_per_s", 0) > 0 and attrs.get("timed_rows", 0) > 0:
-        tokens = round(rows * attrs["generated_tokens"] / attrs["timed_rows"])
+    tokens = rows * max_generated_per_row(config, prompt)          # unless a cache measured them
+    if attrs and attrs.get("generated_tokens_per_s", 0) > 0:
+        if attrs.get("timed_rows", 0) > 0 and "generated_tokens" in attrs:
+            tokens = round(rows * attrs["generated_tokens"] / attrs["timed_rows"])
         return tokens / attrs["generated_tokens_per_s"], tokens
-    tokens = rows * max_generated_per_row(config, prompt)
     return tokens / ASSUMED_GENERATED_TOKENS_PER_S, tokens
 
 
-def plan_jobs(config: dict) -> list[Job]:
-    """Every inference job of the study with its estimated cost."""
+def benchmark_attrs(config: dict, model: str, prompt: str, n: int, rates: BenchRates) -> tuple[dict, str] | None:
+    """Cache-like rate attributes of a job from a benchmark's rates, and their label; None
+    where the benchmark did not measure that kind of job."""
+    if _generating(prompt):
+        tokens_per_s = rates.generation.get(prompt)
+        return None if tokens_per_s is None else ({"generated_tokens_per_s": tokens_per_s}, "benchmark")
+    batch = config["models"][model].get("batch_size") or config["inference"]["batch_size"]
+    taken = rates.rows_per_s(n, batch)
+    return None if taken is None else ({"rows_per_s": taken[0]}, f"benchmark ({taken[1]})")
+
+
+def plan_jobs(config: dict, bench: dict[str, BenchRates] | None = None) -> list[Job]:
+    """Every inference job of the study with its estimated cost; ``bench``: benchmark rates by
+    model key (:func:`read_bench_rates`), used where no cache measured the job."""
     from ladbench.config import benchmark_parts
 
+    bench = bench or {}
+    unknown = sorted(set(bench) - set(config["models"]))
+    if unknown:
+        raise ValueError(f"--rates: no model {unknown[0]!r} in the config (its models: {', '.join(config['models'])})")
     measured = measured_rates(config)
     shards = config["inference"]["shards"]
     jobs = []
@@ -130,6 +224,8 @@ def plan_jobs(config: dict) -> list[Job]:
                                   and _generating(config["inference"]["variants"][v]["prompt"]) == _generating(prompt)),
                                  None)
                     source = "measured (similar cache)" if attrs else "assumed"
+                if attrs is None and model in bench:
+                    attrs, source = benchmark_attrs(config, model, prompt, n, bench[model]) or (None, "assumed")
                 rows = job_rows(config, benchmark, n, prompt)
                 for shard in range(shards):
                     start, stop = rows * shard // shards, rows * (shard + 1) // shards
@@ -155,7 +251,7 @@ def wall_seconds(jobs: list[Job], gpus: int) -> float:
     return end
 
 
-def report(jobs: list[Job], gpus: int) -> str:
+def report(jobs: list[Job], gpus: int, bench: dict[str, BenchRates] | None = None) -> str:
     lines = [f"{'model':<18} {'benchmark':<24} {'variant':<12} {'shard':>6} {'rows':>7} {'gen. tokens':>12} "
              f"{'GPU h':>7}  rate"]
     for j in jobs:
@@ -172,6 +268,11 @@ def report(jobs: list[Job], gpus: int) -> str:
         f"shard {longest.shard + 1}/{longest.shards})",
         f"wall time of the inference on {gpus} GPU(s): {wall_seconds(jobs, gpus) / 3600:.1f} h",
     ]
+    benchmarked = sum(j.rate.startswith("benchmark") for j in jobs)
+    if benchmarked:
+        sources = ", ".join(f"{model}: {rates.source}" for model, rates in (bench or {}).items())
+        lines.append(f"{benchmarked} job(s) at BENCHMARK rates ({sources}): the architecture at full size with random "
+                     "weights on a GPU; generation's replies at their length limit")
     if assumed:
         lines.append(f"{assumed} job(s) at ASSUMED rates (no cache measured yet): {ASSUMED_ROWS_PER_S_N4:g} rows/s "
                      f"at N = 4 (x 4/N), {ASSUMED_GENERATED_TOKENS_PER_S:g} generated tokens/s, replies at their "
