@@ -6,7 +6,8 @@
 # generation.json (CoT and self-consistency, 10 samples: plain generate / the decode loop /
 # its static shapes, tokens/s and rows/s on the same rows; and the rows in 4 chunks of 8, decoded
 # one chunk at a time against one loop across them: seconds and decode steps). Full-size random Qwen2.5-VL-3B,
-# bfloat16. About 8 minutes on an H100 by the plan; not yet run (written without a GPU).
+# bfloat16. Then `ladbench plan` at those rates (plan.txt). About 8 minutes on an H100 by the
+# plan; not yet run (written without a GPU).
 #   run: bash benchmarks/gpu_session.sh   (carry: .whl)
 set -euo pipefail
 out=${OUT:-/tmp/gpu-session}
@@ -25,4 +26,8 @@ timeout 290 python3 benchmarks/bench_inference.py --device cuda --arch qwen2_5_v
 timeout 230 python3 benchmarks/bench_inference.py --generation --device cuda --arch qwen2_5_vl_3b \
   --gen-rows 32 --gen-batch 8 --gen-samples 10 --gen-max-new-tokens 128 \
   --json "$out/generation.json" > "$out/generation.md" 2> "$out/generation.log" || echo "generation: exit $?" >> "$out/gpu.txt"
+# the paper study's GPU hours at these rates (the Qwen2.5-VL-3B model's jobs; the others stay assumed)
+python3 -m ladbench plan --gpus 8 --rates "qwen2_5_vl_3b=$out/scoring.json" \
+  --rates "qwen2_5_vl_3b=$out/generation.json" > "$out/plan.txt" 2>&1 || echo "plan: exit $?" >> "$out/gpu.txt"
 cat "$out/gpu.txt" "$out/scoring.md" "$out/generation.md"
+tail -4 "$out/plan.txt"
