@@ -62,15 +62,21 @@ def test_wall_time_by_hand():
         wall_seconds([job(1, gpus=2)], 1)
 
 
-def test_rates_measured_in_existing_caches_are_used(tmp_path):
+def demo_with_a_measured_cache(tmp_path, model: str, benchmark: str) -> dict:
+    """The demo's config with one finished vanilla cache of ``model`` on ``benchmark`` at 2 rows/s."""
     config = load_config(REPO_ROOT / "workflow" / "demo" / "config.yaml")
     config["output_dir"] = str(tmp_path)
-    model, benchmark = "tiny_qwen2_5_vl", "scenes_random_N4"
-    path = cache_path(config, model, benchmark, "vanilla")
     plan = plan_rows(BENCH)
-    writer = CacheWriter.open(path, plan, CacheLayout(3, 2, 1), {"config_sha256": "x"})
-    writer.write(np.arange(len(plan)), {"seconds": np.full(len(plan), 0.5, np.float32)})   # 2 rows/s
+    writer = CacheWriter.open(cache_path(config, model, benchmark, "vanilla"), plan, CacheLayout(3, 2, 1),
+                              {"config_sha256": "x"})
+    writer.write(np.arange(len(plan)), {"seconds": np.full(len(plan), 0.5, np.float32)})
     writer.finish(writer.throughput())
+    return config
+
+
+def test_rates_measured_in_existing_caches_are_used(tmp_path):
+    model, benchmark = "tiny_qwen2_5_vl", "scenes_random_N4"
+    config = demo_with_a_measured_cache(tmp_path, model, benchmark)
     jobs = {(j.model, j.benchmark, j.variant): j for j in plan_jobs(config)}
     measured = jobs[model, benchmark, "vanilla"]
     assert measured.rate == "measured (this cache)" and measured.seconds == pytest.approx(measured.rows / 2.0)
@@ -137,14 +143,8 @@ def test_rates_files_are_refused_in_one_line_naming_them(tmp_path):
 
 
 def test_a_cache_measured_rate_wins_over_a_benchmarks(tmp_path):
-    config = load_config(REPO_ROOT / "workflow" / "demo" / "config.yaml")
-    config["output_dir"] = str(tmp_path)
     model, benchmark = "tiny_qwen2_5_vl", "scenes_random_N4"
-    path = cache_path(config, model, benchmark, "vanilla")
-    plan = plan_rows(BENCH)
-    writer = CacheWriter.open(path, plan, CacheLayout(3, 2, 1), {"config_sha256": "x"})
-    writer.write(np.arange(len(plan)), {"seconds": np.full(len(plan), 0.5, np.float32)})   # 2 rows/s
-    writer.finish(writer.throughput())
+    config = demo_with_a_measured_cache(tmp_path, model, benchmark)
     _, rates = read_bench_rates(f"{model}={bench_file(tmp_path)}")
     jobs = {(j.model, j.benchmark, j.variant): j for j in plan_jobs(config, {model: rates})}
     assert jobs[model, benchmark, "vanilla"].rate == "measured (this cache)"
