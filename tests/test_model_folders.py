@@ -132,7 +132,8 @@ HOSTILE_TEMPLATES = {
 def test_hostile_chat_templates_are_one_line_within_bounds(case, loaded, monkeypatch):
     adapter, folder = loaded
     source, expected = HOSTILE_TEMPLATES[case]
-    monkeypatch.setattr(templates, "MAX_SECONDS", 1.0)
+    if "took longer" in expected:       # the time bound, shortened; the other cases keep the real one, so that
+        monkeypatch.setattr(templates, "MAX_SECONDS", 1.0)   # a loaded machine still reaches their own limit first
     monkeypatch.setattr(adapter.processor, "chat_template", source)
     with pytest.raises(ValueError) as caught:
         adapter.chat_text("Which image?", 2)
