@@ -503,7 +503,7 @@ def plain_generate(runner, prepared) -> tuple[list[int], int]:
     from ladbench.inference.sampling import KeyedSampler, sequence_keys
     import torch
     entry, options, ad = runner.s.variant, runner.s.options, runner.adapter
-    samples = options.samples if entry.sampled else 1
+    samples = entry.samples_per_row(options)
     counts, slots, first = [], 0, 0
     for group in prepared.groups:
         inputs = ad.to_device(group)
@@ -554,7 +554,7 @@ def generation_worker(model_dir: str, args: argparse.Namespace) -> list[dict]:
             runner.generate_batch(prepared)
         finally:
             SlotDecoder.step = step
-        samples = runner.s.options.samples if prompt == "sc" else 1
+        samples = runner.samples
         tokens = int(ours["n_generated"].sum())
         across = chunk_counts(runner, rows, args.gen_chunk, args.device)
         results.append({

@@ -71,7 +71,6 @@ class BenchRates:
                          key=lambda e: (abs(math.log(e[1] / batch)), e[1]))
         return rate * m / n, f"N = {m}{f' x {m}/{n}' if m != n else ''}, batch {b}"
 
-
     def merged(self, other: "BenchRates") -> "BenchRates":
         """Both files' rates for one model (a GPU session writes scoring and generation apart);
         the later file's generation rate of a prompt wins."""

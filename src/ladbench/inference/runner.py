@@ -367,6 +367,11 @@ class RowRunner:
         batch.segments = torch.from_numpy(np.stack(segs))
         return batch
 
+    @property
+    def samples(self) -> int:
+        """Replies per row: the variant's samples (self-consistency), else 1."""
+        return self.s.variant.samples_per_row(self.s.options)
+
     def _prepared(self, batch: Sequence[int] | PreparedBatch) -> PreparedBatch:
         return batch if isinstance(batch, PreparedBatch) else self.prepare(batch)
 
@@ -440,11 +445,8 @@ class RowRunner:
             if self.generate_reason:
                 log.warning("generating through transformers' generate: %s", self.generate_reason)
             batches = itertools.chain(unfinished, batches)
-        samples = self.s.options.samples if self.s.variant.sampled else 1
         for batch in batches:
-            keys = self._sequence_keys(batch.rows)
-            yield batch, self._generated(batch.rows, *self._generate_groups(batch.rows, len(batch.groups[0]["input_ids"]),
-                                                                             keys, samples))
+            yield batch, self._generated(batch.rows, *self._generate_groups(batch.rows, len(batch.groups[0]["input_ids"])))
 
     def _sequence_keys(self, rows: Sequence[int]):
         """The sampling keys of the rows' sequences, row-major (None: a greedy variant)."""
@@ -454,7 +456,7 @@ class RowRunner:
         if not self.s.variant.sampled:
             return None
         return sequence_keys(self.s.seed, torch.as_tensor(np.asarray(rows, dtype=np.int64) + self.plan.first_row),
-                             self.s.options.samples)
+                             self.samples)
 
     def _decode_chunks(self, batches: Iterator[PreparedBatch]):
         """:meth:`generate_chunks` through one decode loop over the rows of every step read. Returns
@@ -465,8 +467,7 @@ class RowRunner:
         first = next(batches, None)
         if first is None:
             return []
-        s, options = self.s, self.s.options
-        samples = options.samples if s.variant.sampled else 1
+        s, options, samples = self.s, self.s.options, self.samples
         rows: list[int] = []                     # the plan row of each row the loop has read, in order
         starts: list[int] = []                   # the loop's number of the first row of each step read
         steps: dict[int, PreparedBatch] = {}     # the steps read and not yet yielded, by their first row
@@ -511,8 +512,7 @@ class RowRunner:
 
     def _generated(self, rows: Sequence[int], texts: list[str], counts: list[int]) -> dict[str, np.ndarray]:
         """A step's results from its replies (row-major: row, sample) and their token counts."""
-        entry, s = self.s.variant, self.s
-        samples = s.options.samples if entry.sampled else 1
+        entry, s, samples = self.s.variant, self.s, self.samples
         texts = np.array(texts, dtype=object).reshape(len(rows), samples)
         parsed = np.array([[entry.parse(t, self.n, s.identifiers) for t in row] for row in texts], np.int16)
         n_generated = np.asarray(counts, dtype=np.int32).reshape(len(rows), samples).sum(-1).astype(np.int32)
@@ -521,7 +521,7 @@ class RowRunner:
         return {"text": texts, "parsed": np.array([majority_vote(row) for row in parsed], dtype=np.int16),
                 "sample_parsed": parsed, "n_generated": n_generated}
 
-    def _generate_groups(self, rows: list[int], group_size: int, keys, samples: int) -> tuple[list[str], list[int]]:
+    def _generate_groups(self, rows: list[int], group_size: int) -> tuple[list[str], list[int]]:
         """The replies through transformers' ``generate``, one call per group of rows, each of a row's S
         samples encoded as its own row (the path the decode loop replaced, at its cost: S vision passes
         and prefills per row; the reference of its tests and of the generation benchmark).
@@ -531,7 +531,7 @@ class RowRunner:
         LLaVA-OneVision and LLaVA-OV-1.5 prompts were given other rows' images (Qwen2.5-VL's own
         expansion is right, and equals this)."""
         from .sampling import KeyedSampler
-        options, texts, counts = self.s.options, [], []
+        options, samples, keys, texts, counts = self.s.options, self.samples, self._sequence_keys(rows), [], []
         for first in range(0, len(rows), group_size):
             prompts, images = zip(*(self._row_inputs(r) for r in rows[first:first + group_size]))
             inputs = self.adapter.encode([t for t in prompts for _ in range(samples)],
