@@ -490,7 +490,7 @@ def _generation_runner(model_dir: str, prompt: str, args: argparse.Namespace):
                                   **({"samples": args.gen_samples} if prompt == "sc" else {}))
     runner = _runner(model_dir, args.n[0], attention="capture", image_size=args.image_size, device=args.device,
                      n_eval=args.gen_rows, family=args.family, prompt=prompt, options=options,
-                     batch_size=args.gen_batch)
+                     batch_size=args.gen_batch, decode_slots=args.gen_slots)
     ad = runner.adapter
     with torch.no_grad():
         ad.model.get_output_embeddings().weight[ad.end_of_turn_id] *= args.end_boost
@@ -557,8 +557,9 @@ def generation_worker(model_dir: str, args: argparse.Namespace) -> list[dict]:
         samples = runner.samples
         tokens = int(ours["n_generated"].sum())
         across = chunk_counts(runner, rows, args.gen_chunk, args.device)
+        group = group_counts(runner, prepared, rows, stats, ours, args.device)
         results.append({
-            "variant": prompt, "rows": len(rows), "samples": samples, "batch": args.gen_batch,
+            "variant": prompt, "rows": len(rows), "samples": samples, "batch": args.gen_batch, "slots": stats.slots,
             "device": args.device, "same_replies": bool((ours["text"] == reference["text"]).all()),
             "useful_tokens": tokens, "reply_lengths": sorted(set(int(x) for x in plain_counts)),
             "ours_token_slots": stats.token_slots, "ours_useful_fraction": stats.useful_fraction(),
@@ -573,7 +574,7 @@ def generation_worker(model_dir: str, args: argparse.Namespace) -> list[dict]:
             "static_same_replies": bool((static["text"] == reference["text"]).all()),
             "static_useful_fraction": static_stats.useful_fraction(), "static_ring_columns": static_stats.ring_columns,
             "static_s": static_s, "static_tokens_per_s": tokens / static_s, "static_rows_per_s": len(rows) / static_s,
-            **across})
+            **across, **group})
         print(f"generation {prompt}: {results[-1]}", file=sys.stderr)
     return results
 
@@ -603,6 +604,25 @@ def chunk_counts(runner, rows: list[int], chunk: int, device: str) -> dict:
     return out
 
 
+def group_counts(runner, prepared, rows: list[int], stats, ours: dict, device: str) -> dict:
+    """Where the loop keeps more sequences in flight than a prefill group holds (``decode_slots``,
+    by default at least 64 on a GPU): the same rows with only the group's batch_size x S in flight
+    (the stage until 2026-11-27), its seconds and decode steps; replies equal. Empty where they are
+    the same number."""
+    group = runner.samples * runner.s.batch_size
+    if stats.slots == group:
+        return {}
+    before = runner.s.decode_slots
+    runner.s.decode_slots = group
+    try:
+        out, seconds, narrow = _timed_decode(runner, prepared, rows, "slots", device)
+    finally:
+        runner.s.decode_slots = before
+    return {"group_slots": group, "group_s": seconds, "group_decode_steps": narrow.decode_steps,
+            "group_tokens_per_s": int(out["n_generated"].sum()) / seconds,
+            "group_same_replies": bool((out["text"] == ours["text"]).all())}
+
+
 def _timed_decode(runner, prepared, rows: list[int], decode: str, device: str):
     """``runner.generate_batch`` with ``--decode <decode>`` after a warm-up on two rows: its
     results, its seconds and its decode counts."""
@@ -625,7 +645,8 @@ def generation_table(rows: list[dict]) -> str:
     lines = ["| variant | rows x samples | device | replies equal | useful / token slots: plain generate | ours "
              "| batch occupancy (ours) | prefills per row: plain / ours | host syncs per decode step (max) "
              "| tokens/s: plain / ours | rows/s: plain / ours | static shapes: replies equal, useful / token slots, "
-             "tokens/s | decode steps over chunks: one at a time / streamed (occupancy) |", "|---" * 13 + "|"]
+             "tokens/s | decode steps over chunks: one at a time / streamed (occupancy) | sequences in flight: "
+             "batch x S / ours, decode steps, tokens/s |", "|---" * 14 + "|"]
     lines += [f"| {r['variant']} | {r['rows']} x {r['samples']} | {r['device']} | {r['same_replies']} | "
               f"{r['plain_useful_fraction']:.2f} | {r['ours_useful_fraction']:.2f} | {r['ours_occupancy']:.2f} | "
               f"{r['plain_prefilled_rows_per_row']} / {r['ours_prefilled_rows_per_row']:.0f} | "
@@ -633,8 +654,16 @@ def generation_table(rows: list[dict]) -> str:
               f"{r['plain_rows_per_s']:.2f} / {r['ours_rows_per_s']:.2f} | {r['static_same_replies']}, "
               f"{r['static_useful_fraction']:.2f}, {r['static_tokens_per_s']:.1f} | {r['chunks']} x {r['chunk_rows']} "
               f"rows: {r['alone_decode_steps']} ({r['alone_occupancy']:.2f}) / {r['streamed_decode_steps']} "
-              f"({r['streamed_occupancy']:.2f}), replies equal: {r['streamed_same_replies']} |" for r in rows]
+              f"({r['streamed_occupancy']:.2f}), replies equal: {r['streamed_same_replies']} | {_in_flight(r)} |"
+              for r in rows]
     return "\n".join(lines)
+
+
+def _in_flight(r: dict) -> str:
+    if "group_slots" not in r:          # the same number (the CPU's default; or an older run)
+        return f"{r.get('slots', r['batch'] * r['samples'])} (the prefill group's)"
+    return (f"{r['group_slots']} / {r['slots']}: {r['group_decode_steps']} / {r['decode_steps']} steps, "
+            f"{r['group_tokens_per_s']:.1f} / {r['ours_tokens_per_s']:.1f}, replies equal: {r['group_same_replies']}")
 
 
 # ------------------------------------------------------------------------------ driver
@@ -827,6 +856,10 @@ def main() -> None:
     p.add_argument("--gen-rows", type=int, default=24, help="generation: rows (24)")
     p.add_argument("--gen-batch", type=int, default=4, help="generation: batch size (rows per prefill group; 4)")
     p.add_argument("--gen-samples", type=int, default=5, help="generation: SC samples per row (5)")
+    p.add_argument("--gen-slots", type=int, default=None,
+                   help="generation: sequences in flight (infer's --decode-slots; unset: its default, batch x samples "
+                        "on the CPU, at least 64 on a GPU); where it differs from batch x samples the loop also runs "
+                        "with batch x samples in flight, for the ratio")
     p.add_argument("--gen-chunk", type=int, default=8,
                    help="generation: rows per chunk of the cache, for decode steps one chunk at a time against "
                         "streamed across chunks (8)")

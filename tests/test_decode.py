@@ -58,12 +58,13 @@ def ending(tiny_model):
     return get
 
 
-def generated(adapter, folder, prompt: str, decode: str, batch_size: int = 2, **option_changes):
+def generated(adapter, folder, prompt: str, decode: str, batch_size: int = 2, decode_slots: int | None = None,
+              **option_changes):
     """One step of the infer stage over all rows: its results and the runner (counts)."""
     from ladbench.variants import variant
     options = dataclasses.replace(variant(prompt).options(), **{**VARIANTS[prompt], **option_changes})
     runner = demo_runner(adapter, folder, 4, bench_options=dict(n_eval=3, n_orderings=2, n_cal=1), prompt=prompt,
-                         decode=decode, options=options, batch_size=batch_size)
+                         decode=decode, options=options, batch_size=batch_size, decode_slots=decode_slots)
     return runner.generate_batch(runner.prepare(ROWS)), runner
 
 
@@ -245,6 +246,41 @@ def test_the_loop_keeps_its_batch_full_across_chunks(ending, tmp_path, monkeypat
         for key in expected:
             assert (out[tuple(rows)][key] == expected[key]).all(), key
     assert _drains_once(streamed, slots) and not _drains_once(per_chunk, slots)
+
+
+@pytest.mark.parametrize("decode", ["slots", "static"])
+@pytest.mark.parametrize("prompt", sorted(VARIANTS))
+def test_more_sequences_in_flight_than_a_prefill_group_give_the_same_replies(ending, tmp_path, monkeypatch, prompt,
+                                                                              decode):
+    """``decode_slots`` beyond batch_size x S: rows are still prefilled batch_size at a time, but the
+    sequences of several groups decode together (the batch holds ``decode_slots`` while rows remain),
+    in fewer decode steps, with the replies of the default (batch_size x S in flight)."""
+    adapter = ending(QWEN_BUILDS[0])
+    group = 2 * (SAMPLES if prompt == "sc" else 1)             # batch size 2
+    default, narrow = generated(adapter, tmp_path / "narrow", prompt, decode)
+    sizes = _batch_sizes(monkeypatch)
+    wide_out, wide = generated(adapter, tmp_path / "wide", prompt, decode, decode_slots=3 * group)
+    assert narrow.decode_stats.slots == group and wide.decode_stats.slots == 3 * group
+    assert max(sizes) == 3 * group and _drains_once(sizes, 3 * group)
+    assert wide.decode_stats.prefilled_rows == narrow.decode_stats.prefilled_rows == len(ROWS)
+    assert wide.decode_stats.prefills == narrow.decode_stats.prefills                # groups of 2 rows
+    assert wide.decode_stats.decode_steps < narrow.decode_stats.decode_steps / 2
+    for key in default:
+        assert (wide_out[key] == default[key]).all(), key
+
+
+def test_the_sequences_in_flight_default_to_the_batch_on_a_cpu_and_at_least_64_on_a_gpu():
+    """``decode_slots`` unset: batch_size x samples (the prefill group) on the CPU, at least
+    GPU_DECODE_SLOTS on a GPU; set: as set, on either; both halve with the groups of an
+    out-of-memory retry."""
+    from ladbench.inference.runner import GPU_DECODE_SLOTS, decode_sequences
+    assert decode_sequences(10, 4, None, gpu=False) == 40 and decode_sequences(1, 4, None, gpu=False) == 4
+    assert decode_sequences(10, 4, None, gpu=True) == GPU_DECODE_SLOTS == decode_sequences(1, 4, None, gpu=True)
+    assert decode_sequences(10, 8, None, gpu=True) == 80
+    assert decode_sequences(1, 4, 12, gpu=True) == 12 == decode_sequences(1, 4, 12, gpu=False)
+    assert decode_sequences(1, 4, None, gpu=True, group_rows=2) == GPU_DECODE_SLOTS // 2
+    assert decode_sequences(10, 4, 12, gpu=False, group_rows=1) == 3
+    assert decode_sequences(1, 4, None, gpu=False, group_rows=4) == 4
 
 
 def test_keyed_draws_at_per_sequence_steps_equal_the_shared_step():

@@ -92,8 +92,9 @@ def test_out_of_memory_batches_are_split_and_retried(tiny_model, tmp_path, monke
 
 def test_out_of_memory_in_generation_halves_the_groups_in_flight(tiny_model, tmp_path, monkeypatch):
     """A generative step decodes a whole chunk in groups of the batch size; running out of memory
-    halves the groups (the sequences in flight), not only the rows of the step, which would keep
-    the groups, and the memory, as they were."""
+    halves the groups and the sequences in flight (``decode_slots`` with them), not only the rows of
+    the step, which would keep the groups, and the memory, as they were."""
+    from ladbench.inference.decode import SlotDecoder
     model = tiny_model("qwen2_5_vl")
     bench, images = make_demo_benchmark(tmp_path, 4, n_eval=3, n_orderings=2, n_cal=1)
     settings = dict(prompt="cot", chunk_size=4, workers=1)
@@ -111,11 +112,18 @@ def test_out_of_memory_in_generation_halves_the_groups_in_flight(tiny_model, tmp
                 yield batch
         return real(self, read())
     monkeypatch.setattr(runner.RowRunner, "generate_chunks", fits_groups_of_one)
+    slots, decoder_init = [], SlotDecoder.__init__
+
+    def recorded(self, *args, **kwargs):
+        decoder_init(self, *args, **kwargs)
+        slots.append(self.slots)
+    monkeypatch.setattr(SlotDecoder, "__init__", recorded)
     out = read_cache(runner.run_inference(_settings(model, bench, images, tmp_path / "b4.h5", batch_size=4,
-                                                    options=options, **settings)))
+                                                    decode_slots=8, options=options, **settings)))
     assert out["done"].all() and out.attrs["batch_size_used"] == 1
     assert (out["text"][:] == reference["text"][:]).all()
     assert groups[0] == [4] and groups[1] == [2, 2] and all(g == [1] * len(g) for g in groups[2:])
+    assert slots == [2]                  # 8 sequences for groups of 4 rows: 2 for the groups of 1 that ran
 
 
 def test_out_of_memory_at_batch_size_one_and_other_errors_are_fatal(tiny_model, tmp_path, monkeypatch):

@@ -101,7 +101,8 @@ def bench_file(tmp_path, device="cuda", archs=("qwen2_5_vl_3b",), name="bench.js
     document = {"device": device, "gpu": {arch: {"throughput": [
         {"n": 4, "batch": 1, "rows_per_s": 5.0}, {"n": 4, "batch": 8, "rows_per_s": 20.0},
         {"n": 4, "batch": 32, "rows_per_s": 25.0}, {"n": 8, "batch": 8, "rows_per_s": 12.0}]} for arch in archs},
-        "generation": [{"variant": "sc", "model": arch, "ours_tokens_per_s": 2000.0} for arch in archs]}
+        "generation": [{"variant": "sc", "model": arch, "batch": 4, "samples": 10, "slots": 64,
+                        "ours_tokens_per_s": 2000.0} for arch in archs]}
     path = tmp_path / name
     path.write_text(json.dumps(document))
     return path
@@ -115,7 +116,7 @@ def test_a_gpu_benchmarks_rates_price_the_jobs_no_cache_measured(tmp_path):
     assert n4.rate == "benchmark (N = 4, batch 8)" and n4.seconds == pytest.approx(n4.rows / 20.0)
     assert n8.rate == "benchmark (N = 8, batch 8)" and n8.seconds == pytest.approx(n8.rows / 12.0)
     sc, cot = jobs[model, "coco_random_N4", "sc"], jobs[model, "coco_random_N4", "cot"]
-    assert sc.rate == "benchmark" and sc.generated_tokens == sc.rows * 10 * 512      # replies at their limit
+    assert sc.rate == "benchmark (64 sequences in flight)" and sc.generated_tokens == sc.rows * 10 * 512  # at their limit
     assert sc.seconds == pytest.approx(sc.generated_tokens / 2000.0)
     assert cot.rate == "assumed" and cot.seconds == pytest.approx(cot.generated_tokens / ASSUMED_GENERATED_TOKENS_PER_S)
     assert jobs["internvl3_8b", "coco_random_N4", "vanilla"].rate == "assumed"      # only the model it was given for
@@ -165,11 +166,34 @@ def test_a_models_rates_files_are_merged(tmp_path):
     """A GPU session writes scoring.json and generation.json apart: both price the model's jobs."""
     import json
     scoring, generation = bench_file(tmp_path, name="scoring.json"), tmp_path / "generation.json"
-    generation.write_text(json.dumps({"device": "cuda", "generation": [
-        {"variant": "cot", "model": "qwen2_5_vl_3b", "ours_tokens_per_s": 800.0}]}))
+    generation.write_text(json.dumps({"device": "cuda", "generation": [          # a run of before `slots`
+        {"variant": "cot", "model": "qwen2_5_vl_3b", "batch": 8, "samples": 1, "ours_tokens_per_s": 800.0},
+        {"variant": "sc", "model": "qwen2_5_vl_3b", "batch": 4, "samples": 10, "slots": 64,
+         "ours_tokens_per_s": 2500.0}]}))
     rates = bench_rates([f"qwen2_5_vl_3b={scoring}", f"qwen2_5_vl_3b={generation}"])
-    assert rates["qwen2_5_vl_3b"].generation == {"sc": 2000.0, "cot": 800.0}
+    assert sorted(rates["qwen2_5_vl_3b"].generation) == [("cot", 8, 800.0), ("sc", 64, 2500.0)]   # the later file's
     assert rates["qwen2_5_vl_3b"].source == f"{scoring}#qwen2_5_vl_3b + {generation}#qwen2_5_vl_3b"
     jobs = {(j.model, j.benchmark, j.variant): j for j in plan_jobs(paper(tmp_path), rates)}
-    assert {jobs["qwen2_5_vl_3b", "coco_random_N4", v].rate for v in ("vanilla", "cot", "sc")} == {
-        "benchmark (N = 4, batch 8)", "benchmark"}
+    assert [jobs["qwen2_5_vl_3b", "coco_random_N4", v].rate for v in ("vanilla", "cot", "sc")] == [
+        "benchmark (N = 4, batch 8)", "benchmark (8 sequences in flight)", "benchmark (64 sequences in flight)"]
+
+
+def test_a_generation_rate_is_taken_at_the_sequences_in_flight_nearest_the_jobs(tmp_path):
+    """The paper's config on a GPU keeps 64 sequences in flight (batch 4: CoT 4 x 1, SC 4 x 10, both
+    below 64); with ``decode_slots`` set, that many. A benchmark that measured the loop at 64 and at
+    its prefill group's alone gives each job the rate nearest its own."""
+    import json
+    path = tmp_path / "generation.json"
+    path.write_text(json.dumps({"device": "cuda", "generation": [
+        {"variant": "cot", "model": "a", "batch": 4, "samples": 1, "slots": 64, "ours_tokens_per_s": 3200.0,
+         "group_slots": 4, "group_tokens_per_s": 400.0}]}))
+    _, rates = read_bench_rates(f"qwen2_5_vl_3b={path}")
+    assert rates.generation == (("cot", 64, 3200.0), ("cot", 4, 400.0))
+    config = paper(tmp_path)
+    cot = {(j.model, j.benchmark, j.variant): j for j in plan_jobs(config, {"qwen2_5_vl_3b": rates})}[
+        "qwen2_5_vl_3b", "coco_random_N4", "cot"]
+    assert cot.rate == "benchmark (64 sequences in flight)" and cot.seconds == pytest.approx(cot.generated_tokens / 3200)
+    config["inference"]["decode_slots"] = 6
+    cot = {(j.model, j.benchmark, j.variant): j for j in plan_jobs(config, {"qwen2_5_vl_3b": rates})}[
+        "qwen2_5_vl_3b", "coco_random_N4", "cot"]
+    assert cot.rate == "benchmark (4 sequences in flight)" and cot.seconds == pytest.approx(cot.generated_tokens / 400)

@@ -58,7 +58,7 @@ class BenchRates:
 
     source: str                                              # FILE#ARCH
     scoring: tuple[tuple[int, int, float], ...] = ()         # (N, batch, rows/s of `ladbench infer`)
-    generation: dict[str, float] = field(default_factory=dict)   # prompt (cot, sc) -> generated tokens/s
+    generation: tuple[tuple[str, int, float], ...] = ()     # (prompt, sequences in flight, generated tokens/s)
 
     def rows_per_s(self, n: int, batch: int) -> tuple[float, str] | None:
         """Scoring rows/s at N = ``n`` and the measured batch nearest ``batch`` (on a log scale,
@@ -71,11 +71,21 @@ class BenchRates:
                          key=lambda e: (abs(math.log(e[1] / batch)), e[1]))
         return rate * m / n, f"N = {m}{f' x {m}/{n}' if m != n else ''}, batch {b}"
 
+    def tokens_per_s(self, prompt: str, slots: int) -> tuple[float, str] | None:
+        """Generated tokens/s of ``prompt`` at the measured number of sequences in flight nearest
+        ``slots`` (on a log scale, the smaller on a tie), and how it was taken."""
+        entries = [e for e in self.generation if e[0] == prompt]
+        if not entries:
+            return None
+        _, measured, rate = min(entries, key=lambda e: (abs(math.log(e[1] / slots)), e[1]))
+        return rate, f"{measured} sequences in flight"
+
     def merged(self, other: "BenchRates") -> "BenchRates":
         """Both files' rates for one model (a GPU session writes scoring and generation apart);
-        the later file's generation rate of a prompt wins."""
-        return BenchRates(f"{self.source} + {other.source}", self.scoring + other.scoring,
-                          {**self.generation, **other.generation})
+        the later file's generation rate of a prompt at a number of sequences wins."""
+        later = {(prompt, slots) for prompt, slots, _ in other.generation}
+        kept = tuple(e for e in self.generation if e[:2] not in later)
+        return BenchRates(f"{self.source} + {other.source}", self.scoring + other.scoring, kept + other.generation)
 
 
 def bench_rates(specs: list[str]) -> dict[str, BenchRates]:
@@ -119,8 +129,17 @@ def read_bench_rates(spec: str) -> tuple[str, BenchRates]:
         f"{path}#{arch}",
         tuple((int(e["n"]), int(e["batch"]), float(e["rows_per_s"])) for e in scoring.get(arch, [])
               if float(e.get("rows_per_s", 0)) > 0),
-        {e["variant"]: float(e["ours_tokens_per_s"]) for e in generation
-         if e.get("model") == arch and float(e.get("ours_tokens_per_s", 0)) > 0})
+        tuple(rate for e in generation if e.get("model") == arch for rate in _generation_rates(e)))
+
+
+def _generation_rates(entry: dict) -> list[tuple[str, int, float]]:
+    """(prompt, sequences in flight, tokens/s) of one generation measurement: the decode loop's at
+    its ``slots`` (a run before they were recorded had its prefill group's, batch x samples) and,
+    where it also ran with the prefill group's alone, that one."""
+    group = int(entry.get("batch", 1)) * int(entry.get("samples", 1))
+    measured = [(entry.get("slots") or group, entry.get("ours_tokens_per_s", 0)),
+                (entry.get("group_slots"), entry.get("group_tokens_per_s", 0))]
+    return [(str(entry["variant"]), int(slots), float(rate)) for slots, rate in measured if slots and float(rate) > 0]
 
 
 def cache_path(config: dict, model: str, benchmark: str, variant: str) -> str:
@@ -150,6 +169,15 @@ def max_generated_per_row(config: dict, prompt: str) -> int:
     """The most tokens a row of ``prompt`` generates, at the config's prompt settings."""
     entry = prompt_variant(prompt)
     return entry.max_generated_per_row(entry.options(config["inference"]["prompt_settings"].get(prompt)))
+
+
+def decode_slots(config: dict, prompt: str, batch: int) -> int:
+    """The sequences a job of ``prompt`` keeps in flight on a GPU at the config's settings."""
+    from ladbench.inference.runner import decode_sequences
+
+    entry = prompt_variant(prompt)
+    samples = entry.samples_per_row(entry.options(config["inference"]["prompt_settings"].get(prompt)))
+    return decode_sequences(samples, batch, config["inference"].get("decode_slots"), gpu=True)
 
 
 def measured_rates(config: dict) -> dict[tuple[str, str, str], dict]:
@@ -190,10 +218,10 @@ def job_seconds(config: dict, rows: int, prompt: str, n: int, attrs: dict | None
 def benchmark_attrs(config: dict, model: str, prompt: str, n: int, rates: BenchRates) -> tuple[dict, str] | None:
     """Cache-like rate attributes of a job from a benchmark's rates, and their label; None
     where the benchmark did not measure that kind of job."""
-    if _generating(prompt):
-        tokens_per_s = rates.generation.get(prompt)
-        return None if tokens_per_s is None else ({"generated_tokens_per_s": tokens_per_s}, "benchmark")
     batch = config["models"][model].get("batch_size") or config["inference"]["batch_size"]
+    if _generating(prompt):
+        taken = rates.tokens_per_s(prompt, decode_slots(config, prompt, batch))
+        return None if taken is None else ({"generated_tokens_per_s": taken[0]}, f"benchmark ({taken[1]})")
     taken = rates.rows_per_s(n, batch)
     return None if taken is None else ({"rows_per_s": taken[0]}, f"benchmark ({taken[1]})")
 

@@ -54,6 +54,11 @@ log = logging.getLogger(__name__)
 #: most DataLoader workers used by default on a GPU (the processor of one N = 8 batch of 8
 #: takes about 0.5 s of one core; a GPU step of it about 60 ms)
 GPU_WORKERS = 8
+#: fewest sequences the decode loop keeps in flight by default on a GPU: a decode step reads every
+#: weight of the decoder whatever the number of sequences, so on a GPU (where those reads, not the
+#: arithmetic, bound a step of a 3B-8B model) more sequences per step cost little; their KV caches
+#: are the limit (about 0.1 to 0.2 GB a sequence at the paper's prompt and reply lengths)
+GPU_DECODE_SLOTS = 64
 #: a field that does not change any stored number (only speed, how much runs now, names), so
 #: not part of the cache's identity (config_sha256); a shard's rows are identified by its cache's
 #: own config_sha256 (merge.select_shard)
@@ -139,6 +144,12 @@ class InferenceSettings(Settings):
         "compiled (CUDA graphs on a GPU; not yet measured there); generate = transformers' generate per batch, each "
         "sample encoded as its own row: the path it replaced, at its cost (the same replies on the CPU)",
         kind=str, choices=("slots", "static", "generate"), group=EXECUTION_GROUP, hashed=False)
+    decode_slots: int | None = setting(
+        None, f"generative variants: sequences the decode loop keeps in flight (each of a self-consistency row's "
+        f"samples is one; rows are still prefilled batch_size at a time); unset: batch_size x samples per row on "
+        f"the CPU, at least {GPU_DECODE_SLOTS} on a GPU (a decode step there costs about the same for 4 sequences "
+        f"as for 64); an out-of-memory retry halves it with the batch", kind=int, minimum=1, group=EXECUTION_GROUP,
+        hashed=False)
     seed: int = setting(
         0, "self-consistency: sampling seed (each sample is keyed by the seed, its row and its index: see "
         "inference/sampling.py)", config=False, group="generation (generative variants)")
@@ -176,6 +187,12 @@ class InferenceSettings(Settings):
         d.pop("greedy_reply" if self.variant.generative else "seed")
         return {**d, **self.variant.hashed_settings(self.options)}
 
+    def sequences_in_flight(self, group_rows: int, *, gpu: bool) -> int:
+        """The decode loop's sequences in flight when rows are prefilled ``group_rows`` at a time
+        (:func:`decode_sequences`)."""
+        return decode_sequences(self.variant.samples_per_row(self.options), self.batch_size, self.decode_slots,
+                                gpu=gpu, group_rows=group_rows)
+
     def loader_workers(self) -> int:
         """DataLoader workers preparing batches: as set, else none on the CPU (they would take the
         model's cores) and up to :data:`GPU_WORKERS` of this process's CPUs but one on a GPU."""
@@ -188,6 +205,19 @@ class InferenceSettings(Settings):
 
 
 
+
+def decode_sequences(samples: int, batch_size: int, decode_slots: int | None, *, gpu: bool,
+                     group_rows: int | None = None) -> int:
+    """Sequences the decode loop keeps in flight: ``decode_slots``, else ``batch_size`` x
+    ``samples`` (on a GPU at least :data:`GPU_DECODE_SLOTS`); scaled by ``group_rows`` /
+    ``batch_size`` where the groups are smaller than the batch size (an out-of-memory retry
+    halved them, so the sequences halve too)."""
+    wanted = decode_slots or samples * batch_size
+    if decode_slots is None and gpu:
+        wanted = max(wanted, GPU_DECODE_SLOTS)
+    if group_rows is None or group_rows >= batch_size:
+        return wanted
+    return max(1, wanted * group_rows // batch_size)
 
 # --------------------------------------------------------------------------- inputs
 def check_benchmark(bench: dict, path: str, known_images: dict[int, str]) -> None:
@@ -485,7 +515,8 @@ class RowRunner:
 
         sampler = KeyedSampler(None, 0, options.temperature, options.top_k) if s.variant.sampled else None
         decoder = decoding.SlotDecoder(
-            self.adapter, samples=samples, slots=samples * len(first.groups[0]["input_ids"]),
+            self.adapter, samples=samples,
+            slots=s.sequences_in_flight(len(first.groups[0]["input_ids"]), gpu=self.adapter.device.type == "cuda"),
             max_new_tokens=options.max_new_tokens, sample_keys=sample_keys if sampler else None,
             draw=sampler.draw if sampler else lambda scores, _keys, _steps: scores.argmax(-1),
             static=s.decode == "static", compile_options=decoding.static_compile_options(self.adapter.device),
