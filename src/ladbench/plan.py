@@ -19,7 +19,7 @@ import heapq
 import json
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ladbench.config import study_benchmarks
 from ladbench.study_paths import StudyPaths
