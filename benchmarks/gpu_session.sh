@@ -3,11 +3,13 @@
 # (`device` tool; ../shared/recipes/gpu/README.md says how to carry the paper lane's wheels in
 # .whl/). Writes under $OUT: scoring.json (infer rows/s and GPU utilisation at N = 4 and 8,
 # batch 32; the per-row split at batch 8) with one torch.profiler trace per N (traces/), and
-# generation.json (CoT and self-consistency, 10 samples: plain generate / the decode loop /
-# its static shapes, tokens/s and rows/s on the same rows; and the rows in 4 chunks of 8, decoded
-# one chunk at a time against one loop across them: seconds and decode steps). Full-size random Qwen2.5-VL-3B,
-# bfloat16. Then `ladbench plan` at those rates (plan.txt). About 8 minutes on an H100 by the
-# plan; not yet run (written without a GPU).
+# generation_cot.json / generation_sc.json (10 samples), each at the paper's batch size 4: plain
+# generate / the decode loop at its GPU default of 64 sequences in flight / the same loop with
+# only the prefill group's 4 x S in flight / its static shapes, tokens/s and rows/s on the same
+# rows; and the rows in chunks of 8, decoded one chunk at a time against one loop across them:
+# seconds and decode steps). Each part has its own time limit and file, so one that runs out of
+# time loses only itself. Full-size random Qwen2.5-VL-3B, bfloat16. Then `ladbench plan` at those
+# rates (plan.txt). Under 10 minutes by the limits; not yet run (written without a GPU).
 #   run: bash benchmarks/gpu_session.sh   (carry: .whl)
 set -euo pipefail
 out=${OUT:-/tmp/gpu-session}
@@ -20,14 +22,21 @@ else
 fi
 export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$out/gpu.txt"
-timeout 290 python3 benchmarks/bench_inference.py --device cuda --arch qwen2_5_vl_3b --n 4 8 \
+timeout 260 python3 benchmarks/bench_inference.py --device cuda --arch qwen2_5_vl_3b --n 4 8 \
   --gpu-parts throughput split --batches 32 --gpu-rows 256 --trace "$out/traces" \
   --json "$out/scoring.json" > "$out/scoring.md" 2> "$out/scoring.log" || echo "scoring: exit $?" >> "$out/gpu.txt"
-timeout 230 python3 benchmarks/bench_inference.py --generation --device cuda --arch qwen2_5_vl_3b \
-  --gen-rows 32 --gen-batch 8 --gen-samples 10 --gen-max-new-tokens 128 \
-  --json "$out/generation.json" > "$out/generation.md" 2> "$out/generation.log" || echo "generation: exit $?" >> "$out/gpu.txt"
-# the paper study's GPU hours at these rates (the Qwen2.5-VL-3B model's jobs; the others stay assumed)
-python3 -m ladbench plan --gpus 8 --rates "qwen2_5_vl_3b=$out/scoring.json" \
-  --rates "qwen2_5_vl_3b=$out/generation.json" > "$out/plan.txt" 2>&1 || echo "plan: exit $?" >> "$out/gpu.txt"
-cat "$out/gpu.txt" "$out/scoring.md" "$out/generation.md"
+for variant in cot sc; do     # CoT: 64 rows (64 sequences); SC: 16 rows x 10 samples
+  rows=$([ "$variant" = cot ] && echo 64 || echo 16)
+  timeout 150 python3 benchmarks/bench_inference.py --generation --device cuda --arch qwen2_5_vl_3b \
+    --gen-variants "$variant" --gen-rows "$rows" --gen-batch 4 --gen-samples 10 --gen-max-new-tokens 64 \
+    --json "$out/generation_$variant.json" > "$out/generation_$variant.md" 2> "$out/generation_$variant.log" \
+    || echo "generation $variant: exit $?" >> "$out/gpu.txt"
+done
+# the paper study's GPU hours at the rates measured (the Qwen2.5-VL-3B model's jobs; the others stay assumed)
+rates=()
+for part in scoring generation_cot generation_sc; do
+  [ -s "$out/$part.json" ] && rates+=(--rates "qwen2_5_vl_3b=$out/$part.json")
+done
+python3 -m ladbench plan --gpus 8 "${rates[@]}" > "$out/plan.txt" 2>&1 || echo "plan: exit $?" >> "$out/gpu.txt"
+cat "$out/gpu.txt" "$out/scoring.md" "$out"/generation_*.md
 tail -4 "$out/plan.txt"

@@ -6,7 +6,9 @@ What ``generate(num_return_sequences=S)`` did per batch of rows, and what this l
   batch size); a row's S samples continue from its prefilled KV cache, repeated in the cache
   (rows of the cache selected S times), with its position state (the position of its next token,
   1-D or multi-axis RoPE alike, ``ModelAdapter.decode_positions``) carried along;
-* **a full batch**: at most ``slots`` sequences are in flight; a sequence that ends leaves the
+* **a full batch**: at most ``slots`` sequences are in flight (``inference.decode_slots``: by
+  default the prefill group's on the CPU, at least 64 on a GPU, so there the sequences of several
+  groups decode together); a sequence that ends leaves the
   batch at once (its rows of the cache are dropped) and the next pending sequence takes its
   place (its row prefilled when it is first needed, its cache joined to the batch's by left
   padding; each row's next position is tracked explicitly, so padding moves no position), and it

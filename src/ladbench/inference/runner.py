@@ -460,8 +460,8 @@ class RowRunner:
         size, chunking or shards; the answer is their majority vote.
 
         The decode loop (``decode.py``) prefills each group of ``batch_size`` rows once and keeps
-        ``batch_size`` x S sequences in flight, across steps: it reads the next step when a slot
-        frees up, so the batch drains once, after the last step. ``--decode generate`` (or a
+        ``decode_slots`` sequences in flight (:func:`decode_sequences`), across groups and steps:
+        it reads the next step when a slot frees up, so the batch drains once, after the last step. ``--decode generate`` (or a
         generation config with options only ``generate`` applies, or a cache transformers cannot
         repeat per sample) runs ``generate`` per group instead (:meth:`_generate_groups`; the
         same replies on the CPU in float32)."""
