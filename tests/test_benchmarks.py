@@ -175,7 +175,7 @@ def test_organism_seeds_sweeps_the_demo_recipe_with_changes_the_schema_checks(tm
 def test_bench_inference_generation_counts_the_decode_loop_against_generate(tmp_path):
     out = run_script("bench_inference.py", "--generation", "--n", "4", "--image-size", "56", "--threads", "1",
                      "--gen-rows", "8", "--gen-batch", "2", "--gen-samples", "2", "--gen-max-new-tokens", "8",
-                     "--gen-chunk", "4", "--json", str(tmp_path / "raw.json"))
+                     "--gen-chunk", "4", "--gen-slots", "6", "--json", str(tmp_path / "raw.json"))
     rows = {r["variant"]: r for r in json.loads((tmp_path / "raw.json").read_text())["generation"]}
     assert set(rows) == {"cot", "sc"}
     for r in rows.values():
@@ -187,6 +187,9 @@ def test_bench_inference_generation_counts_the_decode_loop_against_generate(tmp_
         # (which takes fewer steps depends on the reply lengths: tests/test_decode.py checks the drain)
         assert r["chunks"] == 2 and r["streamed_same_replies"]
         assert r["streamed_decode_steps"] > 0 and r["alone_decode_steps"] > 0
+        # 6 sequences in flight (--gen-slots), beside the prefill group's 2 x S alone: the same replies
+        assert r["slots"] == 6 and r["group_slots"] == 2 * r["samples"] and r["group_same_replies"]
+        assert r["group_decode_steps"] > 0 and r["group_tokens_per_s"] > 0
     assert rows["sc"]["plain_prefilled_rows_per_row"] == 2 and rows["cot"]["plain_prefilled_rows_per_row"] == 1
     assert [cells[:3] for cells in table_rows(out, "sc")] == [["sc", "8 x 2", "cpu"]]
 
