@@ -167,16 +167,19 @@ def job_rows(config: dict, benchmark: str, n: int, prompt: str) -> int:
 
 def max_generated_per_row(config: dict, prompt: str) -> int:
     """The most tokens a row of ``prompt`` generates, at the config's prompt settings."""
-    entry = prompt_variant(prompt)
-    return entry.max_generated_per_row(entry.options(config["inference"]["prompt_settings"].get(prompt)))
+    return prompt_variant(prompt).max_generated_per_row(prompt_options(config, prompt))
+
+
+def prompt_options(config: dict, prompt: str):
+    """The settings of a prompt variant in this config (its defaults where it gives none)."""
+    return prompt_variant(prompt).options(config["inference"]["prompt_settings"].get(prompt))
 
 
 def decode_slots(config: dict, prompt: str, batch: int) -> int:
     """The sequences a job of ``prompt`` keeps in flight on a GPU at the config's settings."""
     from ladbench.inference.runner import decode_sequences
 
-    entry = prompt_variant(prompt)
-    samples = entry.samples_per_row(entry.options(config["inference"]["prompt_settings"].get(prompt)))
+    samples = prompt_variant(prompt).samples_per_row(prompt_options(config, prompt))
     return decode_sequences(samples, batch, config["inference"].get("decode_slots"), gpu=True)
 
 

@@ -204,8 +204,6 @@ class InferenceSettings(Settings):
         return max(1, min(GPU_WORKERS, cpus - 1))
 
 
-
-
 def decode_sequences(samples: int, batch_size: int, decode_slots: int | None, *, gpu: bool,
                      group_rows: int | None = None) -> int:
     """Sequences the decode loop keeps in flight: ``decode_slots``, else ``batch_size`` x
@@ -218,6 +216,7 @@ def decode_sequences(samples: int, batch_size: int, decode_slots: int | None, *,
     if group_rows is None or group_rows >= batch_size:
         return wanted
     return max(1, wanted * group_rows // batch_size)
+
 
 # --------------------------------------------------------------------------- inputs
 def check_benchmark(bench: dict, path: str, known_images: dict[int, str]) -> None:
@@ -461,10 +460,10 @@ class RowRunner:
 
         The decode loop (``decode.py``) prefills each group of ``batch_size`` rows once and keeps
         ``decode_slots`` sequences in flight (:func:`decode_sequences`), across groups and steps:
-        it reads the next step when a slot frees up, so the batch drains once, after the last step. ``--decode generate`` (or a
-        generation config with options only ``generate`` applies, or a cache transformers cannot
-        repeat per sample) runs ``generate`` per group instead (:meth:`_generate_groups`; the
-        same replies on the CPU in float32)."""
+        it reads the next step when a slot frees up, so the batch drains once, after the last
+        step. ``--decode generate`` (or a generation config with options only ``generate``
+        applies, or a cache transformers cannot repeat per sample) runs ``generate`` per group
+        instead (:meth:`_generate_groups`; the same replies on the CPU in float32)."""
         from .decode import unreproduced_options
         batches = iter(batches)
         if self.s.decode != "generate" and self.generate_reason is None:
