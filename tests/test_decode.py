@@ -269,6 +269,16 @@ def test_more_sequences_in_flight_than_a_prefill_group_give_the_same_replies(end
         assert (wide_out[key] == default[key]).all(), key
 
 
+def test_a_short_first_step_does_not_narrow_the_sequences_in_flight(ending, tmp_path):
+    """The loop's width comes from the groups' size asked for (halved only by an out-of-memory
+    retry), not from the rows of the first step it reads: a first chunk of one row (a resumed job,
+    or a chunk smaller than the batch) leaves ``decode_slots`` as set."""
+    _, runner = generated(ending(QWEN_BUILDS[0]), tmp_path, "cot", "slots", decode_slots=6)
+    runner.decode_stats = type(runner.decode_stats)()
+    list(runner.generate_chunks(iter([runner.prepare(ROWS[:1]), runner.prepare(ROWS[1:])])))
+    assert runner.decode_stats.slots == 6
+
+
 def test_the_sequences_in_flight_default_to_the_batch_on_a_cpu_and_at_least_64_on_a_gpu():
     """``decode_slots`` unset: batch_size x samples (the prefill group) on the CPU, at least
     GPU_DECODE_SLOTS on a GPU; set: as set, on either; both halve with the groups of an

@@ -188,8 +188,8 @@ class InferenceSettings(Settings):
         return {**d, **self.variant.hashed_settings(self.options)}
 
     def sequences_in_flight(self, group_rows: int, *, gpu: bool) -> int:
-        """The decode loop's sequences in flight when rows are prefilled ``group_rows`` at a time
-        (:func:`decode_sequences`)."""
+        """The decode loop's sequences in flight when rows are prefilled in groups of ``group_rows``
+        (the groups' size asked for, not a short first step's rows: :func:`decode_sequences`)."""
         return decode_sequences(self.variant.samples_per_row(self.options), self.batch_size, self.decode_slots,
                                 gpu=gpu, group_rows=group_rows)
 
@@ -297,12 +297,13 @@ class PreparedBatch:
     inputs: dict[str, Any]
     segments: Any = None                       # torch.Tensor [B, T] (scoring variants)
     groups: list[dict[str, Any]] | None = None     # generative variants: inputs of each group of rows
+    group_size: int | None = None      # the rows per group asked for (below batch_size: an out-of-memory retry)
 
     def pin_memory(self) -> "PreparedBatch":
         """Called by the DataLoader's pinning thread on a GPU run: page-locked tensors copy asynchronously."""
         segments = self.segments.pin_memory() if self.segments is not None else None
         groups = [_pinned(g) for g in self.groups] if self.groups else None
-        return PreparedBatch(self.rows, _pinned(self.inputs), segments, groups)
+        return PreparedBatch(self.rows, _pinned(self.inputs), segments, groups, self.group_size)
 
 
 class RowRunner:
@@ -384,7 +385,7 @@ class RowRunner:
             size = group_size or self.s.batch_size
             groups = [self.adapter.encode_on_host(list(texts[i:i + size]), list(images[i:i + size]))
                       for i in range(0, len(texts), size)]
-            return PreparedBatch([int(r) for r in rows], {}, groups=groups)
+            return PreparedBatch([int(r) for r in rows], {}, groups=groups, group_size=size)
         inputs, row_spans = self.adapter.encode_with_spans(list(texts), list(images), for_prefill=True)
         batch = PreparedBatch([int(r) for r in rows], inputs)
         ids, mask = inputs["input_ids"].numpy(), inputs["attention_mask"].numpy()
@@ -515,7 +516,7 @@ class RowRunner:
         sampler = KeyedSampler(None, 0, options.temperature, options.top_k) if s.variant.sampled else None
         decoder = decoding.SlotDecoder(
             self.adapter, samples=samples,
-            slots=s.sequences_in_flight(len(first.groups[0]["input_ids"]), gpu=self.adapter.device.type == "cuda"),
+            slots=s.sequences_in_flight(first.group_size or s.batch_size, gpu=self.adapter.device.type == "cuda"),
             max_new_tokens=options.max_new_tokens, sample_keys=sample_keys if sampler else None,
             draw=sampler.draw if sampler else lambda scores, _keys, _steps: scores.argmax(-1),
             static=s.decode == "static", compile_options=decoding.static_compile_options(self.adapter.device),
