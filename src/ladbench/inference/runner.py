@@ -56,7 +56,8 @@ log = logging.getLogger(__name__)
 GPU_WORKERS = 8
 #: fewest sequences the decode loop keeps in flight by default on a GPU: a decode step reads every
 #: weight of the decoder whatever the number of sequences, so on a GPU (where those reads, not the
-#: arithmetic, bound a step of a 3B-8B model) more sequences per step cost little; their KV caches
+#: arithmetic, bound a step of a 3B-8B model) more sequences per step should cost little (not yet
+#: measured there: benchmarks/gpu_session.sh times 4 x S against 64); their KV caches
 #: are the limit (about 0.1 to 0.25 GB a sequence at the paper's prompt and reply lengths)
 GPU_DECODE_SLOTS = 64
 #: a field that does not change any stored number (only speed, how much runs now, names), so
@@ -147,8 +148,8 @@ class InferenceSettings(Settings):
     decode_slots: int | None = setting(
         None, f"generative variants: sequences the decode loop keeps in flight (each of a self-consistency row's "
         f"samples is one; rows are still prefilled batch_size at a time); unset: batch_size x samples per row on "
-        f"the CPU, at least {GPU_DECODE_SLOTS} on a GPU (a decode step there costs about the same for 4 sequences "
-        f"as for 64); an out-of-memory retry halves it with the batch", kind=int, minimum=1, group=EXECUTION_GROUP,
+        f"the CPU, at least {GPU_DECODE_SLOTS} on a GPU (where a decode step reads every weight whatever the "
+        f"number of sequences); an out-of-memory retry halves it with the batch", kind=int, minimum=1, group=EXECUTION_GROUP,
         hashed=False)
     seed: int = setting(
         0, "self-consistency: sampling seed (each sample is keyed by the seed, its row and its index: see "
