@@ -8,8 +8,10 @@
 # only the prefill group's 4 x S in flight / its static shapes, tokens/s and rows/s on the same
 # rows; and the rows in chunks of 8, decoded one chunk at a time against one loop across them:
 # seconds and decode steps). Each part has its own time limit and file, so one that runs out of
-# time loses only itself. Full-size random Qwen2.5-VL-3B, bfloat16. Then `ladbench plan` at those
-# rates (plan.txt). Under 10 minutes by the limits; not yet run (written without a GPU).
+# time loses only itself. Full-size random Qwen2.5-VL-3B, bfloat16. Replies stop at 64 tokens to fit
+# the time; the paper's run to 512 (SC) and 1,024 (CoT), whose longer KV caches make late decode
+# steps slower, so the generation rates are an upper bound for the study's. Then `ladbench plan` at
+# those rates (plan.txt). Under 10 minutes by the limits; not yet run (written without a GPU).
 #   run: bash benchmarks/gpu_session.sh   (carry: .whl)
 set -euo pipefail
 out=${OUT:-/tmp/gpu-session}
