@@ -533,8 +533,8 @@ def generation_worker(model_dir: str, args: argparse.Namespace) -> list[dict]:
     for prompt in args.gen_variants:
         runner, rows = _generation_runner(model_dir, prompt, args)
         prepared = runner.prepare(rows)
-        ours, ours_s, stats = _timed_decode(runner, prepared, rows, "slots", args.device)
-        static, static_s, static_stats = _timed_decode(runner, prepared, rows, "static", args.device)
+        ours, ours_s, stats = _timed_decode(runner, prepared, rows, args.device, decode="slots")
+        static, static_s, static_stats = _timed_decode(runner, prepared, rows, args.device, decode="static")
         t0 = time.perf_counter()
         plain_counts, plain_slots = plain_generate(runner, prepared)
         _sync(args.device)
@@ -612,23 +612,19 @@ def group_counts(runner, prepared, rows: list[int], stats, ours: dict, device: s
     group = runner.samples * runner.s.batch_size
     if stats.slots == group:
         return {}
-    before = runner.s.decode_slots
-    runner.s.decode_slots = group
-    try:
-        out, seconds, narrow = _timed_decode(runner, prepared, rows, "slots", device)
-    finally:
-        runner.s.decode_slots = before
+    out, seconds, narrow = _timed_decode(runner, prepared, rows, device, decode="slots", decode_slots=group)
     return {"group_slots": group, "group_s": seconds, "group_decode_steps": narrow.decode_steps,
             "group_tokens_per_s": int(out["n_generated"].sum()) / seconds,
             "group_same_replies": bool((out["text"] == ours["text"]).all())}
 
 
-def _timed_decode(runner, prepared, rows: list[int], decode: str, device: str):
-    """``runner.generate_batch`` with ``--decode <decode>`` after a warm-up on two rows: its
-    results, its seconds and its decode counts."""
+def _timed_decode(runner, prepared, rows: list[int], device: str, **settings):
+    """``runner.generate_batch`` with these inference ``settings`` (e.g. ``decode="static"``) after a
+    warm-up on two rows: its results, its seconds and its decode counts; the settings restored."""
     import dataclasses
-    before = runner.s.decode
-    runner.s.decode = decode
+    before = {name: getattr(runner.s, name) for name in settings}
+    for name, value in settings.items():
+        setattr(runner.s, name, value)
     try:
         runner.generate_batch(runner.prepare(rows[:2]))
         runner.decode_stats = type(runner.decode_stats)()
@@ -638,7 +634,8 @@ def _timed_decode(runner, prepared, rows: list[int], decode: str, device: str):
         _sync(device)
         return out, time.perf_counter() - t0, dataclasses.replace(runner.decode_stats)
     finally:
-        runner.s.decode = before
+        for name, value in before.items():
+            setattr(runner.s, name, value)
 
 
 def generation_table(rows: list[dict]) -> str:

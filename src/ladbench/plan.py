@@ -67,8 +67,7 @@ class BenchRates:
         if not self.scoring:
             return None
         measured_n = min({e[0] for e in self.scoring}, key=lambda m: (abs(m - n), m))
-        m, b, rate = min((e for e in self.scoring if e[0] == measured_n),
-                         key=lambda e: (abs(math.log(e[1] / batch)), e[1]))
+        m, b, rate = _nearest_on_log_scale([e for e in self.scoring if e[0] == measured_n], batch)
         return rate * m / n, f"N = {m}{f' x {m}/{n}' if m != n else ''}, batch {b}"
 
     def tokens_per_s(self, prompt: str, slots: int) -> tuple[float, str] | None:
@@ -77,7 +76,7 @@ class BenchRates:
         entries = [e for e in self.generation if e[0] == prompt]
         if not entries:
             return None
-        _, measured, rate = min(entries, key=lambda e: (abs(math.log(e[1] / slots)), e[1]))
+        _, measured, rate = _nearest_on_log_scale(entries, slots)
         return rate, f"{measured} sequences in flight"
 
     def merged(self, other: "BenchRates") -> "BenchRates":
@@ -86,6 +85,12 @@ class BenchRates:
         later = {(prompt, slots) for prompt, slots, _ in other.generation}
         kept = tuple(e for e in self.generation if e[:2] not in later)
         return BenchRates(f"{self.source} + {other.source}", self.scoring + other.scoring, kept + other.generation)
+
+
+def _nearest_on_log_scale(entries: list[tuple], size: int) -> tuple:
+    """The measurement whose size (a batch, sequences in flight: each entry's second field) is
+    nearest ``size`` on a log scale, the smaller on a tie."""
+    return min(entries, key=lambda e: (abs(math.log(e[1] / size)), e[1]))
 
 
 def bench_rates(specs: list[str]) -> dict[str, BenchRates]:

@@ -188,12 +188,6 @@ class InferenceSettings(Settings):
         d.pop("greedy_reply" if self.variant.generative else "seed")
         return {**d, **self.variant.hashed_settings(self.options)}
 
-    def sequences_in_flight(self, group_rows: int, *, gpu: bool) -> int:
-        """The decode loop's sequences in flight when rows are prefilled in groups of ``group_rows``
-        (the groups' size asked for, not a short first step's rows: :func:`decode_sequences`)."""
-        return decode_sequences(self.variant.samples_per_row(self.options), self.batch_size, self.decode_slots,
-                                gpu=gpu, group_rows=group_rows)
-
     def loader_workers(self) -> int:
         """DataLoader workers preparing batches: as set, else none on the CPU (they would take the
         model's cores) and up to :data:`GPU_WORKERS` of this process's CPUs but one on a GPU."""
@@ -477,7 +471,7 @@ class RowRunner:
                 log.warning("generating through transformers' generate: %s", self.generate_reason)
             batches = itertools.chain(unfinished, batches)
         for batch in batches:
-            yield batch, self._generated(batch.rows, *self._generate_groups(batch.rows, len(batch.groups[0]["input_ids"])))
+            yield batch, self._generated(batch.rows, *self._generate_groups(batch.rows, batch.group_size))
 
     def _sequence_keys(self, rows: Sequence[int]):
         """The sampling keys of the rows' sequences, row-major (None: a greedy variant)."""
@@ -517,7 +511,9 @@ class RowRunner:
         sampler = KeyedSampler(None, 0, options.temperature, options.top_k) if s.variant.sampled else None
         decoder = decoding.SlotDecoder(
             self.adapter, samples=samples,
-            slots=s.sequences_in_flight(first.group_size or s.batch_size, gpu=self.adapter.device.type == "cuda"),
+            # the groups' size asked for (halved by an out-of-memory retry), not a short first step's rows
+            slots=decode_sequences(samples, s.batch_size, s.decode_slots, gpu=self.adapter.device.type == "cuda",
+                                   group_rows=first.group_size),
             max_new_tokens=options.max_new_tokens, sample_keys=sample_keys if sampler else None,
             draw=sampler.draw if sampler else lambda scores, _keys, _steps: scores.argmax(-1),
             static=s.decode == "static", compile_options=decoding.static_compile_options(self.adapter.device),
