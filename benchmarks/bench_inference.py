@@ -66,6 +66,7 @@ import sys
 import tempfile
 import threading
 import time
+from typing import Callable
 
 REFERENCE_PASSES_PER_ROW = 3      # Vanilla, PriDe, LAD each re-run inference in the reference
 GPU_PARTS = ("throughput", "split", "pass")   # infer rows/s + utilisation; per-row split; one pass vs bare/reference
@@ -353,6 +354,35 @@ def build_architecture(arch: str, out_dir: str, *, small: bool, device: str) -> 
     return out_dir
 
 
+def arch_model(arch: str, args: argparse.Namespace) -> str:
+    """The random model of ``arch`` at ``--arch-scale`` for ``--device``: built into a new temporary
+    folder, or with ``--arch-dir`` built there once and reused by later runs (a GPU session's
+    parts share one build instead of paying for three)."""
+    small = args.arch_scale == "small"
+    if not args.arch_dir:
+        return build_architecture(arch, os.path.join(tempfile.mkdtemp(), arch), small=small, device=args.device)
+    from ladbench.atomic import atomic_path
+    dtype = "bfloat16" if args.device.startswith("cuda") else "float32"        # build_architecture's
+    folder = os.path.join(args.arch_dir, f"{args.arch_scale}-{dtype}", arch)
+    if not os.path.isfile(os.path.join(folder, "config.json")):
+        with atomic_path(folder, folder=True) as tmp:               # a build killed halfway is not reused
+            build_architecture(arch, str(tmp), small=small, device=args.device)
+    return folder
+
+
+class JsonCheckpoint:
+    """``--json``: the raw results rewritten whole (atomically) each time it is called, so that a
+    run stopped by its time limit leaves what it had measured (a lent GPU's minutes are few)."""
+
+    def __init__(self, path: str | None, raw: dict) -> None:
+        self.path, self.raw = path, raw
+
+    def __call__(self) -> None:
+        if self.path:
+            from ladbench.atomic import atomic_write_json
+            atomic_write_json(self.path, self.raw, indent=1)
+
+
 class UtilisationSampler:
     """Mean GPU utilisation (%) from ``nvidia-smi`` sampled every 250 ms (NaN without nvidia-smi)."""
 
@@ -521,62 +551,76 @@ def plain_generate(runner, prepared) -> tuple[list[int], int]:
     return counts, slots
 
 
-def generation_worker(model_dir: str, args: argparse.Namespace) -> list[dict]:
-    """Per variant: the decode loop (``ladbench infer``'s path) against plain ``generate`` on the same
-    prepared rows: replies equal, useful tokens / token slots, vision passes and prefilled tokens
-    per row, host syncs per decode step (a separate, untimed run), seconds of each (device work only);
-    and the loop with static shapes (``--decode static``; its compilation in its warm-up run)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    from ladbench.inference.decode import SlotDecoder
-    results = []
+def generation_worker(model_dir: str, name: str, args: argparse.Namespace, results: list[dict],
+                      save: Callable[[], None] = lambda: None) -> None:
+    """Per variant, appended to ``results`` (``model``: ``name``): the decode loop
+    (``ladbench infer``'s path) against plain ``generate`` on the same prepared rows, their seconds
+    (device work only) and tokens/s; then the loop with only the prefill group's sequences in
+    flight; with static shapes (``--decode static``; its compilation in its warm-up run); replies
+    equal; host syncs per decode step (a separate, untimed run); decode steps over chunks. Most
+    wanted first, ``save()`` after each: a run its time limit stops keeps what it measured."""
     for prompt in args.gen_variants:
         runner, rows = _generation_runner(model_dir, prompt, args)
         prepared = runner.prepare(rows)
+        r: dict = {"variant": prompt, "model": name, "rows": len(rows),
+                   "samples": runner.samples, "batch": args.gen_batch, "device": args.device}
+        results.append(r)
         ours, ours_s, stats = _timed_decode(runner, prepared, rows, args.device, decode="slots")
-        static, static_s, static_stats = _timed_decode(runner, prepared, rows, args.device, decode="static")
         t0 = time.perf_counter()
         plain_counts, plain_slots = plain_generate(runner, prepared)
         _sync(args.device)
         plain_s = time.perf_counter() - t0
-        runner.s.decode = "generate"
-        reference = runner.generate_batch(prepared)                          # each sample its own row
-        runner.s.decode = "slots"
-        per_step, step = [], SlotDecoder.step
-
-        def counted(self, flight, replies, step=step, per_step=per_step):
-            with count_tensor_calls(HOST_COPY_METHODS) as calls, profile(activities=[ProfilerActivity.CPU]) as prof:
-                out = step(self, flight, replies)
-            per_step.append(_syncs(collections.Counter(e.name for e in prof.events()), calls))
-            return out
-        SlotDecoder.step = counted
-        try:
-            runner.generate_batch(prepared)
-        finally:
-            SlotDecoder.step = step
-        samples = runner.samples
         tokens = int(ours["n_generated"].sum())
-        across = chunk_counts(runner, rows, args.gen_chunk, args.device)
-        group = group_counts(runner, prepared, rows, stats, ours, args.device)
-        results.append({
-            "variant": prompt, "rows": len(rows), "samples": samples, "batch": args.gen_batch, "slots": stats.slots,
-            "device": args.device, "same_replies": bool((ours["text"] == reference["text"]).all()),
-            "useful_tokens": tokens, "reply_lengths": sorted(set(int(x) for x in plain_counts)),
+        r.update({
+            "slots": stats.slots, "useful_tokens": tokens, "reply_lengths": sorted(set(int(x) for x in plain_counts)),
             "ours_token_slots": stats.token_slots, "ours_useful_fraction": stats.useful_fraction(),
             "ours_occupancy": stats.occupancy(), "plain_token_slots": plain_slots,
             "plain_useful_fraction": sum(plain_counts) / plain_slots,
-            "ours_prefilled_rows_per_row": stats.prefilled_rows / len(rows), "plain_prefilled_rows_per_row": samples,
+            "ours_prefilled_rows_per_row": stats.prefilled_rows / len(rows), "plain_prefilled_rows_per_row": r["samples"],
             "ours_prefilled_tokens": stats.prefilled_tokens, "decode_steps": stats.decode_steps,
-            "syncs_per_step_max": max(per_step), "syncs_per_step_mean": sum(per_step) / len(per_step),
             "ours_s": ours_s, "plain_s": plain_s, "ours_tokens_per_s": tokens / ours_s,
             "plain_tokens_per_s": sum(plain_counts) / plain_s, "ours_rows_per_s": len(rows) / ours_s,
-            "plain_rows_per_s": len(rows) / plain_s,
-            "static_same_replies": bool((static["text"] == reference["text"]).all()),
-            "static_useful_fraction": static_stats.useful_fraction(), "static_ring_columns": static_stats.ring_columns,
-            "static_s": static_s, "static_tokens_per_s": tokens / static_s, "static_rows_per_s": len(rows) / static_s,
-            **across, **group})
-        print(f"generation {prompt}: {results[-1]}", file=sys.stderr)
-    return results
+            "plain_rows_per_s": len(rows) / plain_s})
+        save()
+        r.update(group_counts(runner, prepared, rows, stats, ours, args.device))
+        save()
+        static, static_s, static_stats = _timed_decode(runner, prepared, rows, args.device, decode="static")
+        r.update({"static_useful_fraction": static_stats.useful_fraction(),
+                  "static_ring_columns": static_stats.ring_columns, "static_s": static_s,
+                  "static_tokens_per_s": tokens / static_s, "static_rows_per_s": len(rows) / static_s})
+        save()
+        runner.s.decode = "generate"
+        reference = runner.generate_batch(prepared)                          # each sample its own row
+        runner.s.decode = "slots"
+        r.update({"same_replies": bool((ours["text"] == reference["text"]).all()),
+                  "static_same_replies": bool((static["text"] == reference["text"]).all())})
+        save()
+        per_step = decode_step_syncs(runner, prepared)
+        r.update({"syncs_per_step_max": max(per_step), "syncs_per_step_mean": sum(per_step) / len(per_step)})
+        save()
+        r.update(chunk_counts(runner, rows, args.gen_chunk, args.device))
+        save()
+        print(f"generation {prompt}: {r}", file=sys.stderr)
+
+
+def decode_step_syncs(runner, prepared) -> list[int]:
+    """Host syncs of each decode step of one (untimed) run of the loop over ``prepared``."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from ladbench.inference.decode import SlotDecoder
+    per_step, step = [], SlotDecoder.step
+
+    def counted(self, flight, replies):
+        with count_tensor_calls(HOST_COPY_METHODS) as calls, profile(activities=[ProfilerActivity.CPU]) as prof:
+            out = step(self, flight, replies)
+        per_step.append(_syncs(collections.Counter(e.name for e in prof.events()), calls))
+        return out
+    SlotDecoder.step = counted
+    try:
+        runner.generate_batch(prepared)
+    finally:
+        SlotDecoder.step = step
+    return per_step
 
 
 def chunk_counts(runner, rows: list[int], chunk: int, device: str) -> dict:
@@ -778,25 +822,26 @@ def architecture_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def gpu(args: argparse.Namespace) -> dict:
-    results: dict[str, dict] = {}
+def gpu(args: argparse.Namespace, results: dict[str, dict], save: Callable[[], None] = lambda: None) -> None:
+    """Part 3 into ``results`` by architecture, ``save()`` after each measurement (a run its time
+    limit stops keeps what it measured)."""
     for arch in args.arch:
-        model_dir = build_architecture(arch, os.path.join(tempfile.mkdtemp(), arch), small=args.arch_scale == "small",
-                                       device=args.device)
-        r: dict = {"throughput": [], "split": [], "pass": []}
+        model_dir = arch_model(arch, args)
+        r = results[arch] = {"throughput": [], "split": [], "pass": []}
         for n in args.n:
             for batch in args.batches if "throughput" in args.gpu_parts else ():
                 r["throughput"].append(infer_throughput(model_dir, n, batch, args.gpu_rows, args.image_size, args.device,
                                                        args.workers, args.family))
                 print(arch, r["throughput"][-1], file=sys.stderr)
+                save()
             if "split" in args.gpu_parts:
                 r["split"] += _run_worker("split", n, args, model_dir=model_dir,
                                           extra=("--batch", str(args.proxy_batch),
                                                  *(("--trace", args.trace) if args.trace else ())))
+                save()
             if "pass" in args.gpu_parts:
                 r["pass"] += _run_worker("time", n, args, model_dir=model_dir, extra=("--methods", "bare", "ours", "reference"))
-        results[arch] = r
-    return results
+                save()
 
 
 def gpu_tables(results: dict) -> str:
@@ -814,7 +859,7 @@ def gpu_tables(results: dict) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--n", type=int, nargs="+", default=[4, 8, 9, 12], help="numbers of candidates (4 8 9 12)")
     p.add_argument("--reps", type=int, default=5, help="timed repetitions per (method, N) after a warm-up (5)")
@@ -841,6 +886,9 @@ def main() -> None:
     p.add_argument("--arch", nargs="+", default=[], choices=["qwen2_5_vl_3b", "internvl3_8b"],
                    help="GPU part: full-size random architectures to run")
     p.add_argument("--arch-scale", default="full", choices=["full", "small"], help="small: mechanics check only")
+    p.add_argument("--arch-dir", default=None, metavar="DIR",
+                   help="GPU part and generation: build each --arch into DIR once and reuse it from then on "
+                        "(default: a new temporary folder every run)")
     p.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32], help="GPU part: infer batch sizes (1 8 32)")
     p.add_argument("--gpu-parts", nargs="+", default=list(GPU_PARTS), choices=GPU_PARTS,
                    help="GPU part: which measurements to run (all three; each model load costs time on a lent machine)")
@@ -869,7 +917,11 @@ def main() -> None:
                    help="GPU part 'split': also profile one device step per (arch, N) with torch.profiler into DIR "
                         "(a Chrome trace and a table of operators; e.g. benchmarks/results/<gpu>-<date>/traces)")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
-    args = p.parse_args()
+    return p
+
+
+def main() -> None:
+    args = parser().parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if args.worker:
         import torch
@@ -885,21 +937,24 @@ def main() -> None:
         print(json.dumps(result))
         return
     raw: dict = {"threads": args.threads, "device": args.device, "date": time.strftime("%Y-%m-%d")}
+    save = JsonCheckpoint(args.json, raw)
     if args.generation:
         from ladbench.models.tiny import build_tiny_model
-        models = [build_architecture(arch, os.path.join(tempfile.mkdtemp(), arch), small=args.arch_scale == "small",
-                                     device=args.device) for arch in args.arch] or [
-            args.model_dir or build_tiny_model("qwen2_5_vl", os.path.join(tempfile.mkdtemp(), "tiny_qwen2_5_vl"),
-                                               seed=0, preset="tiny")]
+        models = [(arch, arch_model(arch, args)) for arch in args.arch] or [
+            ("tiny_qwen2_5_vl", args.model_dir or build_tiny_model(
+                "qwen2_5_vl", os.path.join(tempfile.mkdtemp(), "tiny_qwen2_5_vl"), seed=0, preset="tiny"))]
         import torch
         torch.set_num_threads(args.threads)
-        raw["generation"] = [dict(r, model=os.path.basename(m)) for m in models for r in generation_worker(m, args)]
+        raw["generation"] = []
+        for name, model_dir in models:
+            generation_worker(model_dir, name, args, raw["generation"], save)
         print(generation_table(raw["generation"]))
     elif args.architectures:
         raw["proxies"] = architecture_proxies(args)
         print(architecture_table(raw["proxies"]))
     elif args.arch:
-        raw["gpu"] = gpu(args)
+        raw["gpu"] = {}
+        gpu(args, raw["gpu"], save)
         print(gpu_tables(raw["gpu"]))
     else:
         from ladbench.models.tiny import build_tiny_model
@@ -913,9 +968,7 @@ def main() -> None:
             dirs[args.preset] = model_dir
             raw["proxies"] = proxies(args, dirs)
             print("\n" + proxy_table(raw["proxies"]))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(raw, f, indent=1)
+    save()
 
 
 if __name__ == "__main__":

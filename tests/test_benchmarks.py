@@ -7,14 +7,15 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from benchmark_scripts import BENCHMARKS, load_script
 
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 NUMBER = r"(-?[0-9.]+(?:e[+-]?[0-9]+)?|nan)"
 
 
@@ -153,13 +154,10 @@ def test_organism_seeds_sweeps_the_demo_recipe_with_changes_the_schema_checks(tm
     through the config (so a variant is measured without editing code), and the schema
     rejects a key that is not a setting, naming it."""
     import argparse
-    import importlib.util
 
     from ladbench.config import ConfigError, load_config
 
-    spec = importlib.util.spec_from_file_location("organism_seeds", BENCHMARKS / "organism_seeds.py")
-    seeds = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(seeds)
+    seeds = load_script("organism_seeds")
     assert seeds.setting("steps=900") == ("steps", 900) and seeds.setting("lr=0.005") == ("lr", 0.005)
     with pytest.raises(argparse.ArgumentTypeError, match="KEY=VALUE"):
         seeds.setting("steps")
@@ -206,3 +204,75 @@ def test_bench_inference_traces_one_device_step_of_the_split(tmp_path):
         events = json.load(handle)["traceEvents"]
     assert any(e.get("name") == "aten::mm" for e in events)
     assert "aten::mm" in Path(trace["operators"]).read_text()
+
+
+def test_bench_inference_generation_saves_the_ratio_to_generate_first(tiny_model, tmp_path):
+    """A lent GPU's minutes are few and a part may run out of time: the generation benchmark saves
+    after each measurement, the loop against plain ``generate`` first (the issue's ratio), then the
+    prefill group's width, the static shapes, the replies' equality, the host syncs, the chunks;
+    each save holds everything the earlier ones did."""
+    bench = load_script("bench_inference")
+    args = bench.parser().parse_args(["--generation", "--n", "4", "--image-size", "56", "--threads", "1",
+                                      "--gen-variants", "sc", "--gen-rows", "4", "--gen-batch", "2", "--gen-samples",
+                                      "2", "--gen-max-new-tokens", "6", "--gen-chunk", "2", "--gen-slots", "6"])
+    results: list[dict] = []
+    saved: list[set[str]] = []
+    bench.generation_worker(tiny_model("qwen2_5_vl"), "tiny", args, results, lambda: saved.append(set(results[-1])))
+    first = saved[0]
+    assert {"ours_tokens_per_s", "plain_tokens_per_s", "ours_rows_per_s", "plain_rows_per_s", "slots"} <= first
+    assert not first & {"group_tokens_per_s", "static_tokens_per_s", "same_replies", "syncs_per_step_max",
+                        "streamed_decode_steps"}
+    assert all(earlier < later for earlier, later in zip(saved, saved[1:])) and len(saved) == 6
+    assert "group_tokens_per_s" in saved[1] and "static_tokens_per_s" in saved[2] and "same_replies" in saved[3]
+    assert results[0]["model"] == "tiny" and results[0]["same_replies"] and results[0]["group_same_replies"]
+    # what ladbench plan reads of a run stopped after its first save: the loop's rate at its width
+    from ladbench.plan import _generation_rates
+    stopped = {key: results[0][key] for key in first}
+    assert _generation_rates(stopped) == [("sc", 6, results[0]["ours_tokens_per_s"])]
+
+
+def test_bench_inference_builds_an_architecture_once_into_arch_dir(tmp_path, monkeypatch):
+    """``--arch-dir``: the first run builds the model there, later runs reuse it (a GPU session's
+    three parts pay for one build); a build killed halfway (no config.json) is not reused."""
+    bench = load_script("bench_inference")
+    builds = []
+
+    def build(arch, out_dir, *, small, device):
+        builds.append((arch, small, device))
+        (Path(out_dir) / "config.json").write_text("{}")
+        return out_dir
+    monkeypatch.setattr(bench, "build_architecture", build)
+    args = bench.parser().parse_args(["--arch", "qwen2_5_vl_3b", "--arch-scale", "small", "--arch-dir", str(tmp_path)])
+    first = bench.arch_model("qwen2_5_vl_3b", args)
+    assert bench.arch_model("qwen2_5_vl_3b", args) == first and builds == [("qwen2_5_vl_3b", True, "cpu")]
+    assert Path(first).name == "qwen2_5_vl_3b" and Path(first).parent.name == "small-float32"
+    (Path(first) / "config.json").unlink()
+    assert bench.arch_model("qwen2_5_vl_3b", args) == first and len(builds) == 2
+    args.device = "cuda"                                  # another dtype: another build, beside the first
+    assert Path(bench.arch_model("qwen2_5_vl_3b", args)).parent.name == "small-bfloat16" and len(builds) == 3
+
+
+@pytest.mark.slow
+def test_gpu_session_script_runs_its_commands_on_the_cpu(tmp_path):
+    """``GPU_SESSION_SMOKE=1 bash benchmarks/gpu_session.sh``: every command of the script a lent GPU
+    runs (scoring with traces, CoT and SC generation, the plan), on the CPU at the small architecture,
+    so that a flag renamed between GPU sessions fails here and not on the GPU. Each part writes its
+    file; plan refuses the CPU's rates, naming the first file, which shows it was handed them."""
+    out = tmp_path / "out"
+    env = dict(os.environ, OUT=str(out), GPU_SESSION_SMOKE="1", PYTHON=sys.executable, TMPDIR=str(tmp_path))
+    done = subprocess.run(["bash", str(BENCHMARKS / "gpu_session.sh")], cwd=BENCHMARKS.parent, env=env,
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (out / "gpu.txt").read_text().splitlines() == ["no nvidia-smi (cpu)", "plan: exit 2"]
+    scoring = json.loads((out / "scoring.json").read_text())["gpu"]["qwen2_5_vl_3b"]
+    # 8 rows (--gpu-rows) beside the calibration pool's N
+    assert [(t["n"], t["batch"], t["rows"] - t["n"]) for t in scoring["throughput"]] == [(4, 4, 8), (8, 4, 8)]
+    assert [s["n"] for s in scoring["split"]] == [4, 8]
+    assert all(Path(s["trace"]["chrome_trace"]).is_file() for s in scoring["split"])
+    for variant, rows, samples in (("cot", 4, 1), ("sc", 2, 2)):
+        (entry,) = json.loads((out / f"generation_{variant}.json").read_text())["generation"]
+        assert (entry["variant"], entry["model"], entry["rows"], entry["samples"]) == (variant, "qwen2_5_vl_3b", rows,
+                                                                                       samples)
+        assert entry["same_replies"] and entry["static_same_replies"] and "streamed_decode_steps" in entry
+    assert f"--rates: {out / 'scoring.json'}: measured on 'cpu', not a GPU" in (out / "plan.txt").read_text()
+    assert not list(tmp_path.rglob("small-float32"))            # the parts' one model build, removed

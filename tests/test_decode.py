@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import importlib.util
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+from benchmark_scripts import load_script
 from conftest_models import FAMILIES, demo_runner
 from ladbench.models import compat
 
@@ -30,14 +29,6 @@ QWEN_BUILDS = tuple(f for f in DECODE_FAMILIES if f in ("qwen2_5_vl", "auto"))
 SAMPLES = 3
 VARIANTS = {"cot": dict(max_new_tokens=12), "sc": dict(samples=SAMPLES, max_new_tokens=8)}
 ROWS = list(range(10))              # 5 groups of 2 rows (batch size 2), prompts of two lengths
-
-
-def _bench_module():
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_inference.py"
-    spec = importlib.util.spec_from_file_location("bench_inference", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
@@ -164,7 +155,7 @@ def test_a_decode_step_reads_back_from_the_device_once(ending, tmp_path, monkeyp
     from torch.profiler import ProfilerActivity, profile
 
     from ladbench.inference.decode import Ring, SlotDecoder
-    bench = _bench_module()
+    bench = load_script("bench_inference")
     per_step = []
     owner = Ring if decode == "static" else SlotDecoder
     step = owner.step

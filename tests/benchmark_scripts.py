@@ -1,0 +1,16 @@
+"""The scripts of ``benchmarks/`` as modules, for the tests that call their functions."""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def load_script(name: str) -> ModuleType:
+    """``benchmarks/<name>.py`` imported (a new module object each call)."""
+    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
