@@ -1,6 +1,7 @@
 """Speed of the ``infer`` stage: per-row time vs the reference, host syncs, and GPU throughput (rerunnable; not a test).
 
-Four parts; each prints a Markdown table (``--json`` also writes the raw numbers).
+Five parts; each prints a Markdown table (``--json`` also writes the raw numbers; parts 3 and
+5 rewrite it after every measurement, so a run stopped by a time limit keeps what it measured).
 
 1. CPU time per row (default): a random "medium" Qwen2.5-VL (hidden 512, 8 layers, 8 heads / 2
    KV heads; ``ladbench demo-model --preset medium``) at batch size 1:
@@ -48,8 +49,15 @@ Four parts; each prints a Markdown table (``--json`` also writes the raw numbers
    batch's images). ``ladbench models --markdown --proxies <the --json file>`` is the README's
    model table; a tower with more than 20 syncs per row reads back inside its layers.
 
+5. Generation (``--generation``; the tiny model on the CPU, ``--arch`` on a GPU): CoT and
+   self-consistency through the decode loop (``ladbench infer``'s path) against plain
+   ``generate(num_return_sequences=S)`` on the same prepared rows, tokens/s and rows/s first,
+   then the loop with only the prefill group's sequences in flight, its static shapes, replies
+   equal, host syncs per decode step and decode steps over the cache's chunks.
+
     python benchmarks/bench_inference.py --n 4 8 9 12 --reps 5 --proxies --baseline-src /tmp/old/src
     python benchmarks/bench_inference.py --device cuda --arch qwen2_5_vl_3b internvl3_8b --n 4 8 12
+    python benchmarks/bench_inference.py --generation --n 4 --image-size 56 --threads 1
     .venv-current/bin/python benchmarks/bench_inference.py --n 8 --architectures all --threads 1 \
         --json benchmarks/results/auto-architectures.json
 """
