@@ -586,6 +586,7 @@ def generation_worker(model_dir: str, name: str, args: argparse.Namespace, resul
             "plain_useful_fraction": sum(plain_counts) / plain_slots,
             "ours_prefilled_rows_per_row": stats.prefilled_rows / len(rows), "plain_prefilled_rows_per_row": r["samples"],
             "ours_prefilled_tokens": stats.prefilled_tokens, "decode_steps": stats.decode_steps,
+            "ours_kv_copies_per_token": stats.kv_copies_per_token(),
             "ours_s": ours_s, "plain_s": plain_s, "ours_tokens_per_s": tokens / ours_s,
             "plain_tokens_per_s": sum(plain_counts) / plain_s, "ours_rows_per_s": len(rows) / ours_s,
             "plain_rows_per_s": len(rows) / plain_s})
@@ -595,6 +596,7 @@ def generation_worker(model_dir: str, name: str, args: argparse.Namespace, resul
         static, static_s, static_stats = _timed_decode(runner, prepared, rows, args.device, decode="static")
         r.update({"static_useful_fraction": static_stats.useful_fraction(),
                   "static_ring_columns": static_stats.ring_columns, "static_s": static_s,
+                  "static_kv_copies_per_token": static_stats.kv_copies_per_token(),
                   "static_tokens_per_s": tokens / static_s, "static_rows_per_s": len(rows) / static_s})
         save()
         runner.s.decode = "generate"
@@ -695,7 +697,8 @@ def generation_table(rows: list[dict]) -> str:
              "| batch occupancy (ours) | prefills per row: plain / ours | host syncs per decode step (max) "
              "| tokens/s: plain / ours | rows/s: plain / ours | static shapes: replies equal, useful / token slots, "
              "tokens/s | decode steps over chunks: one at a time / streamed (occupancy) | sequences in flight: "
-             "batch x S / ours, decode steps, tokens/s |", "|---" * 14 + "|"]
+             "batch x S / ours, decode steps, tokens/s | KV positions copied per token: ours / static |",
+             "|---" * 15 + "|"]
     lines += [f"| {r['variant']} | {r['rows']} x {r['samples']} | {r['device']} | {r['same_replies']} | "
               f"{r['plain_useful_fraction']:.2f} | {r['ours_useful_fraction']:.2f} | {r['ours_occupancy']:.2f} | "
               f"{r['plain_prefilled_rows_per_row']} / {r['ours_prefilled_rows_per_row']:.0f} | "
@@ -703,7 +706,8 @@ def generation_table(rows: list[dict]) -> str:
               f"{r['plain_rows_per_s']:.2f} / {r['ours_rows_per_s']:.2f} | {r['static_same_replies']}, "
               f"{r['static_useful_fraction']:.2f}, {r['static_tokens_per_s']:.1f} | {r['chunks']} x {r['chunk_rows']} "
               f"rows: {r['alone_decode_steps']} ({r['alone_occupancy']:.2f}) / {r['streamed_decode_steps']} "
-              f"({r['streamed_occupancy']:.2f}), replies equal: {r['streamed_same_replies']} | {_in_flight(r)} |"
+              f"({r['streamed_occupancy']:.2f}), replies equal: {r['streamed_same_replies']} | {_in_flight(r)} | "
+              f"{r['ours_kv_copies_per_token']:.0f} / {r['static_kv_copies_per_token']:.0f} |"
               for r in rows]
     return "\n".join(lines)
 

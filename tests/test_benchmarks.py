@@ -181,6 +181,7 @@ def test_bench_inference_generation_counts_the_decode_loop_against_generate(tmp_
         assert r["ours_useful_fraction"] == r["useful_tokens"] / r["ours_token_slots"] >= 0.9
         assert r["plain_useful_fraction"] <= r["ours_useful_fraction"]
         assert r["static_same_replies"] and r["static_ring_columns"] > 0 and r["static_tokens_per_s"] > 0
+        assert 0 < r["static_kv_copies_per_token"] < r["ours_kv_copies_per_token"]
         # chunks of 4 rows (2 groups), one at a time and through one loop: the same replies, both counted
         # (which takes fewer steps depends on the reply lengths: tests/test_decode.py checks the drain)
         assert r["chunks"] == 2 and r["streamed_same_replies"]

@@ -353,3 +353,39 @@ def test_a_cache_transformers_repeats_only_in_part_sends_self_consistency_throug
     assert loop.generate_reason is None and loop.decode_stats.decode_steps
     for key in ("text", "parsed", "n_generated"):
         assert (new[key] == old[key]).all(), key
+
+
+@pytest.mark.parametrize("prompt", sorted(VARIANTS))
+def test_kv_cache_copies_are_counted_as_worked_out_by_hand(ending, tmp_path, monkeypatch, prompt):
+    """The KV cache positions each path copies, for one group of every row (no joins), worked out
+    by hand from the replies' lengths. The slots loop: self-consistency first repeats each row's
+    cache per sample (rows x S x W, W the group's padded prompt); then at step t every sequence
+    kept is copied by the append (transformers concatenates: W + t positions), and again by the cut
+    where some sequence ended. The ring: the same repeat, and each sequence's prompt once more when
+    it is admitted to its slot."""
+    from ladbench.inference import decode
+    lengths: list[int] = []
+    stream = decode.SlotDecoder.stream
+
+    def recording(self, groups):
+        for row, replies in stream(self, groups):
+            lengths.extend(len(reply) for reply in replies)
+            yield row, replies
+    monkeypatch.setattr(decode.SlotDecoder, "stream", recording)
+    adapter = ending("qwen2_5_vl")
+    _, loop = generated(adapter, tmp_path / "slots", prompt, "slots", batch_size=len(ROWS))
+    stats = loop.decode_stats
+    assert stats.prefills == 1 and len(set(lengths)) > 1
+    width = stats.prefilled_tokens // len(ROWS)
+    repeat = len(lengths) * width if len(lengths) > len(ROWS) else 0            # the samples' repeat
+    expected, alive = repeat, len(lengths)
+    for t in range(max(lengths)):
+        kept = sum(n > t + 1 for n in lengths)          # a reply of n tokens ends at step n - 1
+        expected += kept * (width + t) * (1 if kept == alive else 2)
+        alive = kept
+    assert stats.kv_positions_copied == expected
+    lengths.clear()
+    _, ring = generated(adapter, tmp_path / "static", prompt, "static", batch_size=len(ROWS))
+    assert ring.decode_stats.kv_positions_copied == repeat + len(lengths) * width
+    # per reply token: the loop's grows with the replies' length (here at most 12 tokens), the ring's does not
+    assert ring.decode_stats.kv_copies_per_token() < stats.kv_copies_per_token() / 4

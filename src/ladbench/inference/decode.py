@@ -98,6 +98,11 @@ class DecodeStats:
     useful_tokens: int = 0            # tokens of the replies (end token included)
     slots: int = 0                    # the batch's capacity in sequences
     ring_columns: int = 0             # --decode static: the ring's columns (0: no ring ran)
+    # KV cache positions (one sequence's keys and values at one token, every layer) copied after
+    # they were computed: by the dynamic cache's append (transformers concatenates: the whole cache
+    # each step), cutting the sequences that ended, joining new ones, repeating a row per sample,
+    # admitting a prompt into a ring slot, growing the ring; the token a step computes not counted
+    kv_positions_copied: int = 0
 
     def useful_fraction(self) -> float:
         return self.useful_tokens / max(self.token_slots, 1)
@@ -105,6 +110,11 @@ class DecodeStats:
     def occupancy(self) -> float:
         """Mean sequences per decode step over the capacity (1: the batch stayed full)."""
         return self.decode_rows / max(self.decode_steps * self.slots, 1)
+
+    def kv_copies_per_token(self) -> float:
+        """KV cache positions copied per reply token: memory traffic a GPU pays beside reading the
+        weights (x the bytes a position holds: 36 KB for Qwen2.5-VL-3B in bfloat16)."""
+        return self.kv_positions_copied / max(self.useful_tokens, 1)
 
     def add(self, other: "DecodeStats") -> None:
         for name in self.__dataclass_fields__:
@@ -272,6 +282,8 @@ class SlotDecoder:
                 fresh = self._fresh(self.slots - len(flight))
                 if fresh is None:
                     break
+                self.stats.kv_positions_copied += (len(flight) + len(fresh)) * max(flight.mask.shape[1],
+                                                                                   fresh.mask.shape[1])
                 flight = join(flight, fresh)
             flight = self.step(flight, self._replies)
             yield from self._ended_rows()
@@ -321,6 +333,8 @@ class SlotDecoder:
                 samples.append(self._next_sample[r])
                 self._next_sample[r] += 1
         fresh = take(parked, rows, joinable=self.joinable)
+        if rows != list(range(len(parked))):              # selected or repeated rows: their cache copied
+            self.stats.kv_positions_copied += len(rows) * parked.mask.shape[1]
         fresh.seq = [parked.seq[r] + sample for r, sample in zip(rows, samples)]
         if self._parked_keys is not None:
             fresh.keys = self._parked_keys.index_select(
@@ -380,6 +394,9 @@ class SlotDecoder:
             finished = torch.ones(len(flight), dtype=torch.bool, device=tokens.device)
             finished[device_index(live, tokens.device)] = False
             tokens = tokens.masked_fill(finished, self.adapter.pad_token_id)
+        held = flight.mask.shape[1]                       # positions each sequence's cache holds
+        copies = 1 if len(keep) == len(flight) else 2     # the append's, and the cut's
+        self.stats.kv_positions_copied += copies * len(keep) * held
         flight = take(flight, keep, joinable=self.joinable)
         fed = tokens.index_select(0, device_index(keep, tokens.device))
         if flight.seen is not None:
@@ -451,6 +468,7 @@ class Ring:
         """A longer ring holding what this one holds: unrolled so that the write column's
         predecessors end just before the new write column C (a new shape: a new compilation)."""
         old, capacity = self.capacity, ring_capacity(tokens)
+        self.decoder.stats.kv_positions_copied += self.slots * old
         for pair in self.kv:
             for i, buf in enumerate(pair):
                 shape = (*buf.shape[:2], capacity - old, buf.shape[-1])
@@ -491,6 +509,7 @@ class Ring:
         if width + self.decoder.max_new_tokens > self.capacity:
             self._grow(width + self.decoder.max_new_tokens)
         idx = device_index(slots, self.column.device)
+        self.decoder.stats.kv_positions_copied += len(slots) * width
         columns = (self.columns[:width] + (self.t - width)) % self.capacity
         for (keys, values), (k, v) in zip(self.kv, compat.plain_kv(fresh.cache)):
             keys[idx[:, None], :, columns[None, :]] = k.transpose(1, 2)
