@@ -1,33 +1,47 @@
 #!/usr/bin/env bash
 # The GPU measurements issue #32 still asks for (items 4 and 5), as ONE call on a lent GPU
 # (`device` tool; ../shared/recipes/gpu/README.md says how to carry the paper lane's wheels in
-# .whl/). Writes under $OUT: scoring.json (infer rows/s and GPU utilisation at N = 4 and 8,
-# batch 32; the per-row split at batch 8) with one torch.profiler trace per N (traces/), and
-# generation_cot.json / generation_sc.json (10 samples), each at the paper's batch size 4: the
-# decode loop at its GPU default of 64 sequences in flight against plain generate on the same
-# rows (tokens/s, rows/s), then the loop with only the prefill group's 4 x S in flight, its
-# static shapes, replies equal, host syncs, and the rows in chunks of 8 decoded one chunk at a
-# time against one loop across them. Each part has its own time limit and file, and each file is
-# rewritten after every measurement (most wanted first), so a part that runs out of time keeps
-# what it measured. Full-size random Qwen2.5-VL-3B, bfloat16, built once (--arch-dir) for all
-# parts. Replies stop at 64 tokens to fit the time; the paper's run to 512 (SC) and 1,024 (CoT),
-# whose longer KV caches make late decode steps slower, so the generation rates are an upper
-# bound for the study's. Then `ladbench plan` at those rates (plan.txt). Under 10 minutes by the
-# limits; not yet run on a GPU (written without one).
-#   run: bash benchmarks/gpu_session.sh   (carry: .whl)
-#   GPU_SESSION_SMOKE=1: the same commands on the CPU at the small architecture, 56 px images and
-#   a few rows (tests/test_benchmarks.py), so that a flag renamed between GPU sessions fails CI
-#   instead of a lent GPU's few minutes; its plan.txt is plan's refusal of CPU rates.
+# .whl/), bfloat16, full-size random weights:
+#   scoring   Qwen2.5-VL-3B: infer rows/s and GPU utilisation at N = 4 and 8, batch 32, and the
+#             per-row split at batch 8 with one torch.profiler trace per N (traces/): scoring.json
+#   cot, sc   Qwen2.5-VL-3B at the paper's batch size 4 (CoT 64 rows; SC 16 rows x 10 samples):
+#             the decode loop at its GPU default of 64 sequences in flight against plain generate
+#             on the same rows (tokens/s, rows/s), then the loop with only the prefill group's
+#             4 x S in flight, its static shapes, replies equal, host syncs, KV copies, and the
+#             rows in chunks of 8 one chunk at a time against one loop across them:
+#             generation_cot.json, generation_sc.json
+#   internvl  InternVL3-8B: infer rows/s at N = 4, batch 8, and the split with a trace:
+#             scoring_internvl.json (not in the default run: about 4 minutes; run it as a second
+#             call on the warm machine when the device budget still has 5 minutes)
+# then `ladbench plan` at the rates measured (plan.txt; it runs anywhere: rerun it here with every
+# call's files). Each part has its own time limit and file, and each file is rewritten after
+# every measurement (most wanted first), so a part that runs out of time keeps what it measured.
+# The parts of a call share one model build per architecture (--arch-dir, outside $OUT). Replies
+# stop at 64 tokens to fit the time; the paper's run to 512 (SC) and 1,024 (CoT), whose longer
+# KV caches make late decode steps slower, so the generation rates are an upper bound for the
+# study's. The default parts take under 10 minutes by their limits; not yet run on a GPU.
+#   run: bash benchmarks/gpu_session.sh [PART ...]   (default: scoring cot sc; carry: .whl)
+#   GPU_SESSION_SMOKE=1: the same commands on the CPU at the small architectures, 56 px images
+#   and a few rows (tests/test_benchmarks.py runs every part), so that a flag renamed between GPU
+#   sessions fails CI instead of a lent GPU's few minutes; its plan.txt is plan's refusal of CPU rates.
 set -euo pipefail
+parts=("$@")
+[ ${#parts[@]} -gt 0 ] || parts=(scoring cot sc)
+for part in "${parts[@]}"; do
+  case $part in
+    scoring|internvl|cot|sc) ;;
+    *) echo "gpu_session.sh: unknown part '$part' (scoring, cot, sc, internvl)" >&2; exit 2 ;;
+  esac
+done
 out=${OUT:-/tmp/gpu-session}
 python=${PYTHON:-python3}
 mkdir -p "$out"
 if [ -n "${GPU_SESSION_SMOKE:-}" ]; then
-  device=cpu size=(--arch-scale small --image-size 56)
-  scoring_rows=8 scoring_batch=4 cot_rows=4 sc_rows=2 samples=2 new_tokens=4
+  device=cpu size=(--arch-scale small --image-size 56 --reps 1 --batch 2)      # --batch: the split's
+  scoring_rows=8 scoring_batch=4 internvl_batch=4 cot_rows=4 sc_rows=2 samples=2 new_tokens=4
 else
   device=cuda size=()
-  scoring_rows=256 scoring_batch=32 cot_rows=64 sc_rows=16 samples=10 new_tokens=64
+  scoring_rows=256 scoring_batch=32 internvl_batch=8 cot_rows=64 sc_rows=16 samples=10 new_tokens=64
 fi
 if [ "$device" = cuda ] && compgen -G ".whl/*.whl" > /dev/null; then
   "$python" -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
@@ -36,28 +50,38 @@ else
   export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH}
 fi
 export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
-models=$(mktemp -d)       # the one random build all parts share (7.5 GB: not under $OUT, removed on exit)
+models=$(mktemp -d)       # the builds the parts share (7.5 GB for the 3B: not under $OUT, removed on exit)
 trap 'rm -rf "$models"' EXIT
 if command -v nvidia-smi > /dev/null; then
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$out/gpu.txt"
 else
   echo "no nvidia-smi ($device)" > "$out/gpu.txt"
 fi
-bench=("$python" benchmarks/bench_inference.py --device "$device" --arch qwen2_5_vl_3b --arch-dir "$models" "${size[@]}")
-timeout 260 "${bench[@]}" --n 4 8 --gpu-parts throughput split --batches "$scoring_batch" --gpu-rows "$scoring_rows" \
-  --trace "$out/traces" --json "$out/scoring.json" > "$out/scoring.md" 2> "$out/scoring.log" \
-  || echo "scoring: exit $?" >> "$out/gpu.txt"
-for variant in cot sc; do     # CoT: 64 rows (64 sequences); SC: 16 rows x 10 samples
-  rows=$([ "$variant" = cot ] && echo "$cot_rows" || echo "$sc_rows")
-  timeout 150 "${bench[@]}" --generation --gen-variants "$variant" --gen-rows "$rows" --gen-batch 4 \
-    --gen-samples "$samples" --gen-max-new-tokens "$new_tokens" --json "$out/generation_$variant.json" \
-    > "$out/generation_$variant.md" 2> "$out/generation_$variant.log" || echo "generation $variant: exit $?" >> "$out/gpu.txt"
-done
-# the paper study's GPU hours at the rates measured (the Qwen2.5-VL-3B model's jobs; the others stay assumed)
+bench=("$python" benchmarks/bench_inference.py --device "$device" --arch-dir "$models" "${size[@]}")
+# run NAME SECONDS ARGS...: one part under its time limit, its table in NAME.md and log in NAME.log
+run() {
+  local name=$1 limit=$2
+  shift 2
+  timeout "$limit" "${bench[@]}" "$@" --json "$out/$name.json" > "$out/$name.md" 2> "$out/$name.log" \
+    || echo "$name: exit $?" >> "$out/gpu.txt"
+}
 rates=()
-for part in scoring generation_cot generation_sc; do
-  [ -s "$out/$part.json" ] && rates+=(--rates "qwen2_5_vl_3b=$out/$part.json")
+for part in "${parts[@]}"; do
+  case $part in
+    scoring) run scoring 260 --arch qwen2_5_vl_3b --n 4 8 --gpu-parts throughput split --batches "$scoring_batch" \
+               --gpu-rows "$scoring_rows" --trace "$out/traces" ;;
+    internvl) run scoring_internvl 240 --arch internvl3_8b --n 4 --gpu-parts throughput split --batches "$internvl_batch" \
+               --gpu-rows "$scoring_rows" --trace "$out/traces" ;;
+    cot|sc) run "generation_$part" 150 --arch qwen2_5_vl_3b --generation --gen-variants "$part" \
+              --gen-rows "$([ "$part" = cot ] && echo "$cot_rows" || echo "$sc_rows")" --gen-batch 4 \
+              --gen-samples "$samples" --gen-max-new-tokens "$new_tokens" ;;
+  esac
+done
+# the paper study's GPU hours at the rates measured (the measured models' jobs; the others stay assumed)
+for name in scoring generation_cot generation_sc scoring_internvl; do
+  model=$([ "$name" = scoring_internvl ] && echo internvl3_8b || echo qwen2_5_vl_3b)
+  [ -s "$out/$name.json" ] && rates+=(--rates "$model=$out/$name.json")
 done
 "$python" -m ladbench plan --gpus 8 "${rates[@]}" > "$out/plan.txt" 2>&1 || echo "plan: exit $?" >> "$out/gpu.txt"
-cat "$out/gpu.txt" "$out/scoring.md" "$out"/generation_*.md
+cat "$out/gpu.txt" "$out"/*.md
 tail -4 "$out/plan.txt"

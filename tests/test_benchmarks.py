@@ -255,25 +255,32 @@ def test_bench_inference_builds_an_architecture_once_into_arch_dir(tmp_path, mon
 
 @pytest.mark.slow
 def test_gpu_session_script_runs_its_commands_on_the_cpu(tmp_path):
-    """``GPU_SESSION_SMOKE=1 bash benchmarks/gpu_session.sh``: every command of the script a lent GPU
-    runs (scoring with traces, CoT and SC generation, the plan), on the CPU at the small architecture,
-    so that a flag renamed between GPU sessions fails here and not on the GPU. Each part writes its
-    file; plan refuses the CPU's rates, naming the first file, which shows it was handed them."""
+    """``GPU_SESSION_SMOKE=1 bash benchmarks/gpu_session.sh PART ...``: every command of the script a
+    lent GPU runs (scoring with traces for both architectures, CoT and SC generation, the plan), on
+    the CPU at the small architectures, so that a flag renamed between GPU sessions fails here and
+    not on the GPU. Each part writes its file; plan refuses the CPU's rates, naming the first file,
+    which shows it was handed them. A part it does not know is refused before anything runs."""
     out = tmp_path / "out"
     env = dict(os.environ, OUT=str(out), GPU_SESSION_SMOKE="1", PYTHON=sys.executable, TMPDIR=str(tmp_path))
-    done = subprocess.run(["bash", str(BENCHMARKS / "gpu_session.sh")], cwd=BENCHMARKS.parent, env=env,
-                          capture_output=True, text=True, timeout=900)
+
+    def session(*parts: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["bash", str(BENCHMARKS / "gpu_session.sh"), *parts], cwd=BENCHMARKS.parent, env=env,
+                              capture_output=True, text=True, timeout=900)
+    refused = session("scoring", "vision")
+    assert refused.returncode == 2 and "unknown part 'vision'" in refused.stderr and not out.exists()
+    done = session("scoring", "internvl", "cot", "sc")
     assert done.returncode == 0, done.stderr[-3000:]
     assert (out / "gpu.txt").read_text().splitlines() == ["no nvidia-smi (cpu)", "plan: exit 2"]
-    scoring = json.loads((out / "scoring.json").read_text())["gpu"]["qwen2_5_vl_3b"]
-    # 8 rows (--gpu-rows) beside the calibration pool's N
-    assert [(t["n"], t["batch"], t["rows"] - t["n"]) for t in scoring["throughput"]] == [(4, 4, 8), (8, 4, 8)]
-    assert [s["n"] for s in scoring["split"]] == [4, 8]
-    assert all(Path(s["trace"]["chrome_trace"]).is_file() for s in scoring["split"])
+    for name, arch, ns in (("scoring", "qwen2_5_vl_3b", [4, 8]), ("scoring_internvl", "internvl3_8b", [4])):
+        scoring = json.loads((out / f"{name}.json").read_text())["gpu"][arch]
+        # 8 rows (--gpu-rows) beside the calibration pool's N
+        assert [(t["n"], t["rows"] - t["n"]) for t in scoring["throughput"]] == [(n, 8) for n in ns]
+        assert [s["n"] for s in scoring["split"]] == ns
+        assert all(Path(s["trace"]["chrome_trace"]).is_file() for s in scoring["split"])
     for variant, rows, samples in (("cot", 4, 1), ("sc", 2, 2)):
         (entry,) = json.loads((out / f"generation_{variant}.json").read_text())["generation"]
         assert (entry["variant"], entry["model"], entry["rows"], entry["samples"]) == (variant, "qwen2_5_vl_3b", rows,
                                                                                        samples)
         assert entry["same_replies"] and entry["static_same_replies"] and "streamed_decode_steps" in entry
     assert f"--rates: {out / 'scoring.json'}: measured on 'cpu', not a GPU" in (out / "plan.txt").read_text()
-    assert not list(tmp_path.rglob("small-float32"))            # the parts' one model build, removed
+    assert not list(tmp_path.rglob("small-float32"))            # the parts' model builds, removed
