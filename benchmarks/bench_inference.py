@@ -315,6 +315,11 @@ def architecture(arch: str, small: bool) -> dict:
     raise ValueError(f"unknown --arch {arch!r}")
 
 
+def architecture_dtype(device: str) -> str:
+    """The dtype the random architectures are built in: bfloat16 on a GPU (as served), float32 on the CPU."""
+    return "bfloat16" if device.startswith("cuda") else "float32"
+
+
 def build_architecture(arch: str, out_dir: str, *, small: bool, device: str) -> str:
     """Save a random-weight model of ``arch`` with the offline tokenizer and the family's processor."""
     import torch
@@ -323,7 +328,7 @@ def build_architecture(arch: str, out_dir: str, *, small: bool, device: str) -> 
 
     from ladbench.models import tiny
     a = architecture(arch, small)
-    dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+    dtype = getattr(torch, architecture_dtype(device))
     tok = tiny.internvl_tokenizer() if arch == "internvl3_8b" else tiny.build_tokenizer()
     ids = {t: tok.convert_tokens_to_ids(t) for t in tiny.QWEN_SPECIAL_TOKENS + tiny.INTERNVL_SPECIAL_TOKENS}
     special = dict(bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"], pad_token_id=ids["<|endoftext|>"])
@@ -370,8 +375,7 @@ def arch_model(arch: str, args: argparse.Namespace) -> str:
     if not args.arch_dir:
         return build_architecture(arch, os.path.join(tempfile.mkdtemp(), arch), small=small, device=args.device)
     from ladbench.atomic import atomic_path
-    dtype = "bfloat16" if args.device.startswith("cuda") else "float32"        # build_architecture's
-    folder = os.path.join(args.arch_dir, f"{args.arch_scale}-{dtype}", arch)
+    folder = os.path.join(args.arch_dir, f"{args.arch_scale}-{architecture_dtype(args.device)}", arch)
     if not os.path.isfile(os.path.join(folder, "config.json")):
         with atomic_path(folder, folder=True) as tmp:               # a build killed halfway is not reused
             build_architecture(arch, str(tmp), small=small, device=args.device)

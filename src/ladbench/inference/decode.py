@@ -282,9 +282,8 @@ class SlotDecoder:
                 fresh = self._fresh(self.slots - len(flight))
                 if fresh is None:
                     break
-                self.stats.kv_positions_copied += (len(flight) + len(fresh)) * max(flight.mask.shape[1],
-                                                                                   fresh.mask.shape[1])
                 flight = join(flight, fresh)
+                self.stats.kv_positions_copied += len(flight) * flight.mask.shape[1]      # all of it, padded
             flight = self.step(flight, self._replies)
             yield from self._ended_rows()
             flight = flight or self._fresh(self.slots)
@@ -334,7 +333,7 @@ class SlotDecoder:
                 self._next_sample[r] += 1
         fresh = take(parked, rows, joinable=self.joinable)
         if rows != list(range(len(parked))):              # selected or repeated rows: their cache copied
-            self.stats.kv_positions_copied += len(rows) * parked.mask.shape[1]
+            self.stats.kv_positions_copied += len(fresh) * fresh.mask.shape[1]
         fresh.seq = [parked.seq[r] + sample for r, sample in zip(rows, samples)]
         if self._parked_keys is not None:
             fresh.keys = self._parked_keys.index_select(
