@@ -1,7 +1,9 @@
 """Speed of the ``infer`` stage: per-row time vs the reference, host syncs, and GPU throughput (rerunnable; not a test).
 
 Five parts; each prints a Markdown table (``--json`` also writes the raw numbers; parts 3 and
-5 rewrite it after every measurement, so a run stopped by a time limit keeps what it measured).
+5 rewrite it after every measurement, so a run stopped by a time limit keeps what it measured,
+and a measurement of theirs that fails, e.g. a compilation or the profiler on a GPU, is listed
+in the file's ``failed`` and under the table while the measurements after it go on).
 
 1. CPU time per row (default): a random "medium" Qwen2.5-VL (hidden 512, 8 layers, 8 heads / 2
    KV heads; ``ladbench demo-model --preset medium``) at batch size 1:
@@ -74,10 +76,12 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Callable
+import traceback
+from typing import Callable, TypeVar
 
 REFERENCE_PASSES_PER_ROW = 3      # Vanilla, PriDe, LAD each re-run inference in the reference
 GPU_PARTS = ("throughput", "split", "pass")   # infer rows/s + utilisation; per-row split; one pass vs bare/reference
+T = TypeVar("T")
 
 
 # ------------------------------------------------------------------------------ inputs
@@ -483,9 +487,10 @@ def split_worker(n: int, model_dir: str, batch: int, image_size: int, device: st
     result = {"n": n, "batch": batch, "prepare_ms": 1e3 * prepare, "vision_ms": 1e3 * vision,
               "decoder_ms": 1e3 * (prefill - vision), "capture_and_scoring_ms": 1e3 * (step - prefill),
               "device_step_ms": 1e3 * step}
-    if trace:
-        result["trace"] = trace_step(lambda: runner.score_batch(prepared), device,
-                                     os.path.join(trace, f"{os.path.basename(model_dir)}-n{n}-b{batch}"))
+    if trace:                                                     # the split is kept if the profiler fails
+        result["failed"] = []
+        result["trace"] = attempt(result["failed"], f"trace at N = {n}", trace_step, lambda: runner.score_batch(prepared),
+                                  device, os.path.join(trace, f"{os.path.basename(model_dir)}-n{n}-b{batch}"))
     return result
 
 
@@ -570,55 +575,80 @@ def generation_worker(model_dir: str, name: str, args: argparse.Namespace, resul
     (device work only) and tokens/s; then the loop with only the prefill group's sequences in
     flight; with static shapes (``--decode static``; its compilation in its warm-up run); replies
     equal; host syncs per decode step (a separate, untimed run); decode steps over chunks. Most
-    wanted first, ``save()`` after each: a run its time limit stops keeps what it measured."""
+    wanted first, ``save()`` after each: a run its time limit stops keeps what it measured. A
+    measurement that fails is listed in the variant's ``failed`` (:func:`attempt`) and the others
+    go on."""
     for prompt in args.gen_variants:
-        runner, rows = _generation_runner(model_dir, prompt, args)
-        prepared = runner.prepare(rows)
-        r: dict = {"variant": prompt, "model": name, "rows": len(rows),
-                   "samples": runner.samples, "batch": args.gen_batch, "device": args.device}
+        r: dict = {"variant": prompt, "model": name, "failed": []}
         results.append(r)
-        ours, ours_s, stats = _timed_decode(runner, prepared, rows, args.device, decode="slots")
-        t0 = time.perf_counter()
-        plain_counts, plain_slots = plain_generate(runner, prepared)
-        _sync(args.device)
-        plain_s = time.perf_counter() - t0
-        tokens = int(ours["n_generated"].sum())
-        r.update({
-            "slots": stats.slots, "useful_tokens": tokens, "reply_lengths": sorted(set(int(x) for x in plain_counts)),
-            "ours_token_slots": stats.token_slots, "ours_useful_fraction": stats.useful_fraction(),
-            "ours_occupancy": stats.occupancy(), "plain_token_slots": plain_slots,
-            "plain_useful_fraction": sum(plain_counts) / plain_slots,
-            "ours_prefilled_rows_per_row": stats.prefilled_rows / len(rows), "plain_prefilled_rows_per_row": r["samples"],
-            "ours_prefilled_tokens": stats.prefilled_tokens, "decode_steps": stats.decode_steps,
-            "ours_kv_copies_per_token": stats.kv_copies_per_token(),
-            "ours_s": ours_s, "plain_s": plain_s, "ours_tokens_per_s": tokens / ours_s,
-            "plain_tokens_per_s": sum(plain_counts) / plain_s, "ours_rows_per_s": len(rows) / ours_s,
-            "plain_rows_per_s": len(rows) / plain_s})
-        save()
-        r.update(group_counts(runner, prepared, rows, stats, ours, args.device))
-        save()
-        static, static_s, static_stats = _timed_decode(runner, prepared, rows, args.device, decode="static")
-        r.update({"static_useful_fraction": static_stats.useful_fraction(),
-                  "static_ring_columns": static_stats.ring_columns, "static_s": static_s,
-                  "static_kv_copies_per_token": static_stats.kv_copies_per_token(),
-                  "static_tokens_per_s": tokens / static_s, "static_rows_per_s": len(rows) / static_s})
-        save()
-        runner.s.decode = "generate"
-        reference = runner.generate_batch(prepared)                          # each sample its own row
-        runner.s.decode = "slots"
-        r.update({"same_replies": bool((ours["text"] == reference["text"]).all()),
-                  "static_same_replies": bool((static["text"] == reference["text"]).all())})
-        save()
-        per_step = decode_step_syncs(runner, prepared)
-        r.update({"syncs_per_step_max": max(per_step), "syncs_per_step_mean": sum(per_step) / len(per_step)})
-        save()
-        r.update(chunk_counts(runner, rows, args.gen_chunk, args.device))
-        save()
+        if attempt(r["failed"], f"generation {prompt}", _generation_variant, r, model_dir, args, save) is None:
+            save()
         print(f"generation {prompt}: {r}", file=sys.stderr)
 
 
-def decode_step_syncs(runner, prepared) -> list[int]:
-    """Host syncs of each decode step of one (untimed) run of the loop over ``prepared``."""
+def _generation_variant(r: dict, model_dir: str, args: argparse.Namespace, save: Callable[[], None]) -> dict:
+    """:func:`generation_worker`'s measurements of one variant into ``r`` (returned)."""
+    runner, rows = _generation_runner(model_dir, r["variant"], args)
+    prepared = runner.prepare(rows)
+    r.update({"rows": len(rows), "samples": runner.samples, "batch": args.gen_batch, "device": args.device})
+    ours, ours_s, stats = _timed_decode(runner, prepared, rows, args.device, decode="slots")
+    t0 = time.perf_counter()
+    plain_counts, plain_slots = plain_generate(runner, prepared)
+    _sync(args.device)
+    plain_s = time.perf_counter() - t0
+    tokens = int(ours["n_generated"].sum())
+    r.update({
+        "slots": stats.slots, "useful_tokens": tokens, "reply_lengths": sorted(set(int(x) for x in plain_counts)),
+        "ours_token_slots": stats.token_slots, "ours_useful_fraction": stats.useful_fraction(),
+        "ours_occupancy": stats.occupancy(), "plain_token_slots": plain_slots,
+        "plain_useful_fraction": sum(plain_counts) / plain_slots,
+        "ours_prefilled_rows_per_row": stats.prefilled_rows / len(rows), "plain_prefilled_rows_per_row": r["samples"],
+        "ours_prefilled_tokens": stats.prefilled_tokens, "decode_steps": stats.decode_steps,
+        "ours_kv_copies_per_token": stats.kv_copies_per_token(),
+        "ours_s": ours_s, "plain_s": plain_s, "ours_tokens_per_s": tokens / ours_s,
+        "plain_tokens_per_s": sum(plain_counts) / plain_s, "ours_rows_per_s": len(rows) / ours_s,
+        "plain_rows_per_s": len(rows) / plain_s})
+    save()
+
+    def measured(what: str, measure: Callable[..., dict], *margs) -> None:
+        r.update(attempt(r["failed"], what, measure, *margs) or {})
+        save()
+    measured("the prefill group's sequences in flight", group_counts, runner, prepared, rows, stats, ours, args.device)
+    replies = {"same_replies": ours["text"]}                # the loop's and the static shapes' replies
+
+    def static() -> dict:
+        out, counts = static_counts(runner, prepared, rows, tokens, args.device)
+        replies["static_same_replies"] = out["text"]
+        return counts
+    measured("static shapes", static)
+
+    def replies_equal() -> dict:
+        with _settings(runner, decode="generate"):
+            reference = runner.generate_batch(prepared)["text"]               # each sample its own row
+        return {key: bool((texts == reference).all()) for key, texts in replies.items()}
+    measured("replies equal", replies_equal)
+
+    measured("host syncs per decode step", decode_step_syncs, runner, prepared)
+    measured("decode steps over chunks", chunk_counts, runner, rows, args.gen_chunk, args.device)
+    return r
+
+
+def attempt(failed: list[dict], what: str, measure: Callable[..., T], *args, **kwargs) -> T | None:
+    """``measure(*args, **kwargs)``; if it raises, None, with ``what`` and the error's last line added to ``failed``
+    and its traceback printed. A lent GPU runs one call: a measurement that fails there (a
+    compilation, the profiler, a worker) must not take the measurements after it along."""
+    try:
+        return measure(*args, **kwargs)
+    except Exception as exc:                            # noqa: BLE001 (every failure is recorded, none hidden)
+        traceback.print_exc()
+        lines = str(exc).strip().splitlines()
+        failed.append({"what": what, "error": f"{type(exc).__name__}: {lines[-1] if lines else ''}".strip()})
+        print(f"{what}: failed ({failed[-1]['error']}); going on", file=sys.stderr)
+        return None
+
+
+def decode_step_syncs(runner, prepared) -> dict:
+    """Host syncs per decode step of one (untimed) run of the loop over ``prepared``: the most and the mean."""
     from torch.profiler import ProfilerActivity, profile
 
     from ladbench.inference.decode import SlotDecoder
@@ -634,7 +664,7 @@ def decode_step_syncs(runner, prepared) -> list[int]:
         runner.generate_batch(prepared)
     finally:
         SlotDecoder.step = step
-    return per_step
+    return {"syncs_per_step_max": max(per_step), "syncs_per_step_mean": sum(per_step) / len(per_step)}
 
 
 def chunk_counts(runner, rows: list[int], chunk: int, device: str) -> dict:
@@ -676,14 +706,33 @@ def group_counts(runner, prepared, rows: list[int], stats, ours: dict, device: s
             "group_same_replies": bool((out["text"] == ours["text"]).all())}
 
 
-def _timed_decode(runner, prepared, rows: list[int], device: str, **settings):
-    """``runner.generate_batch`` with these inference ``settings`` (e.g. ``decode="static"``) after a
-    warm-up on two rows: its results, its seconds and its decode counts; the settings restored."""
-    import dataclasses
+def static_counts(runner, prepared, rows: list[int], tokens: int, device: str) -> tuple[dict, dict]:
+    """The loop with static shapes (``decode="static"``; compiled in its warm-up run): its results
+    (the replies, for the comparison that follows), and its token slots, ring, seconds, KV copies."""
+    out, seconds, stats = _timed_decode(runner, prepared, rows, device, decode="static")
+    return out, {"static_useful_fraction": stats.useful_fraction(), "static_ring_columns": stats.ring_columns,
+                 "static_s": seconds, "static_kv_copies_per_token": stats.kv_copies_per_token(),
+                 "static_tokens_per_s": tokens / seconds, "static_rows_per_s": len(rows) / seconds}
+
+
+@contextlib.contextmanager
+def _settings(runner, **settings):
+    """The runner's inference ``settings`` set for the block, restored after it (also on failure)."""
     before = {name: getattr(runner.s, name) for name in settings}
     for name, value in settings.items():
         setattr(runner.s, name, value)
     try:
+        yield
+    finally:
+        for name, value in before.items():
+            setattr(runner.s, name, value)
+
+
+def _timed_decode(runner, prepared, rows: list[int], device: str, **settings):
+    """``runner.generate_batch`` with these inference ``settings`` (e.g. ``decode="static"``) after a
+    warm-up on two rows: its results, its seconds and its decode counts; the settings restored."""
+    import dataclasses
+    with _settings(runner, **settings):
         runner.generate_batch(runner.prepare(rows[:2]))
         runner.decode_stats = type(runner.decode_stats)()
         _sync(device)
@@ -691,34 +740,60 @@ def _timed_decode(runner, prepared, rows: list[int], device: str, **settings):
         out = runner.generate_batch(prepared)
         _sync(device)
         return out, time.perf_counter() - t0, dataclasses.replace(runner.decode_stats)
-    finally:
-        for name, value in before.items():
-            setattr(runner.s, name, value)
+
+
+#: the generation table's columns: header, and the cell of a variant's results
+GENERATION_COLUMNS: tuple[tuple[str, Callable[[dict], str]], ...] = (
+    ("variant", lambda r: r["variant"]),
+    ("rows x samples", lambda r: f"{r['rows']} x {r['samples']}"),
+    ("device", lambda r: r["device"]),
+    ("replies equal", lambda r: f"{r['same_replies']}"),
+    ("useful / token slots: plain generate", lambda r: f"{r['plain_useful_fraction']:.2f}"),
+    ("ours", lambda r: f"{r['ours_useful_fraction']:.2f}"),
+    ("batch occupancy (ours)", lambda r: f"{r['ours_occupancy']:.2f}"),
+    ("prefills per row: plain / ours",
+     lambda r: f"{r['plain_prefilled_rows_per_row']} / {r['ours_prefilled_rows_per_row']:.0f}"),
+    ("host syncs per decode step (max)", lambda r: f"{r['syncs_per_step_max']}"),
+    ("tokens/s: plain / ours", lambda r: f"{r['plain_tokens_per_s']:.1f} / {r['ours_tokens_per_s']:.1f}"),
+    ("rows/s: plain / ours", lambda r: f"{r['plain_rows_per_s']:.2f} / {r['ours_rows_per_s']:.2f}"),
+    ("static shapes: replies equal, useful / token slots, tokens/s",
+     lambda r: f"{r['static_same_replies']}, {r['static_useful_fraction']:.2f}, {r['static_tokens_per_s']:.1f}"),
+    ("decode steps over chunks: one at a time / streamed (occupancy)",
+     lambda r: f"{r['chunks']} x {r['chunk_rows']} rows: {r['alone_decode_steps']} ({r['alone_occupancy']:.2f}) / "
+               f"{r['streamed_decode_steps']} ({r['streamed_occupancy']:.2f}), replies equal: "
+               f"{r['streamed_same_replies']}"),
+    ("sequences in flight: batch x S / ours, decode steps, tokens/s", lambda r: _in_flight(r)),
+    ("KV positions copied per token: ours / static",
+     lambda r: f"{r['ours_kv_copies_per_token']:.0f} / {r['static_kv_copies_per_token']:.0f}"),
+)
 
 
 def generation_table(rows: list[dict]) -> str:
-    lines = ["| variant | rows x samples | device | replies equal | useful / token slots: plain generate | ours "
-             "| batch occupancy (ours) | prefills per row: plain / ours | host syncs per decode step (max) "
-             "| tokens/s: plain / ours | rows/s: plain / ours | static shapes: replies equal, useful / token slots, "
-             "tokens/s | decode steps over chunks: one at a time / streamed (occupancy) | sequences in flight: "
-             "batch x S / ours, decode steps, tokens/s | KV positions copied per token: ours / static |",
-             "|---" * 15 + "|"]
-    lines += [f"| {r['variant']} | {r['rows']} x {r['samples']} | {r['device']} | {r['same_replies']} | "
-              f"{r['plain_useful_fraction']:.2f} | {r['ours_useful_fraction']:.2f} | {r['ours_occupancy']:.2f} | "
-              f"{r['plain_prefilled_rows_per_row']} / {r['ours_prefilled_rows_per_row']:.0f} | "
-              f"{r['syncs_per_step_max']} | {r['plain_tokens_per_s']:.1f} / {r['ours_tokens_per_s']:.1f} | "
-              f"{r['plain_rows_per_s']:.2f} / {r['ours_rows_per_s']:.2f} | {r['static_same_replies']}, "
-              f"{r['static_useful_fraction']:.2f}, {r['static_tokens_per_s']:.1f} | {r['chunks']} x {r['chunk_rows']} "
-              f"rows: {r['alone_decode_steps']} ({r['alone_occupancy']:.2f}) / {r['streamed_decode_steps']} "
-              f"({r['streamed_occupancy']:.2f}), replies equal: {r['streamed_same_replies']} | {_in_flight(r)} | "
-              f"{r['ours_kv_copies_per_token']:.0f} / {r['static_kv_copies_per_token']:.0f} |"
-              for r in rows]
-    return "\n".join(lines)
+    """One row per variant; a cell whose measurement is missing (failed, or not reached) is "-",
+    and each failure is listed below the table."""
+    lines = ["| " + " | ".join(header for header, _ in GENERATION_COLUMNS) + " |", "|---" * len(GENERATION_COLUMNS) + "|"]
+    lines += ["| " + " | ".join(_cell(render, r) for _, render in GENERATION_COLUMNS) + " |" for r in rows]
+    return "\n".join(lines + failure_lines({r["variant"]: r.get("failed", []) for r in rows}))
+
+
+def _cell(render: Callable[[dict], str], r: dict) -> str:
+    try:
+        return render(r)
+    except KeyError:
+        return "-"
+
+
+def failure_lines(failed: dict[str, list[dict]]) -> list[str]:
+    """What :func:`attempt` recorded (by variant or architecture), a line each after an empty one,
+    for below a table; none if nothing failed."""
+    lines = [f"- failed ({label}): {f['what']}: {f['error']}" for label, fs in failed.items() for f in fs]
+    return [""] + lines if lines else []
 
 
 def _in_flight(r: dict) -> str:
-    if "group_slots" not in r:          # the same number (the CPU's default; or an older run)
-        return f"{r.get('slots', r['batch'] * r['samples'])} (the prefill group's)"
+    slots = r.get("slots", r["batch"] * r["samples"])     # an older run: the prefill group's
+    if slots == r["batch"] * r["samples"]:
+        return f"{slots} (the prefill group's)"
     return (f"{r['group_slots']} / {r['slots']}: {r['group_decode_steps']} / {r['decode_steps']} steps, "
             f"{r['group_tokens_per_s']:.1f} / {r['ours_tokens_per_s']:.1f}, replies equal: {r['group_same_replies']}")
 
@@ -840,24 +915,29 @@ def architecture_table(rows: list[dict]) -> str:
 
 def gpu(args: argparse.Namespace, results: dict[str, dict], save: Callable[[], None] = lambda: None) -> None:
     """Part 3 into ``results`` by architecture, ``save()`` after each measurement (a run its time
-    limit stops keeps what it measured)."""
+    limit stops keeps what it measured); a measurement that fails is listed in the architecture's
+    ``failed`` (:func:`attempt`) and the others go on."""
     for arch in args.arch:
-        model_dir = arch_model(arch, args)
-        r = results[arch] = {"throughput": [], "split": [], "pass": []}
-        for n in args.n:
-            for batch in args.batches if "throughput" in args.gpu_parts else ():
-                r["throughput"].append(infer_throughput(model_dir, n, batch, args.gpu_rows, args.image_size, args.device,
-                                                       args.workers, args.family))
-                print(arch, r["throughput"][-1], file=sys.stderr)
-                save()
-            if "split" in args.gpu_parts:
-                r["split"] += _run_worker("split", n, args, model_dir=model_dir,
-                                          extra=("--batch", str(args.proxy_batch),
-                                                 *(("--trace", args.trace) if args.trace else ())))
-                save()
-            if "pass" in args.gpu_parts:
-                r["pass"] += _run_worker("time", n, args, model_dir=model_dir, extra=("--methods", "bare", "ours", "reference"))
-                save()
+        results[arch] = {"throughput": [], "split": [], "pass": [], "failed": []}
+        _gpu_architecture(arch_model(arch, args), args, results[arch], save)
+
+
+def _gpu_architecture(model_dir: str, args: argparse.Namespace, r: dict, save: Callable[[], None]) -> None:
+    def measured(part: str, what: str, measure: Callable[..., dict | list[dict]], *margs, **kwargs) -> None:
+        out = attempt(r["failed"], what, measure, *margs, **kwargs)
+        r[part] += [] if out is None else out if isinstance(out, list) else [out]
+        print(model_dir, part, out, file=sys.stderr)
+        save()
+    for n in args.n:
+        for batch in args.batches if "throughput" in args.gpu_parts else ():
+            measured("throughput", f"infer rows/s at N = {n}, batch {batch}", infer_throughput, model_dir, n, batch,
+                     args.gpu_rows, args.image_size, args.device, args.workers, args.family)
+        if "split" in args.gpu_parts:
+            measured("split", f"split at N = {n}", _run_worker, "split", n, args, model_dir=model_dir,
+                     extra=("--batch", str(args.proxy_batch), *(("--trace", args.trace) if args.trace else ())))
+        if "pass" in args.gpu_parts:
+            measured("pass", f"one pass at N = {n}", _run_worker, "time", n, args, model_dir=model_dir,
+                     extra=("--methods", "bare", "ours", "reference"))
 
 
 def gpu_tables(results: dict) -> str:
@@ -872,6 +952,7 @@ def gpu_tables(results: dict) -> str:
                   f"{s['capture_and_scoring_ms']:.1f} |" for s in r["split"]]
         if r["pass"]:
             lines += ["", markdown_table(r["pass"])]
+        lines += failure_lines({arch: r.get("failed", []) + [f for s in r["split"] for f in s.get("failed", [])]})
     return "\n".join(lines)
 
 

@@ -15,7 +15,9 @@
 #             call on the warm machine when the device budget still has 5 minutes)
 # then `ladbench plan` at the rates measured (plan.txt; it runs anywhere: rerun it here with every
 # call's files). Each part has its own time limit and file, and each file is rewritten after
-# every measurement (most wanted first), so a part that runs out of time keeps what it measured.
+# every measurement (most wanted first), so a part that runs out of time keeps what it measured;
+# a measurement that fails (a compilation, the profiler) is listed in its file's "failed" and
+# under its table, and the part goes on.
 # The parts of a call share one model build per architecture (--arch-dir, outside $OUT). Replies
 # stop at 64 tokens to fit the time; the paper's run to 512 (SC) and 1,024 (CoT), whose longer
 # KV caches make late decode steps slower, so the generation rates are an upper bound for the

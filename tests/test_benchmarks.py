@@ -232,6 +232,82 @@ def test_bench_inference_generation_saves_the_ratio_to_generate_first(tiny_model
     assert _generation_rates(stopped) == [("sc", 6, results[0]["ours_tokens_per_s"])]
 
 
+def test_bench_inference_generation_goes_on_past_a_failed_measurement(tiny_model, tmp_path, monkeypatch):
+    """On a GPU the static shapes' compilation may fail where the CPU's eager run did not: the
+    failure is recorded (what, and the error's last line) and the measurements after it are
+    still made; the table says "-" where a figure is missing and lists the failure."""
+    bench = load_script("bench_inference")
+    timed = bench._timed_decode
+
+    def static_fails(runner, prepared, rows, device, **settings):
+        if settings.get("decode") == "static":
+            raise RuntimeError("compiling the decode step\nBackendCompilerFailed: no CUDA graphs here")
+        return timed(runner, prepared, rows, device, **settings)
+    monkeypatch.setattr(bench, "_timed_decode", static_fails)
+    args = bench.parser().parse_args(["--generation", "--n", "4", "--image-size", "56", "--threads", "1",
+                                      "--gen-variants", "cot", "--gen-rows", "4", "--gen-batch", "2",
+                                      "--gen-max-new-tokens", "4", "--gen-chunk", "2"])
+    results: list[dict] = []
+    bench.generation_worker(tiny_model("qwen2_5_vl"), "tiny", args, results)
+    (r,) = results
+    assert r["failed"] == [{"what": "static shapes", "error": "RuntimeError: BackendCompilerFailed: no CUDA graphs here"}]
+    assert not any(key.startswith("static_") for key in r)
+    assert r["same_replies"] and r["syncs_per_step_max"] <= 1 and r["streamed_same_replies"]
+    json.dumps(r)                                                      # what --json writes
+    table = bench.generation_table(results)
+    (cells,) = table_rows(table, "cot")
+    static_column = [header for header, _ in bench.GENERATION_COLUMNS].index(
+        "static shapes: replies equal, useful / token slots, tokens/s")
+    assert cells[static_column] == "-" and cells[3] == "True"
+    assert "- failed (cot): static shapes: RuntimeError: BackendCompilerFailed: no CUDA graphs here" in table
+
+
+def test_bench_inference_gpu_part_goes_on_past_a_failed_measurement(tmp_path, monkeypatch):
+    """Part 3 on a GPU: an `infer` run that fails at one N and a split whose profiler fails leave
+    the other measurements made and both failures listed, in the results and under the tables."""
+    bench = load_script("bench_inference")
+    monkeypatch.setattr(bench, "arch_model", lambda arch, args: str(tmp_path / arch))
+
+    def throughput(model_dir, n, batch, *rest):
+        if n == 4:
+            raise RuntimeError("ladbench infer failed:\n...\ntorch.OutOfMemoryError: CUDA out of memory")
+        return {"n": n, "batch": batch, "rows_per_s": 2.0, "gpu_util_mean": 50.0, "batch_size_used": batch}
+
+    def worker(kind, n, args, *, model_dir, extra=()):
+        split = {"n": n, "batch": 8, "prepare_ms": 1.0, "vision_ms": 2.0, "decoder_ms": 3.0, "capture_and_scoring_ms": 4.0}
+        return [dict(split, trace=None, failed=[{"what": f"trace at N = {n}", "error": "RuntimeError: CUPTI"}])]
+    monkeypatch.setattr(bench, "infer_throughput", throughput)
+    monkeypatch.setattr(bench, "_run_worker", worker)
+    args = bench.parser().parse_args(["--arch", "qwen2_5_vl_3b", "--n", "4", "8", "--gpu-parts", "throughput",
+                                      "split", "--batches", "32", "--trace", str(tmp_path / "traces")])
+    results: dict = {}
+    saves = []
+    bench.gpu(args, results, lambda: saves.append(json.dumps(results)))
+    r = results["qwen2_5_vl_3b"]
+    assert [t["n"] for t in r["throughput"]] == [8] and [s["n"] for s in r["split"]] == [4, 8]
+    assert r["failed"] == [{"what": "infer rows/s at N = 4, batch 32", "error": "RuntimeError: torch.OutOfMemoryError: CUDA out of memory"}]
+    assert len(saves) == 4                                        # after each measurement, the failed one too
+    table = bench.gpu_tables(results)
+    assert [cells[:3] for cells in table_rows(table, "8") if len(cells) == 5] == [["8", "32", "2.00"]]
+    assert "- failed (qwen2_5_vl_3b): infer rows/s at N = 4, batch 32: RuntimeError: torch.OutOfMemoryError: CUDA out of memory" in table
+    assert "- failed (qwen2_5_vl_3b): trace at N = 8: RuntimeError: CUPTI" in table
+    from ladbench.plan import read_bench_rates                   # plan prices the N it has
+    (tmp_path / "scoring.json").write_text(json.dumps({"device": "cuda", "gpu": results}))
+    _, rates = read_bench_rates(f"qwen2_5_vl_3b={tmp_path / 'scoring.json'}")
+    assert rates.scoring == ((8, 32, 2.0),)
+
+
+def test_bench_inference_split_is_kept_when_its_trace_fails(tiny_model, tmp_path, monkeypatch):
+    bench = load_script("bench_inference")
+
+    def no_profiler(*args, **kwargs):
+        raise RuntimeError("CUPTI_ERROR_NOT_INITIALIZED")
+    monkeypatch.setattr(bench, "trace_step", no_profiler)
+    split = bench.split_worker(4, tiny_model("qwen2_5_vl"), 2, 56, "cpu", 1, str(tmp_path / "traces"))
+    assert split["trace"] is None and split["vision_ms"] > 0 and split["capture_and_scoring_ms"] is not None
+    assert split["failed"] == [{"what": "trace at N = 4", "error": "RuntimeError: CUPTI_ERROR_NOT_INITIALIZED"}]
+
+
 def test_bench_inference_builds_an_architecture_once_into_arch_dir(tmp_path, monkeypatch):
     """``--arch-dir``: the first run builds the model there, later runs reuse it (a GPU session's
     three parts pay for one build); a build killed halfway (no config.json) is not reused."""
