@@ -270,6 +270,44 @@ def test_a_short_first_step_does_not_narrow_the_sequences_in_flight(ending, tmp_
     assert runner.decode_stats.slots == 6
 
 
+@pytest.mark.parametrize("decode", ["slots", "static"])
+def test_a_cache_the_loop_cannot_join_takes_the_padded_path_and_says_so_in_one_line(ending, tmp_path, monkeypatch,
+                                                                                    caplog, decode):
+    """A decoder with sliding-window layers (here the tiny Qwen2.5-VL's text config set to say so;
+    its attention is unchanged, so the replies can still be compared): its groups decode one at a
+    time until all their sequences end, whatever ``decode_slots`` and ``decode``, with the same
+    replies as ``generate``, and the job's log says so once, with the reason."""
+    adapter = ending(QWEN_BUILDS[0])
+    old, _ = generated(adapter, tmp_path / "generate", "sc", "generate")
+    monkeypatch.setattr(adapter.text_config, "use_sliding_window", True)
+    with caplog.at_level("WARNING", logger="ladbench.inference.decode"):
+        new, loop = generated(adapter, tmp_path / "loop", "sc", decode, decode_slots=12)
+    for key in ("text", "sample_parsed", "parsed", "n_generated"):
+        assert (new[key] == old[key]).all(), key
+    stats = loop.decode_stats
+    assert stats.ring_columns == 0 and stats.prefills == len(ROWS) // 2           # groups of 2 rows, no ring
+    assert stats.decode_rows == stats.decode_steps * 2 * SAMPLES                  # a whole group each step
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "ladbench.inference.decode"]
+    assert "(its text config sets use_sliding_window)" in line and "(the padded path), not 12 sequences" in line
+    assert line.endswith("static shapes do not apply") == (decode == "static")
+
+
+def test_the_padded_path_reasons_name_what_the_loop_cannot_cut_or_join():
+    from types import SimpleNamespace
+
+    from ladbench.inference.decode import padded_path_reason
+    from ladbench.models import compat
+    full = SimpleNamespace(layer_types=["full_attention"] * 4)
+    cache = compat.new_plain_cache([[torch.zeros(1, 1, 3, 2), torch.zeros(1, 1, 3, 2)]])
+    position = torch.zeros(1, 1, dtype=torch.long)
+    assert padded_path_reason(full, position, cache) is None
+    assert padded_path_reason(SimpleNamespace(), position, cache) is None                 # no layer types: full
+    gemma = SimpleNamespace(layer_types=["sliding_attention"] * 5 + ["full_attention"])
+    assert padded_path_reason(gemma, position, cache) == "its decoder has sliding_attention layers"
+    assert padded_path_reason(full, None, cache) == "it takes no position ids"
+    assert padded_path_reason(full, position, object()) == "its cache (object) is not plain keys and values per layer"
+
+
 def test_the_sequences_in_flight_default_to_the_batch_on_a_cpu_and_at_least_64_on_a_gpu():
     """``decode_slots`` unset: batch_size x samples (the prefill group) on the CPU, at least
     GPU_DECODE_SLOTS on a GPU; set: as set, on either; both halve with the groups of an

@@ -30,7 +30,8 @@ list[int])``; no pixel values, no multi-axis positions), so it cannot serve thes
 both lanes run this loop. Caches that are not plain full-attention layers (sliding
 windows, linear attention: ``compat.plain_kv``) or models that take no position ids keep the
 padded path inside the same loop: a group's sequences run together until all have ended
-(finished ones fed the pad token, as ``generate`` does), then the next group starts.
+(finished ones fed the pad token, as ``generate`` does), then the next group starts; the loop
+says so in one warning with the reason (:func:`padded_path_reason`).
 
 **Static shapes** (``--decode static``, :class:`Ring`): the sequences in flight live in ``slots``
 fixed slots of one preallocated KV buffer per layer, a ring of C columns that every slot writes
@@ -46,6 +47,7 @@ against ``slots`` on a GPU: not yet (no GPU in the session that wrote it), hence
 """
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Iterator, Sequence
@@ -55,6 +57,8 @@ import torch
 from ladbench.models import compat
 
 from .greedy import repetition_penalty
+
+log = logging.getLogger(__name__)
 
 #: generation-config options whose logits processors this loop does not reproduce; a model that
 #: sets one generates through ``generate`` (``RowRunner``), which applies them
@@ -74,10 +78,21 @@ def _is_set(name: str, value: Any) -> bool:
     return value is not None if name.endswith("_token_id") else value not in (None, 0, [], {}, 1.0)
 
 
-def _full_attention_only(text_config: Any) -> bool:
-    """Every decoder layer attends to the whole sequence (no sliding window, no other layer kind)."""
-    types = getattr(text_config, "layer_types", None) or ["full_attention"]
-    return set(types) == {"full_attention"} and not getattr(text_config, "use_sliding_window", False)
+def padded_path_reason(text_config: Any, positions: torch.Tensor | None, cache: Any) -> str | None:
+    """Why the loop cannot cut or join this model's KV cache, so that its sequences take the padded
+    path (None: it can). Cutting and joining need every decoder layer to attend to the whole
+    sequence (a sliding window's cache is not the sequence), the cache to be plain keys and values
+    per layer, and each sequence's position to be fed explicitly (padding must move none)."""
+    kinds = sorted(set(getattr(text_config, "layer_types", None) or ["full_attention"]) - {"full_attention"})
+    if kinds:
+        return f"its decoder has {', '.join(kinds)} layers"
+    if getattr(text_config, "use_sliding_window", False):
+        return "its text config sets use_sliding_window"
+    if positions is None:
+        return "it takes no position ids"
+    if compat.plain_kv(cache) is None:
+        return f"its cache ({type(cache).__name__}) is not plain keys and values per layer"
+    return None
 
 
 class UnrepeatableCache(ValueError):
@@ -239,7 +254,12 @@ class SlotDecoder:
         self.ends = torch.tensor(sorted(self.end_ids), device=adapter.device)
         self.penalty = repetition_penalty(adapter)
         self.stats = DecodeStats(slots=self.slots)
-        self.joinable = True            # decided by the first prefill (plain cache, explicit positions)
+        self.padded_reason: str | None = None      # decided by the first prefill (padded_path_reason)
+
+    @property
+    def joinable(self) -> bool:
+        """Whether the sequences in flight can be cut and joined (not the padded path)."""
+        return self.padded_reason is None
 
     # ----------------------------------------------------------------- prefill
     def prefill(self, inputs: dict[str, torch.Tensor], first_row: int) -> Flight:
@@ -248,9 +268,12 @@ class SlotDecoder:
         inputs = ad.to_device(inputs)
         logits, state = ad.prefill(inputs, use_cache=True)
         positions = ad.decode_positions(state)
-        self.joinable = (self.joinable and positions is not None and _full_attention_only(ad.text_config)
-                         and compat.plain_kv(state.past_key_values) is not None)
         rows = inputs["input_ids"].shape[0]
+        if self.joinable and (reason := padded_path_reason(ad.text_config, positions, state.past_key_values)):
+            self.padded_reason = reason
+            log.warning("the decode loop cannot cut or join this model's KV cache (%s): each group of %d rows "
+                        "decodes until all its sequences have ended (the padded path), not %d sequences in "
+                        "flight%s", reason, rows, self.slots, "; static shapes do not apply" if self.static else "")
         self.stats.prefills += 1
         self.stats.prefilled_rows += rows
         self.stats.prefilled_tokens += int(inputs["input_ids"].numel())
