@@ -54,8 +54,10 @@ in the file's ``failed`` and under the table while the measurements after it go 
 5. Generation (``--generation``; the tiny model on the CPU, ``--arch`` on a GPU): CoT and
    self-consistency through the decode loop (``ladbench infer``'s path) against plain
    ``generate(num_return_sequences=S)`` on the same prepared rows, tokens/s and rows/s first,
-   then the loop with only the prefill group's sequences in flight, its static shapes, replies
-   equal, host syncs per decode step and decode steps over the cache's chunks.
+   then the loop with only the prefill group's sequences in flight, with the other attention for
+   one query position (transformers' ``repeat_kv`` on a GPU, the query packed on the KV heads on
+   the CPU), its static shapes, replies equal, host syncs per decode step and decode steps over
+   the cache's chunks.
 
     python benchmarks/bench_inference.py --n 4 8 9 12 --reps 5 --proxies --baseline-src /tmp/old/src
     python benchmarks/bench_inference.py --device cuda --arch qwen2_5_vl_3b internvl3_8b --n 4 8 12
@@ -573,11 +575,11 @@ def generation_worker(model_dir: str, name: str, args: argparse.Namespace, resul
     """Per variant, appended to ``results`` (``model``: ``name``): the decode loop
     (``ladbench infer``'s path) against plain ``generate`` on the same prepared rows, their seconds
     (device work only) and tokens/s; then the loop with only the prefill group's sequences in
-    flight; with static shapes (``--decode static``; its compilation in its warm-up run); replies
-    equal; host syncs per decode step (a separate, untimed run); decode steps over chunks. Most
-    wanted first, ``save()`` after each: a run its time limit stops keeps what it measured. A
-    measurement that fails is listed in the variant's ``failed`` (:func:`attempt`) and the others
-    go on."""
+    flight; with the other attention for one query position (:func:`attention_counts`); with
+    static shapes (``--decode static``; its compilation in its warm-up run); replies equal; host
+    syncs per decode step (a separate, untimed run); decode steps over chunks. Most wanted first,
+    ``save()`` after each: a run its time limit stops keeps what it measured. A measurement that
+    fails is listed in the variant's ``failed`` (:func:`attempt`) and the others go on."""
     for prompt in args.gen_variants:
         r: dict = {"variant": prompt, "model": name, "failed": []}
         results.append(r)
@@ -614,6 +616,7 @@ def _generation_variant(r: dict, model_dir: str, args: argparse.Namespace, save:
         r.update(attempt(r["failed"], what, measure, *margs) or {})
         save()
     measured("the prefill group's sequences in flight", group_counts, runner, prepared, rows, stats, ours, args.device)
+    measured("attention on the KV heads", attention_counts, runner, prepared, rows, ours, ours_s, args.device)
     replies = {"same_replies": ours["text"]}                # the loop's and the static shapes' replies
 
     def static() -> dict:
@@ -728,6 +731,25 @@ def _settings(runner, **settings):
             setattr(runner.s, name, value)
 
 
+def attention_counts(runner, prepared, rows: list[int], ours: dict, ours_s: float, device: str) -> dict:
+    """The loop with the other attention for one query position than the device's own
+    (``models.attention.packs_on``: on a GPU the query heads packed on their KV heads, on the CPU
+    transformers' ``repeat_kv``, which copies the KV cache once per query head of a group in every
+    layer of every decode step): tokens/s of each, and whether their replies are equal (on the
+    CPU they may not be: the packed query changes float32 results in the last place)."""
+    from unittest import mock
+
+    import torch
+
+    from ladbench.models import attention
+    packed_here = attention.packs_on(torch.device(device))
+    with mock.patch.object(attention, "packs_on", lambda _device: not packed_here):
+        out, seconds, _ = _timed_decode(runner, prepared, rows, device, decode="slots")
+    rate = {packed_here: int(ours["n_generated"].sum()) / ours_s, not packed_here: int(out["n_generated"].sum()) / seconds}
+    return {"packed_tokens_per_s": rate[True], "repeat_kv_tokens_per_s": rate[False],
+            "attentions_same_replies": bool((out["text"] == ours["text"]).all())}
+
+
 def _timed_decode(runner, prepared, rows: list[int], device: str, **settings):
     """``runner.generate_batch`` with these inference ``settings`` (e.g. ``decode="static"``) after a
     warm-up on two rows: its results, its seconds and its decode counts; the settings restored."""
@@ -763,6 +785,8 @@ GENERATION_COLUMNS: tuple[tuple[str, Callable[[dict], str]], ...] = (
                f"{r['streamed_decode_steps']} ({r['streamed_occupancy']:.2f}), replies equal: "
                f"{r['streamed_same_replies']}"),
     ("sequences in flight: batch x S / ours, decode steps, tokens/s", lambda r: _in_flight(r)),
+    ("one-query attention, tokens/s: repeat_kv / packed on the KV heads (replies equal)",
+     lambda r: f"{r['repeat_kv_tokens_per_s']:.1f} / {r['packed_tokens_per_s']:.1f} ({r['attentions_same_replies']})"),
     ("KV positions copied per token: ours / static",
      lambda r: f"{r['ours_kv_copies_per_token']:.0f} / {r['static_kv_copies_per_token']:.0f}"),
 )

@@ -7,8 +7,9 @@
 #   cot, sc   Qwen2.5-VL-3B at the paper's batch size 4 (CoT 64 rows; SC 16 rows x 10 samples):
 #             the decode loop at its GPU default of 64 sequences in flight against plain generate
 #             on the same rows (tokens/s, rows/s), then the loop with only the prefill group's
-#             4 x S in flight, its static shapes, replies equal, host syncs, KV copies, and the
-#             rows in chunks of 8 one chunk at a time against one loop across them:
+#             4 x S in flight, the loop with transformers' repeat_kv attention instead of the one
+#             query packed on the KV heads, its static shapes, replies equal, host syncs, KV
+#             copies, and the rows in chunks of 8 one chunk at a time against one loop across them:
 #             generation_cot.json, generation_sc.json
 #   internvl  InternVL3-8B: infer rows/s at N = 4, batch 8, and the split with a trace:
 #             scoring_internvl.json (not in the default run: about 4 minutes; run it as a second

@@ -132,3 +132,51 @@ def test_attention_sinks_and_position_bias_by_hand():
     assert (masses.sum(-1) < 0.99).all()                                     # the sink took its share
     torch.testing.assert_close(masses[..., :2], torch.stack(
         [(weights[:, :, -1] * (segments == s)[:, None]).sum(-1) for s in (0, 1)], -1), atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("mask_kind", ["none", "shared bool", "per head float", "longer than the keys"])
+@pytest.mark.parametrize("groups", [2, 8])
+def test_one_query_on_the_kv_heads_equals_sdpa_with_repeated_kv(groups, mask_kind):
+    """A decode step's attention on a GPU (:func:`one_query_attention`: each group's query heads as
+    rows of their KV head, no copy of the cache) against transformers' SDPA path (``repeat_kv``,
+    every KV head copied once per query head of its group): the same numbers in float32, in the
+    same head order, for a padding mask shared by the heads, a per-head additive one, or none, and
+    a mask longer than the keys (a static cache's: cut as SDPA's path cuts it)."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from ladbench.models.attention import one_query_attention
+    gen = torch.Generator().manual_seed(groups)
+    batch, kv_heads, keys, dim = 3, 2, 37, 16
+    heads = kv_heads * groups
+    module = torch.nn.Module()
+    module.num_key_value_groups, module.is_causal = groups, True
+    query = torch.randn(batch, heads, 1, dim, generator=gen)
+    key, value = (torch.randn(batch, kv_heads, keys, dim, generator=gen) for _ in range(2))
+    mask = {"none": None, "shared bool": torch.rand(batch, 1, 1, keys, generator=gen) > 0.3,
+            "per head float": torch.randn(batch, heads, 1, keys, generator=gen),
+            "longer than the keys": torch.rand(batch, 1, 1, keys + 5, generator=gen) > 0.3}[mask_kind]
+    expected, _ = sdpa_attention_forward(module, query, key, value, mask, scaling=0.3)
+    packed, _ = one_query_attention(query, key, value, mask, 0.3)
+    assert packed.shape == expected.shape == (batch, 1, heads, dim) and packed.is_contiguous()
+    torch.testing.assert_close(packed, expected, rtol=0, atol=1e-6)
+
+
+def test_one_query_attention_is_taken_only_where_it_applies(monkeypatch):
+    """One query position, grouped KV heads, a mask the heads can share or pack, on a GPU; the CPU
+    keeps transformers' path (its float32 bits are the reference)."""
+    from ladbench.models import attention
+    module = torch.nn.Module()
+    module.num_key_value_groups = 4
+    query, key = torch.zeros(2, 8, 1, 4), torch.zeros(2, 2, 5, 4)
+    shared, per_head, per_query = torch.ones(2, 1, 1, 5, dtype=torch.bool), torch.zeros(2, 8, 1, 5), torch.zeros(2, 1, 2, 5)
+    assert not attention.packs_one_query(module, query, key, shared, {})                      # the CPU
+    monkeypatch.setattr(attention, "packs_on", lambda device: True)
+    assert attention.packs_one_query(module, query, key, shared, {})
+    assert attention.packs_one_query(module, query, key, per_head, {})
+    assert attention.packs_one_query(module, query, key, None, {})
+    assert not attention.packs_one_query(module, torch.zeros(2, 8, 2, 4), key, per_query, {})   # two queries
+    assert not attention.packs_one_query(module, query, key, torch.zeros(2, 2, 1, 5), {})      # per KV head
+    assert not attention.packs_one_query(module, query, key, shared, {"dropout": 0.1})
+    assert not attention.packs_one_query(module, query, key, shared, {"softcap": 50.0})        # SDPA refuses it
+    module.num_key_value_groups = 1
+    assert not attention.packs_one_query(module, query, torch.zeros(2, 8, 5, 4), shared, {})   # no groups

@@ -189,6 +189,8 @@ def test_bench_inference_generation_counts_the_decode_loop_against_generate(tmp_
         # 6 sequences in flight (--gen-slots), beside the prefill group's 2 x S alone: the same replies
         assert r["slots"] == 6 and r["group_slots"] == 2 * r["samples"] and r["group_same_replies"]
         assert r["group_decode_steps"] > 0 and r["group_tokens_per_s"] > 0
+        # the other attention for one query position (here the GPU's, packed on the KV heads)
+        assert r["packed_tokens_per_s"] > 0 and r["repeat_kv_tokens_per_s"] == r["ours_tokens_per_s"]
     assert rows["sc"]["plain_prefilled_rows_per_row"] == 2 and rows["cot"]["plain_prefilled_rows_per_row"] == 1
     assert [cells[:3] for cells in table_rows(out, "sc")] == [["sc", "8 x 2", "cpu"]]
 
@@ -210,7 +212,8 @@ def test_bench_inference_traces_one_device_step_of_the_split(tmp_path):
 def test_bench_inference_generation_saves_the_ratio_to_generate_first(tiny_model, tmp_path):
     """A lent GPU's minutes are few and a part may run out of time: the generation benchmark saves
     after each measurement, the loop against plain ``generate`` first (the issue's ratio), then the
-    prefill group's width, the static shapes, the replies' equality, the host syncs, the chunks;
+    prefill group's width, the other one-query attention, the static shapes, the replies' equality,
+    the host syncs, the chunks;
     each save holds everything the earlier ones did."""
     bench = load_script("bench_inference")
     args = bench.parser().parse_args(["--generation", "--n", "4", "--image-size", "56", "--threads", "1",
@@ -221,10 +224,11 @@ def test_bench_inference_generation_saves_the_ratio_to_generate_first(tiny_model
     bench.generation_worker(tiny_model("qwen2_5_vl"), "tiny", args, results, lambda: saved.append(set(results[-1])))
     first = saved[0]
     assert {"ours_tokens_per_s", "plain_tokens_per_s", "ours_rows_per_s", "plain_rows_per_s", "slots"} <= first
-    assert not first & {"group_tokens_per_s", "static_tokens_per_s", "same_replies", "syncs_per_step_max",
-                        "streamed_decode_steps"}
-    assert all(earlier < later for earlier, later in zip(saved, saved[1:])) and len(saved) == 6
-    assert "group_tokens_per_s" in saved[1] and "static_tokens_per_s" in saved[2] and "same_replies" in saved[3]
+    assert not first & {"group_tokens_per_s", "packed_tokens_per_s", "static_tokens_per_s", "same_replies",
+                        "syncs_per_step_max", "streamed_decode_steps"}
+    assert all(earlier < later for earlier, later in zip(saved, saved[1:])) and len(saved) == 7
+    assert "group_tokens_per_s" in saved[1] and "packed_tokens_per_s" in saved[2]
+    assert "static_tokens_per_s" in saved[3] and "same_replies" in saved[4]
     assert results[0]["model"] == "tiny" and results[0]["same_replies"] and results[0]["group_same_replies"]
     # what ladbench plan reads of a run stopped after its first save: the loop's rate at its width
     from ladbench.plan import _generation_rates

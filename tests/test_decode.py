@@ -350,11 +350,44 @@ def test_a_generation_option_only_generate_applies_is_found_even_at_token_id_0()
     assert options(no_repeat_ngram_size=3) == ["no_repeat_ngram_size"]
 
 
+@pytest.mark.parametrize("decode", ["slots", "static"])
 @pytest.mark.parametrize("prompt", sorted(VARIANTS))
-def test_the_static_step_compiles_as_one_graph_and_replies_stay_equal(ending, tmp_path, monkeypatch, prompt):
+def test_on_a_gpu_a_decode_step_attends_on_the_kv_heads_without_copying_them(ending, tmp_path, monkeypatch,
+                                                                              prompt, decode):
+    """With a GPU's attention (forced here: ``packs_on``), every layer of every decode step runs
+    :func:`~ladbench.models.attention.one_query_attention` (no KV cache copied per query head, as
+    ``repeat_kv`` does), the prefill keeps SDPA, and the replies equal ``generate``'s (which
+    decodes through the same attention)."""
+    from ladbench.models import attention
+    monkeypatch.setattr(attention, "packs_on", lambda device: True)
+    calls = []
+    one_query = attention.one_query_attention
+
+    def counted(query, *args):
+        calls.append(query.shape[0])
+        return one_query(query, *args)
+    monkeypatch.setattr(attention, "one_query_attention", counted)
+    adapter = ending(QWEN_BUILDS[0])
+    new, loop = generated(adapter, tmp_path / "loop", prompt, decode)
+    layers = adapter.text_config.num_hidden_layers
+    stats = loop.decode_stats
+    assert len(calls) == layers * stats.decode_steps                   # the prefills: none
+    if decode == "slots":
+        assert sum(calls) == layers * stats.decode_rows                # every sequence of every step
+    old, _ = generated(adapter, tmp_path / "generate", prompt, "generate")
+    for key in ("text", "parsed", "n_generated"):
+        assert (new[key] == old[key]).all(), key
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["cpu", "gpu attention"])
+@pytest.mark.parametrize("prompt", sorted(VARIANTS))
+def test_the_static_step_compiles_as_one_graph_and_replies_stay_equal(ending, tmp_path, monkeypatch, prompt, packed):
     """``--decode static``: the step traces whole (``fullgraph=True``: no graph break, which CUDA
-    graphs need), once per ring shape, and the compiled steps give the eager replies."""
+    graphs need), once per ring shape, and the compiled steps give the eager replies; also with a
+    GPU's one-query attention (``packs_on``: the query heads packed on the KV heads)."""
     from ladbench.inference import decode
+    from ladbench.models import attention
+    monkeypatch.setattr(attention, "packs_on", lambda device: packed)
     compiled = []
 
     def options(device):

@@ -119,12 +119,63 @@ def capture_attention_forward(module: torch.nn.Module, query: torch.Tensor, key:
         recorder, layer = capture
         recorder.record(layer, last_row_attention(query, key, attention_mask, scaling)[..., :n_keys],
                         kwargs.get("sliding_window"))
-    output = sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
+    if packs_one_query(module, query, key, attention_mask, kwargs):
+        output = one_query_attention(query, key, value, attention_mask, scaling)
+    else:
+        output = sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
     probe = getattr(module, _PROBE_ATTR, None)
     if probe is not None:
         probe.record(module, last_row_attention(query, key, attention_mask, scaling)[..., :n_keys],
                      value[:, :, :n_keys], output[0], kwargs)
     return output
+
+
+def packs_one_query(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
+                    attention_mask: torch.Tensor | None, kwargs: dict[str, Any]) -> bool:
+    """Whether this attention call runs as :func:`one_query_attention`: one query position (a decode
+    step, a continuation of one token) with grouped KV heads, a mask shared by the heads of a group
+    (or none), no dropout and nothing else the kernel would apply (a soft cap), on a GPU.
+
+    There transformers 4.53's SDPA path (``repeat_kv``) copies the whole KV cache once per query
+    head of a group (8 times for Qwen2.5-VL-3B's 16 heads over 2 KV heads) in every layer of every
+    decode step, memory traffic that grows with the cache and the sequences in flight while the
+    attention arithmetic of one query is small; 5.x packs the query instead, as here, except when
+    compiled (the static shapes' step). On the CPU the call stays transformers' own: the paper
+    lane's float32 bits are the reference (caches, replies equal to earlier runs), and the packed
+    query changes them in the last place (a GPU's bfloat16 kernels differ from eager anyway)."""
+    groups = getattr(module, "num_key_value_groups", 1)
+    heads = query.shape[1]
+    plain_kernel = not kwargs.get("dropout") and all(kwargs.get(name) is None for name in UNMODELLED_KERNEL_KWARGS)
+    mask_packs = attention_mask is None or (attention_mask.dim() == 4 and attention_mask.shape[2] == 1
+                                            and attention_mask.shape[1] in (1, heads))
+    return (packs_on(query.device) and query.shape[2] == 1 and groups > 1 and heads == key.shape[1] * groups
+            and plain_kernel and mask_packs)
+
+
+def packs_on(device: torch.device) -> bool:
+    """The devices :func:`packs_one_query` packs on: GPUs (tests set it for the CPU)."""
+    return device.type == "cuda"
+
+
+def one_query_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                        attention_mask: torch.Tensor | None, scaling: float | None) -> tuple[torch.Tensor, None]:
+    """SDPA of one query position [B, H, 1, d] on the KV heads [B, KV, Tk, d]: the H / KV query heads
+    of each group become that many query rows of their KV head ([B, KV, H / KV, d]; ``repeat_kv``'s
+    head order), so no key or value is copied; a mask [B, 1 | H, 1, Tk] is shared or packed alike.
+    Returns what ``sdpa_attention_forward`` returns: ([B, 1, H, d], None)."""
+    batch, heads = query.shape[:2]
+    kv_heads = key.shape[1]
+
+    def packed(t: torch.Tensor) -> torch.Tensor:
+        return t.reshape(t.shape[0], kv_heads, heads // kv_heads, t.shape[-1])
+    mask = attention_mask
+    if mask is not None:
+        mask = mask[..., : key.shape[-2]]                 # as SDPA's path cuts a static cache's longer mask
+        if mask.shape[1] == heads:
+            mask = packed(mask)
+    out = torch.nn.functional.scaled_dot_product_attention(packed(query), key, value, attn_mask=mask, scale=scaling,
+                                                           is_causal=False)
+    return out.reshape(batch, heads, 1, value.shape[-1]).transpose(1, 2).contiguous(), None
 
 
 def register_capture_attention() -> None:
