@@ -53,11 +53,12 @@ in the file's ``failed`` and under the table while the measurements after it go 
 
 5. Generation (``--generation``; the tiny model on the CPU, ``--arch`` on a GPU): CoT and
    self-consistency through the decode loop (``ladbench infer``'s path) against plain
-   ``generate(num_return_sequences=S)`` on the same prepared rows, tokens/s and rows/s first,
-   then the loop with only the prefill group's sequences in flight, with the other attention for
-   one query position (transformers' ``repeat_kv`` on a GPU, the query packed on the KV heads on
-   the CPU), its static shapes, replies equal, host syncs per decode step and decode steps over
-   the cache's chunks.
+   ``generate(num_return_sequences=S)`` on the same prepared rows (both decode through the
+   model's attention function, so on a GPU both attend one query on the KV heads), tokens/s and
+   rows/s first, then the loop with only the prefill group's sequences in flight, with the other
+   attention for one query position (transformers' ``repeat_kv`` on a GPU, the query packed on
+   the KV heads on the CPU), its static shapes, replies equal, host syncs per decode step and
+   decode steps over the cache's chunks.
 
     python benchmarks/bench_inference.py --n 4 8 9 12 --reps 5 --proxies --baseline-src /tmp/old/src
     python benchmarks/bench_inference.py --device cuda --arch qwen2_5_vl_3b internvl3_8b --n 4 8 12
@@ -637,9 +638,9 @@ def _generation_variant(r: dict, model_dir: str, args: argparse.Namespace, save:
 
 
 def attempt(failed: list[dict], what: str, measure: Callable[..., T], *args, **kwargs) -> T | None:
-    """``measure(*args, **kwargs)``; if it raises, None, with ``what`` and the error's last line added to ``failed``
-    and its traceback printed. A lent GPU runs one call: a measurement that fails there (a
-    compilation, the profiler, a worker) must not take the measurements after it along."""
+    """``measure(*args, **kwargs)``; if it raises, None, with ``what`` and the error's last line
+    added to ``failed`` and its traceback printed. A lent GPU runs one call: a measurement that
+    fails there (a compilation, the profiler, a worker) must not take the ones after it along."""
     try:
         return measure(*args, **kwargs)
     except Exception as exc:                            # noqa: BLE001 (every failure is recorded, none hidden)
