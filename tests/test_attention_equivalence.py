@@ -155,7 +155,8 @@ def test_one_query_on_the_kv_heads_equals_sdpa_with_repeated_kv(groups, mask_kin
     mask = {"none": None, "shared bool": torch.rand(batch, 1, 1, keys, generator=gen) > 0.3,
             "per head float": torch.randn(batch, heads, 1, keys, generator=gen),
             "longer than the keys": torch.rand(batch, 1, 1, keys + 5, generator=gen) > 0.3}[mask_kind]
-    expected, _ = sdpa_attention_forward(module, query, key, value, mask, scaling=0.3)
+    cut = None if mask is None else mask[..., :keys]          # 4.53's path cuts a longer mask, 5.x's expects none
+    expected, _ = sdpa_attention_forward(module, query, key, value, cut, scaling=0.3)
     packed, _ = one_query_attention(query, key, value, mask, 0.3)
     assert packed.shape == expected.shape == (batch, 1, heads, dim) and packed.is_contiguous()
     torch.testing.assert_close(packed, expected, rtol=0, atol=1e-6)
