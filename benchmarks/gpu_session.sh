@@ -22,7 +22,11 @@
 # The parts of a call share one model build per architecture (--arch-dir, outside $OUT). Replies
 # stop at 64 tokens to fit the time; the paper's run to 512 (SC) and 1,024 (CoT), whose longer
 # KV caches make late decode steps slower, so the generation rates are an upper bound for the
-# study's. The default parts take under 10 minutes by their limits; not yet run on a GPU.
+# study's. The default parts take under 10 minutes by their limits; not yet run on a GPU. The
+# limits are estimates: scoring is two infer runs of about 35 s and two split workers of about
+# 25 s (from the H100 runs of 2026-11-25); cot decodes its 16 groups of 4 rows one group at a time
+# twice (plain generate, the prefill group's width: about 25 s each, launch-bound) before the
+# static shapes compile (a minute or two), and once more after (the reference), so it gets the most.
 #   run: bash benchmarks/gpu_session.sh [PART ...]   (default: scoring cot sc; carry: .whl)
 #   GPU_SESSION_SMOKE=1: the same commands on the CPU at the small architectures, 56 px images
 #   and a few rows (tests/test_benchmarks.py runs every part), so that a flag renamed between GPU
@@ -71,11 +75,11 @@ run() {
 rates=()
 for part in "${parts[@]}"; do
   case $part in
-    scoring) run scoring 260 --arch qwen2_5_vl_3b --n 4 8 --gpu-parts throughput split --batches "$scoring_batch" \
+    scoring) run scoring 200 --arch qwen2_5_vl_3b --n 4 8 --gpu-parts throughput split --batches "$scoring_batch" \
                --gpu-rows "$scoring_rows" --trace "$out/traces" ;;
     internvl) run scoring_internvl 240 --arch internvl3_8b --n 4 --gpu-parts throughput split --batches "$internvl_batch" \
                --gpu-rows "$scoring_rows" --trace "$out/traces" ;;
-    cot|sc) run "generation_$part" 150 --arch qwen2_5_vl_3b --generation --gen-variants "$part" \
+    cot|sc) run "generation_$part" "$([ "$part" = cot ] && echo 210 || echo 150)" --arch qwen2_5_vl_3b --generation --gen-variants "$part" \
               --gen-rows "$([ "$part" = cot ] && echo "$cot_rows" || echo "$sc_rows")" --gen-batch 4 \
               --gen-samples "$samples" --gen-max-new-tokens "$new_tokens" ;;
   esac
