@@ -143,13 +143,14 @@ def packs_one_query(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
     compiled (the static shapes' step). On the CPU the call stays transformers' own: the paper
     lane's float32 bits are the reference (caches, replies equal to earlier runs), and the packed
     query changes them in the last place (a GPU's bfloat16 kernels differ from eager anyway)."""
+    if not packs_on(query.device) or query.shape[2] != 1:           # (the CPU pays one check per call)
+        return False
     groups = getattr(module, "num_key_value_groups", 1)
     heads = query.shape[1]
     plain_kernel = not kwargs.get("dropout") and all(kwargs.get(name) is None for name in UNMODELLED_KERNEL_KWARGS)
     mask_packs = attention_mask is None or (attention_mask.dim() == 4 and attention_mask.shape[2] == 1
                                             and attention_mask.shape[1] in (1, heads))
-    return (packs_on(query.device) and query.shape[2] == 1 and groups > 1 and heads == key.shape[1] * groups
-            and plain_kernel and mask_packs)
+    return groups > 1 and heads == key.shape[1] * groups and plain_kernel and mask_packs
 
 
 def packs_on(device: torch.device) -> bool:
