@@ -1062,9 +1062,9 @@ def main() -> None:
     save = JsonCheckpoint(args.json, raw)
     if args.generation:
         from ladbench.models.tiny import build_tiny_model
-        models = [(arch, arch_model(arch, args)) for arch in args.arch] or [
-            ("tiny_qwen2_5_vl", args.model_dir or build_tiny_model(
-                "qwen2_5_vl", os.path.join(tempfile.mkdtemp(), "tiny_qwen2_5_vl"), seed=0, preset="tiny"))]
+        dirs = [arch_model(arch, args) for arch in args.arch] or [args.model_dir or build_tiny_model(
+            "qwen2_5_vl", os.path.join(tempfile.mkdtemp(), "tiny_qwen2_5_vl"), seed=0, preset="tiny")]
+        models = [(os.path.basename(os.path.normpath(model_dir)), model_dir) for model_dir in dirs]   # by folder name
         import torch
         torch.set_num_threads(args.threads)
         raw["generation"] = []
