@@ -14,6 +14,9 @@
 #   internvl  InternVL3-8B: infer rows/s at N = 4, batch 8, and the split with a trace:
 #             scoring_internvl.json (not in the default run: about 4 minutes; run it as a second
 #             call on the warm machine when the device budget still has 5 minutes)
+#   and last, whatever the parts: the patch embedding of the Qwen vision configs as cuDNN's
+#             Conv3d against one matrix product (bench_patch_embed.py, 30 s at most):
+#             patch_embed.json
 # then `ladbench plan` at the rates measured (plan.txt; it runs anywhere: rerun it here with every
 # call's files). Each part has its own time limit and file, and each file is rewritten after
 # every measurement (most wanted first), so a part that runs out of time keeps what it measured;
@@ -46,9 +49,11 @@ mkdir -p "$out"
 if [ -n "${GPU_SESSION_SMOKE:-}" ]; then
   device=cpu size=(--arch-scale small --image-size 56 --reps 1 --batch 2)      # --batch: the split's
   scoring_rows=8 scoring_batch=4 internvl_batch=4 cot_rows=4 sc_rows=2 samples=2 new_tokens=4
+  patch_args=(--rows 64 --reps 1)
 else
   device=cuda size=()
   scoring_rows=256 scoring_batch=32 internvl_batch=8 cot_rows=64 sc_rows=16 samples=10 new_tokens=64
+  patch_args=(--reps 5)
 fi
 if [ "$device" = cuda ] && compgen -G ".whl/*.whl" > /dev/null; then
   "$python" -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
@@ -90,5 +95,8 @@ for name in scoring generation_cot generation_sc scoring_internvl; do
   [ -s "$out/$name.json" ] && rates+=(--rates "$model=$out/$name.json")
 done
 "$python" -m ladbench plan --gpus 8 "${rates[@]}" > "$out/plan.txt" 2>&1 || echo "plan: exit $?" >> "$out/gpu.txt"
+# last, seconds: the patch embedding as cuDNN's Conv3d against the matrix product infer runs on a GPU
+timeout 30 "$python" benchmarks/bench_patch_embed.py --device "$device" "${patch_args[@]}" --json "$out/patch_embed.json" \
+  > "$out/patch_embed.md" 2> "$out/patch_embed.log" || echo "patch_embed: exit $?" >> "$out/gpu.txt"
 cat "$out/gpu.txt" "$out"/*.md
 tail -4 "$out/plan.txt"

@@ -336,9 +336,9 @@ def test_bench_inference_builds_an_architecture_once_into_arch_dir(tmp_path, mon
 @pytest.mark.slow
 def test_gpu_session_script_runs_its_commands_on_the_cpu(tmp_path):
     """``GPU_SESSION_SMOKE=1 bash benchmarks/gpu_session.sh PART ...``: every command of the script a
-    lent GPU runs (scoring with traces for both architectures, CoT and SC generation, the plan), on
-    the CPU at the small architectures, so that a flag renamed between GPU sessions fails here and
-    not on the GPU. Each part writes its file; plan refuses the CPU's rates, naming the first file,
+    lent GPU runs (scoring with traces for both architectures, CoT and SC generation, the plan, the
+    patch embedding), on the CPU at the small architectures, so that a flag renamed between GPU
+    sessions fails here and not on the GPU. Each part writes its file; plan refuses the CPU's rates, naming the first file,
     which shows it was handed them. A part it does not know is refused before anything runs."""
     out = tmp_path / "out"
     env = dict(os.environ, OUT=str(out), GPU_SESSION_SMOKE="1", PYTHON=sys.executable, TMPDIR=str(tmp_path))
@@ -363,4 +363,6 @@ def test_gpu_session_script_runs_its_commands_on_the_cpu(tmp_path):
                                                                                        samples)
         assert entry["same_replies"] and entry["static_same_replies"] and "streamed_decode_steps" in entry
     assert f"--rates: {out / 'scoring.json'}: measured on 'cpu', not a GPU" in (out / "plan.txt").read_text()
+    patch = json.loads((out / "patch_embed.json").read_text())["results"]
+    assert [(r["rows"], r["max_rel_diff"] < 1e-5) for r in patch] == [(64, True)] * 2
     assert not list(tmp_path.rglob("small-float32"))            # the parts' model builds, removed

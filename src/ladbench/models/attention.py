@@ -23,6 +23,8 @@ from typing import Any, Sequence
 
 import torch
 
+from .kernels import on_gpu_kernels
+
 #: The attention implementation name the adapters load text decoders with
 #: (:meth:`ladbench.models.base.ModelAdapter.load`); :func:`register_capture_attention` defines it.
 CAPTURE_ATTENTION = "ladbench_capture"
@@ -154,8 +156,8 @@ def packs_one_query(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
 
 
 def packs_on(device: torch.device) -> bool:
-    """The devices :func:`packs_one_query` packs on: GPUs (tests set it for the CPU)."""
-    return device.type == "cuda"
+    """The devices :func:`packs_one_query` packs on: GPUs (``models/kernels.py``; tests set it for the CPU)."""
+    return on_gpu_kernels(device)
 
 
 def one_query_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,

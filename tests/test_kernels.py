@@ -1,0 +1,90 @@
+"""The GPU's kernel choices (models/kernels.py): the patch embedding as a matrix product equals
+the convolution in float32, is taken only where it applies, and leaves the CPU's bits alone."""
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+import pytest
+import torch
+
+from conftest_models import FAMILIES
+from ladbench.models import kernels
+from test_attention_equivalence import _runner
+
+
+def _conv(out: int, patch: int, bias: bool, **kw) -> torch.nn.Conv3d:
+    torch.manual_seed(0)
+    kernel = (2, patch, patch)
+    return torch.nn.Conv3d(3, out, kernel_size=kernel, stride=kw.pop("stride", kernel), bias=bias, **kw)
+
+
+@pytest.fixture
+def conv_calls(monkeypatch) -> collections.Counter:
+    """How often a Conv3d runs its convolution (``_conv_forward``)."""
+    calls: collections.Counter = collections.Counter()
+    convolve = torch.nn.Conv3d._conv_forward
+
+    def counted(self, *args, **kwargs):
+        calls["conv3d"] += 1
+        return convolve(self, *args, **kwargs)
+    monkeypatch.setattr(torch.nn.Conv3d, "_conv_forward", counted)
+    return calls
+
+
+# Qwen2.5-VL's shape (patch 14, no bias) and Qwen3-VL's (patch 16, a bias), narrow outputs
+@pytest.mark.parametrize("patch, bias", [(14, False), (16, True)])
+def test_patch_embedding_as_linear_equals_the_convolution(patch, bias):
+    conv = _conv(48, patch, bias)
+    pixels = torch.randn(37, 3, 2, patch, patch)
+    with torch.no_grad():
+        want, got = conv(pixels), kernels.patch_embedding_as_linear(conv, pixels)
+    assert got.shape == want.shape == (37, 48, 1, 1, 1)
+    np.testing.assert_allclose(got.numpy(), want.numpy(), atol=1e-5, rtol=1e-5)
+
+
+def test_only_convolutions_into_disjoint_patches_are_patch_embeddings():
+    assert kernels.is_patch_embedding(_conv(8, 14, False))
+    assert not kernels.is_patch_embedding(_conv(8, 14, False, stride=(1, 14, 14)))       # overlapping in time
+    assert not kernels.is_patch_embedding(_conv(8, 14, False, padding=1))
+    assert not kernels.is_patch_embedding(_conv(8, 14, False, padding="valid"))
+    assert not kernels.is_patch_embedding(_conv(8, 14, False, dilation=(1, 2, 2)))
+    assert not kernels.is_patch_embedding(torch.nn.Conv3d(4, 8, kernel_size=2, stride=2, groups=2))
+    assert not kernels.is_patch_embedding(torch.nn.Conv2d(3, 8, kernel_size=14, stride=14))   # SigLIP's, InternViT's
+
+
+def test_the_patch_embedding_is_a_matrix_product_on_a_gpu_only(monkeypatch, conv_calls):
+    """On the CPU the convolution runs as before, bit for bit; with the GPU's rule (forced) one
+    patch per row is a matrix product and no convolution runs, several patches a row stay one."""
+    reference, conv = _conv(16, 14, True), _conv(16, 14, True)
+    model = torch.nn.Sequential(conv, torch.nn.Conv3d(3, 4, kernel_size=3, padding=1))
+    assert kernels.use_linear_patch_embedding(model) == 1
+    one, several = torch.randn(9, 3, 2, 14, 14), torch.randn(2, 3, 4, 28, 28)
+    with torch.no_grad():
+        want_one, want_several = reference(one), reference(several)
+        conv_calls.clear()
+        assert torch.equal(conv(one), want_one) and conv_calls["conv3d"] == 1
+        monkeypatch.setattr(kernels, "linear_patch_embedding_on", lambda device: True)
+        np.testing.assert_allclose(conv(one).numpy(), want_one.numpy(), atol=1e-5, rtol=1e-5)
+        assert conv_calls["conv3d"] == 1
+        assert torch.equal(conv(several), want_several) and conv_calls["conv3d"] == 2
+
+
+@pytest.mark.slow
+@pytest.mark.lanes
+@pytest.mark.parametrize("family", [f for f in ("qwen2_5_vl", "llava_ov15", "qwen3_vl") if f in FAMILIES])
+def test_a_qwen_tower_scores_the_same_with_its_patch_embedding_as_a_matrix_product(
+        family, tiny_adapter, tmp_path, monkeypatch, conv_calls):
+    """Through a whole scoring batch (either tower: ours on the paper lane, transformers' on the
+    current one): scores and attention masses equal within float32 noise, no convolution run;
+    the eager reference path keeps its convolution."""
+    adapter = tiny_adapter(family)
+    assert adapter.linear_patch_embeddings == 1 and tiny_adapter(family, "eager").linear_patch_embeddings == 0
+    runner = _runner(adapter, tmp_path, 4, family)
+    before = runner.score_batch([0, 3])
+    assert conv_calls["conv3d"] == 1
+    monkeypatch.setattr(kernels, "linear_patch_embedding_on", lambda device: True)
+    after = runner.score_batch([0, 3])
+    assert conv_calls["conv3d"] == 1
+    np.testing.assert_allclose(after["scores"], before["scores"], atol=1e-4, rtol=0)
+    np.testing.assert_allclose(after["attn"], before["attn"], atol=1e-5, rtol=0)
