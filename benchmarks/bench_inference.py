@@ -72,6 +72,7 @@ import argparse
 import collections
 import contextlib
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -403,10 +404,11 @@ class JsonCheckpoint:
 
 
 class UtilisationSampler:
-    """Mean GPU utilisation (%) from ``nvidia-smi`` sampled every 250 ms (NaN without nvidia-smi)."""
+    """GPU utilisation (%) from ``nvidia-smi`` sampled every 250 ms, each sample with its time
+    (``time.monotonic``); no samples without nvidia-smi (the means are then NaN)."""
 
     def __enter__(self):
-        self.samples: list[float] = []
+        self.samples: list[tuple[float, float]] = []
         try:
             self.proc = subprocess.Popen(["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits",
                                           "-lms", "250"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
@@ -420,7 +422,7 @@ class UtilisationSampler:
     def _read(self) -> None:
         for line in self.proc.stdout:
             with contextlib.suppress(ValueError):
-                self.samples.append(float(line.split(",")[0]))
+                self.samples.append((time.monotonic(), float(line.split(",")[0])))
 
     def __exit__(self, *exc) -> None:
         if self.proc is not None:
@@ -430,12 +432,28 @@ class UtilisationSampler:
 
     @property
     def mean(self) -> float:
-        return statistics.fmean(self.samples) if self.samples else float("nan")
+        return self.mean_between(-math.inf, math.inf)
+
+    def mean_between(self, start: float, end: float) -> float:
+        """The mean of the samples taken from ``start`` to ``end`` (NaN if none)."""
+        inside = [value for at, value in self.samples if start <= at <= end]
+        return statistics.fmean(inside) if inside else float("nan")
+
+
+def bar_window(lines: list[tuple[float, str]], desc: str) -> tuple[float, float]:
+    """When a run's batches began and ended: the times of the first and the last line of its
+    progress bar (``desc``) on a stderr that is not a terminal, which writes one line as the bar
+    opens, before the first batch is prepared, and one as it closes (``ladbench.progress``); NaN
+    without two such lines."""
+    times = [at for at, line in lines if line.startswith(desc)]
+    return (times[0], times[-1]) if len(times) >= 2 else (math.nan, math.nan)
 
 
 def infer_throughput(model_dir: str, n: int, batch: int, rows: int, image_size: int, device: str,
                      workers: int | None = None, family: str | None = None) -> dict:
-    """``ladbench infer`` end to end (its own process): rows/s from the cache and mean GPU utilisation."""
+    """``ladbench infer`` end to end (its own process): rows/s from the cache and the mean GPU
+    utilisation over the whole process (start and model load included) and over its batches
+    alone (between its progress bar's first and last lines: the steady state)."""
     import h5py
     folder = tempfile.mkdtemp(prefix="bench_infer_")
     bench_path, images_path = _demo_inputs(folder, n, n_eval=rows, n_images=4 * n)
@@ -446,14 +464,18 @@ def infer_throughput(model_dir: str, n: int, batch: int, rows: int, image_size: 
     if workers is not None:
         cmd += ["--workers", str(workers)]
     with UtilisationSampler() as util:
-        t0 = time.perf_counter()
-        done = subprocess.run(cmd, capture_output=True, text=True)
-        wall = time.perf_counter() - t0
-    if done.returncode:
-        raise RuntimeError(f"ladbench infer failed:\n{done.stderr[-2000:]}")
+        t0 = time.monotonic()
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        lines = [(time.monotonic(), line) for line in proc.stderr]
+        proc.wait()
+        wall = time.monotonic() - t0
+    if proc.returncode:
+        raise RuntimeError(f"ladbench infer failed:\n{''.join(line for _, line in lines)[-2000:]}")
+    start, end = bar_window(lines, "infer bench/")
     with h5py.File(out, "r") as f:
         return {"n": n, "batch": batch, "rows": int(f["done"][()].sum()), "rows_per_s": float(f.attrs["rows_per_s"]),
-                "wall_s": wall, "gpu_util_mean": util.mean, "batch_size_used": int(f.attrs["batch_size_used"]),
+                "wall_s": wall, "batches_wall_s": end - start, "gpu_util_mean": util.mean,
+                "gpu_util_batches": util.mean_between(start, end), "batch_size_used": int(f.attrs["batch_size_used"]),
                 "peak_cuda_mb": float(f.attrs["peak_cuda_mb"])}
 
 
@@ -968,9 +990,11 @@ def _gpu_architecture(model_dir: str, args: argparse.Namespace, r: dict, save: C
 def gpu_tables(results: dict) -> str:
     lines = []
     for arch, r in results.items():
-        lines += [f"\n**{arch}**", "", "| N | batch | rows/s | mean GPU util % | batch used |", "|---|---|---|---|---|"]
-        lines += [f"| {t['n']} | {t['batch']} | {t['rows_per_s']:.2f} | {t['gpu_util_mean']:.0f} | {t['batch_size_used']} |"
-                  for t in r["throughput"]]
+        lines += [f"\n**{arch}**", "", "| N | batch | rows/s | mean GPU util %: whole run / its batches | "
+                  "wall s: whole run / its batches | batch used |", "|---|---|---|---|---|---|"]
+        lines += [f"| {t['n']} | {t['batch']} | {t['rows_per_s']:.2f} | {t['gpu_util_mean']:.0f} / "
+                  f"{t.get('gpu_util_batches', math.nan):.0f} | {t['wall_s']:.1f} / {t.get('batches_wall_s', math.nan):.1f} | "
+                  f"{t['batch_size_used']} |" for t in r["throughput"]]
         lines += ["", "| N | batch | prepare ms/row (host, hidden by workers) | vision ms/row | decoder ms/row | "
                   "capture + scoring ms/row |", "|---|---|---|---|---|---|"]
         lines += [f"| {s['n']} | {s['batch']} | {s['prepare_ms']:.1f} | {s['vision_ms']:.1f} | {s['decoder_ms']:.1f} | "

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import os
 import re
 import subprocess
@@ -275,7 +276,8 @@ def test_bench_inference_gpu_part_goes_on_past_a_failed_measurement(tmp_path, mo
     def throughput(model_dir, n, batch, *rest):
         if n == 4:
             raise RuntimeError("ladbench infer failed:\n...\ntorch.OutOfMemoryError: CUDA out of memory")
-        return {"n": n, "batch": batch, "rows_per_s": 2.0, "gpu_util_mean": 50.0, "batch_size_used": batch}
+        return {"n": n, "batch": batch, "rows_per_s": 2.0, "gpu_util_mean": 50.0, "gpu_util_batches": 75.0,
+                "wall_s": 30.0, "batches_wall_s": 20.0, "batch_size_used": batch}
 
     def worker(kind, n, args, *, model_dir, extra=()):
         split = {"n": n, "batch": 8, "prepare_ms": 1.0, "vision_ms": 2.0, "decoder_ms": 3.0, "capture_and_scoring_ms": 4.0}
@@ -292,7 +294,8 @@ def test_bench_inference_gpu_part_goes_on_past_a_failed_measurement(tmp_path, mo
     assert r["failed"] == [{"what": "infer rows/s at N = 4, batch 32", "error": "RuntimeError: torch.OutOfMemoryError: CUDA out of memory"}]
     assert len(saves) == 4                                        # after each measurement, the failed one too
     table = bench.gpu_tables(results)
-    assert [cells[:3] for cells in table_rows(table, "8") if len(cells) == 5] == [["8", "32", "2.00"]]
+    assert [cells for cells in table_rows(table, "8") if cells[1] == "32"] == [["8", "32", "2.00", "50 / 75", "30.0 / 20.0",
+                                                                                "32"]]
     assert "- failed (qwen2_5_vl_3b): infer rows/s at N = 4, batch 32: RuntimeError: torch.OutOfMemoryError: CUDA out of memory" in table
     assert "- failed (qwen2_5_vl_3b): trace at N = 8: RuntimeError: CUPTI" in table
     from ladbench.plan import read_bench_rates                   # plan prices the N it has
@@ -333,6 +336,20 @@ def test_bench_inference_builds_an_architecture_once_into_arch_dir(tmp_path, mon
     assert Path(bench.arch_model("qwen2_5_vl_3b", args)).parent.name == "small-bfloat16" and len(builds) == 3
 
 
+def test_gpu_utilisation_is_averaged_over_the_batches_between_the_bars_first_and_last_lines():
+    """An infer run's steady state: from its progress bar's opening line to its closing one (model
+    load and exit outside), the samples in that window averaged."""
+    bench = load_script("bench_inference")
+    lines = [(0.5, "loading\n"), (2.0, "infer bench/standard:   0%|\n"), (12.0, "infer bench/standard:  50%|\n"),
+             (15.0, "WARNING: x\n"), (20.0, "infer bench/standard: 100%|\n"), (21.0, "done\n")]
+    assert bench.bar_window(lines, "infer bench/") == (2.0, 20.0)
+    assert all(math.isnan(t) for t in bench.bar_window(lines[:2], "infer bench/"))
+    sampler = bench.UtilisationSampler()
+    sampler.samples = [(1.0, 0.0), (2.0, 60.0), (10.0, 80.0), (20.0, 100.0), (22.0, 0.0)]
+    assert sampler.mean == 48.0 and sampler.mean_between(2.0, 20.0) == 80.0
+    assert math.isnan(sampler.mean_between(3.0, 4.0))
+
+
 @pytest.mark.slow
 def test_gpu_session_script_runs_its_commands_on_the_cpu(tmp_path):
     """``GPU_SESSION_SMOKE=1 bash benchmarks/gpu_session.sh PART ...``: every command of the script a
@@ -357,6 +374,7 @@ def test_gpu_session_script_runs_its_commands_on_the_cpu(tmp_path):
         assert [(t["n"], t["rows"] - t["n"]) for t in scoring["throughput"]] == [(n, 8) for n in ns]
         assert [s["n"] for s in scoring["split"]] == ns
         assert all(Path(s["trace"]["chrome_trace"]).is_file() for s in scoring["split"])
+        assert all(0 < t["batches_wall_s"] < t["wall_s"] for t in scoring["throughput"])     # its bar was read
     for variant, rows, samples in (("cot", 4, 1), ("sc", 2, 2)):
         (entry,) = json.loads((out / f"generation_{variant}.json").read_text())["generation"]
         assert (entry["variant"], entry["model"], entry["rows"], entry["samples"]) == (variant, "qwen2_5_vl_3b", rows,
