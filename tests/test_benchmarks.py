@@ -276,7 +276,8 @@ def test_bench_inference_gpu_part_goes_on_past_a_failed_measurement(tmp_path, mo
     def throughput(model_dir, n, batch, *rest):
         if n == 4:
             raise RuntimeError("ladbench infer failed:\n...\ntorch.OutOfMemoryError: CUDA out of memory")
-        return {"n": n, "batch": batch, "rows_per_s": 2.0, "gpu_util_mean": 50.0, "gpu_util_batches": 75.0,
+        return {"n": n, "batch": batch, "rows_per_s": 2.0, "rows_per_s_steady": 2.5, "gpu_util_mean": 50.0,
+                "gpu_util_batches": 75.0,
                 "wall_s": 30.0, "batches_wall_s": 20.0, "batch_size_used": batch}
 
     def worker(kind, n, args, *, model_dir, extra=()):
@@ -294,7 +295,7 @@ def test_bench_inference_gpu_part_goes_on_past_a_failed_measurement(tmp_path, mo
     assert r["failed"] == [{"what": "infer rows/s at N = 4, batch 32", "error": "RuntimeError: torch.OutOfMemoryError: CUDA out of memory"}]
     assert len(saves) == 4                                        # after each measurement, the failed one too
     table = bench.gpu_tables(results)
-    assert [cells for cells in table_rows(table, "8") if cells[1] == "32"] == [["8", "32", "2.00", "50 / 75", "30.0 / 20.0",
+    assert [cells for cells in table_rows(table, "8") if cells[1] == "32"] == [["8", "32", "2.00 / 2.50", "50 / 75", "30.0 / 20.0",
                                                                                 "32"]]
     assert "- failed (qwen2_5_vl_3b): infer rows/s at N = 4, batch 32: RuntimeError: torch.OutOfMemoryError: CUDA out of memory" in table
     assert "- failed (qwen2_5_vl_3b): trace at N = 8: RuntimeError: CUPTI" in table
@@ -350,6 +351,15 @@ def test_gpu_utilisation_is_averaged_over_the_batches_between_the_bars_first_and
     assert math.isnan(sampler.mean_between(3.0, 4.0))
 
 
+def test_steady_rows_per_s_leaves_out_the_first_half_of_the_rows():
+    """A run's first batch pays its start-up: the rate of its second half does not."""
+    import numpy as np
+    bench = load_script("bench_inference")
+    seconds = np.array([2.0, 2.0, 0.5, 0.5, 0.25, 0.25, np.nan], dtype=np.float32)     # the last row not run
+    assert bench.steady_rows_per_s(seconds) == 3 / 1.0
+    assert math.isnan(bench.steady_rows_per_s(np.full(3, np.nan)))
+
+
 @pytest.mark.slow
 def test_gpu_session_script_runs_its_commands_on_the_cpu(tmp_path):
     """``GPU_SESSION_SMOKE=1 bash benchmarks/gpu_session.sh PART ...``: every command of the script a
@@ -375,6 +385,7 @@ def test_gpu_session_script_runs_its_commands_on_the_cpu(tmp_path):
         assert [s["n"] for s in scoring["split"]] == ns
         assert all(Path(s["trace"]["chrome_trace"]).is_file() for s in scoring["split"])
         assert all(0 < t["batches_wall_s"] < t["wall_s"] for t in scoring["throughput"])     # its bar was read
+        assert all(t["rows_per_s_steady"] > 0 for t in scoring["throughput"])
     for variant, rows, samples in (("cot", 4, 1), ("sc", 2, 2)):
         (entry,) = json.loads((out / f"generation_{variant}.json").read_text())["generation"]
         assert (entry["variant"], entry["model"], entry["rows"], entry["samples"]) == (variant, "qwen2_5_vl_3b", rows,

@@ -57,7 +57,7 @@ class BenchRates:
     (full size, random weights: the arithmetic of the real model, not its replies)."""
 
     source: str                                              # FILE#ARCH
-    scoring: tuple[tuple[int, int, float], ...] = ()         # (N, batch, rows/s of `ladbench infer`)
+    scoring: tuple[tuple[int, int, float, str], ...] = ()    # (N, batch, rows/s of `ladbench infer`, over what)
     generation: tuple[tuple[str, int, float], ...] = ()     # (prompt, sequences in flight, generated tokens/s)
 
     def rows_per_s(self, n: int, batch: int) -> tuple[float, str] | None:
@@ -67,8 +67,8 @@ class BenchRates:
         if not self.scoring:
             return None
         measured_n = min({e[0] for e in self.scoring}, key=lambda m: (abs(m - n), m))
-        m, b, rate = _nearest_on_log_scale([e for e in self.scoring if e[0] == measured_n], batch)
-        return rate * m / n, f"N = {m}{f' x {m}/{n}' if m != n else ''}, batch {b}"
+        m, b, rate, over = _nearest_on_log_scale([e for e in self.scoring if e[0] == measured_n], batch)
+        return rate * m / n, f"N = {m}{f' x {m}/{n}' if m != n else ''}, batch {b}{over}"
 
     def tokens_per_s(self, prompt: str, slots: int) -> tuple[float, str] | None:
         """Generated tokens/s of ``prompt`` at the measured number of sequences in flight nearest
@@ -131,10 +131,17 @@ def read_bench_rates(spec: str) -> tuple[str, BenchRates]:
     if arch not in archs:
         raise ValueError(f"--rates: {path} holds no rates of {arch!r} (it has {', '.join(archs) or 'none'})")
     return model, BenchRates(
-        f"{path}#{arch}",
-        tuple((int(e["n"]), int(e["batch"]), float(e["rows_per_s"])) for e in scoring.get(arch, [])
-              if float(e.get("rows_per_s", 0)) > 0),
+        f"{path}#{arch}", tuple(rate for e in scoring.get(arch, []) for rate in _scoring_rates(e)),
         tuple(rate for e in generation if e.get("model") == arch for rate in _generation_rates(e)))
+
+
+def _scoring_rates(entry: dict) -> list[tuple[int, int, float, str]]:
+    """An ``infer`` run's rows/s: over the second half of its rows where the file has it (a
+    study's job runs thousands of rows and pays the start-up of its first batches once; files
+    before 2026-11-27 have only the rate over every row), else over every row."""
+    steady, every = float(entry.get("rows_per_s_steady") or 0), float(entry.get("rows_per_s") or 0)
+    rate, over = (steady, ", second half") if steady > 0 else (every, "")
+    return [(int(entry["n"]), int(entry["batch"]), rate, over)] if rate > 0 else []
 
 
 def _generation_rates(entry: dict) -> list[tuple[str, int, float]]:
