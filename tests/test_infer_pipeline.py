@@ -70,19 +70,60 @@ def test_grouped_rows_keep_their_chunks_and_sort_by_prompt_length(tiny_adapter, 
     assert grouped != rows                                   # captions of two lengths alternate: it reorders
 
 
+def test_scoring_launches_each_batch_before_it_finishes_the_one_before():
+    """One batch ahead: batch k + 1 is queued before batch k's results are read back, results come
+    in order, and a launch that fails first hands over the batch before it (a retry redoes only
+    the failed batch's rows)."""
+    events = []
+
+    def launch(batch):
+        if batch.rows == [2]:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
+        events.append(f"launch {batch.rows[0]}")
+        return batch.rows[0]
+
+    def finish(k):
+        events.append(f"finish {k}")
+        return {"x": np.array([k])}
+    stream = runner.one_batch_ahead(launch, finish)
+    batches = [runner.PreparedBatch([k], {}) for k in range(4)]
+    assert [out["x"][0] for _, out in stream(iter(batches[:2] + batches[3:]))] == [0, 1, 3]
+    assert events == ["launch 0", "launch 1", "finish 0", "launch 3", "finish 1", "finish 3"]
+    events.clear()
+    handed = []
+    with pytest.raises(torch.cuda.OutOfMemoryError):
+        for batch, _ in stream(iter(batches)):
+            handed.append(batch.rows[0])
+    assert handed == [0, 1] and events == ["launch 0", "launch 1", "finish 0", "finish 1"]
+
+
+def test_scoring_one_batch_ahead_equals_one_batch_at_a_time(tiny_adapter, tmp_path):
+    """Each batch's results are its own whatever is launched after it (bit for bit on the CPU)."""
+    from test_attention_equivalence import _runner
+    rr = _runner(tiny_adapter("qwen2_5_vl"), tmp_path, 4, "qwen2_5_vl")
+    batches = [rr.prepare(rows) for rows in ([0, 3], [1], [2, 4, 5])]
+    alone = [rr.score_batch(batch) for batch in batches]
+    ahead = list(runner.one_batch_ahead(rr.launch_scores, rr.finish_scores)(iter(batches)))
+    assert [batch.rows for batch, _ in ahead] == [[0, 3], [1], [2, 4, 5]]
+    for want, (_, got) in zip(alone, ahead):
+        assert want.keys() == got.keys()
+        for key in want:
+            np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+
+
 def test_out_of_memory_batches_are_split_and_retried(tiny_model, tmp_path, monkeypatch):
     model = tiny_model("qwen2_5_vl")
     bench, images = make_demo_benchmark(tmp_path, 4, n_eval=3, n_orderings=2, n_cal=2)
     reference = read_cache(runner.run_inference(_settings(model, bench, images, tmp_path / "b2.h5", batch_size=2)))
 
-    real, sizes = runner.RowRunner.score_batch, []
+    real, sizes = runner.RowRunner.launch_scores, []
 
     def fits_two_rows(self, batch):
         sizes.append(len(batch.rows))
         if len(batch.rows) > 2:
             raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
         return real(self, batch)
-    monkeypatch.setattr(runner.RowRunner, "score_batch", fits_two_rows)
+    monkeypatch.setattr(runner.RowRunner, "launch_scores", fits_two_rows)
     out = read_cache(runner.run_inference(_settings(model, bench, images, tmp_path / "b4.h5", batch_size=4,
                                                     workers=1)))
     _assert_same_content(out, reference)
@@ -132,12 +173,12 @@ def test_out_of_memory_at_batch_size_one_and_other_errors_are_fatal(tiny_model, 
 
     def never_fits(self, batch):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
-    monkeypatch.setattr(runner.RowRunner, "score_batch", never_fits)
+    monkeypatch.setattr(runner.RowRunner, "launch_scores", never_fits)
     with pytest.raises(torch.cuda.OutOfMemoryError):
         runner.run_inference(_settings(model, bench, images, tmp_path / "a.h5", batch_size=2))
 
     def broken(self, batch):
         raise RuntimeError("not a memory problem")
-    monkeypatch.setattr(runner.RowRunner, "score_batch", broken)
+    monkeypatch.setattr(runner.RowRunner, "launch_scores", broken)
     with pytest.raises(RuntimeError, match="not a memory problem"):
         runner.run_inference(_settings(model, bench, images, tmp_path / "b.h5", batch_size=2))

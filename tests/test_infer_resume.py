@@ -33,7 +33,7 @@ FORKING_DRIVER = textwrap.dedent("""
     from ladbench import hdf5
     from ladbench.cli import main
     from ladbench.inference import runner
-    real_batch, real_sign = runner.RowRunner.score_batch, hdf5.sign
+    real_batch, real_sign = runner.RowRunner.launch_scores, hdf5.sign
     def slow_batch(self, rows):
         time.sleep(0.1)
         return real_batch(self, rows)
@@ -42,7 +42,7 @@ FORKING_DRIVER = textwrap.dedent("""
             mark.write(h5.filename + "\\n")
         time.sleep(0.15)
         real_sign(h5)
-    runner.RowRunner.score_batch, hdf5.sign = slow_batch, slow_sign
+    runner.RowRunner.launch_scores, hdf5.sign = slow_batch, slow_sign
     from ladbench.models import load_adapter      # every module a job imports, imported once
     load_adapter("qwen2_5_vl", sys.argv[sys.argv.index("--model-path") + 1], device="cpu")
     for line in sys.stdin:

@@ -7,6 +7,7 @@ import collections
 import numpy as np
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from conftest_models import FAMILIES
 from ladbench.models import kernels
@@ -88,3 +89,37 @@ def test_a_qwen_tower_scores_the_same_with_its_patch_embedding_as_a_matrix_produ
     assert conv_calls["conv3d"] == 1
     np.testing.assert_allclose(after["scores"], before["scores"], atol=1e-4, rtol=0)
     np.testing.assert_allclose(after["attn"], before["attn"], atol=1e-5, rtol=0)
+
+
+class _HostReads(TorchDispatchMode):
+    """Counts reads of a tensor's value by the host (``.item()``, ``bool()``: aten's local scalar)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += func is torch.ops.aten._local_scalar_dense.default
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.slow
+@pytest.mark.lanes
+@pytest.mark.parametrize("family", FAMILIES)
+def test_on_a_gpu_a_one_token_continuation_reads_nothing_back(family, tiny_adapter, tmp_path, monkeypatch):
+    """The greedy reply's second token on a left-padded batch: with the GPU's 4-D mask (forced)
+    transformers does not read the padding mask back, and the logits equal the 2-D mask's."""
+    adapter = tiny_adapter(family)
+    assert adapter.takes_one_token_mask and not tiny_adapter(family, "eager").takes_one_token_mask
+    runner = _runner(adapter, tmp_path, 4, family)
+    inputs = adapter.to_device(runner.prepare([0, 3]).inputs, for_prefill=True)
+    assert (inputs["attention_mask"][:, 0] == 0).any(), "the batch should be left padded"
+    _, state = adapter.prefill(inputs, use_cache=True)
+    first = torch.tensor([[17], [23]])
+    reads = {}
+    for forced in (False, True):
+        monkeypatch.setattr(kernels, "one_token_mask_on", lambda device, forced=forced: forced)
+        with torch.no_grad(), _HostReads() as counted:
+            reads[forced] = (adapter.continue_logits(state, first), counted.count)
+    assert reads[False][1] >= 1 and reads[True][1] == 0
+    np.testing.assert_allclose(reads[True][0].numpy(), reads[False][0].numpy(), atol=1e-5, rtol=0)

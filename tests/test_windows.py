@@ -312,9 +312,10 @@ def test_progress_in_a_log_is_a_line_every_interval():
 
 def test_run_batches_reports_every_batch():
     """The bar moves after every batch, not only after every written chunk."""
-    from ladbench.inference.runner import PreparedBatch, per_step, run_batches
+    from ladbench.inference.runner import PreparedBatch, one_batch_ahead, run_batches
     done, written = [], []
-    run_batches(per_step(lambda b: {"x": np.zeros(len(b.rows))}), lambda rows: PreparedBatch(list(rows), {}), list(range(7)),
+    stream = one_batch_ahead(lambda b: len(b.rows), lambda rows: {"x": np.zeros(rows)})
+    run_batches(stream, lambda rows: PreparedBatch(list(rows), {}), list(range(7)),
                 batch_size=2, chunk_size=5, workers=0, pin_memory=False,
                 write=lambda rows, results: written.append(rows), batch_done=done.append)
     assert done == [2, 2, 1, 2] and [len(rows) for rows in written] == [5, 2]

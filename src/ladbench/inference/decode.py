@@ -55,6 +55,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 import torch
 
 from ladbench.models import compat
+from ladbench.models.base import not_full_attention
 
 from .greedy import repetition_penalty
 
@@ -83,11 +84,8 @@ def padded_path_reason(text_config: Any, positions: torch.Tensor | None, cache: 
     path (None: it can). Cutting and joining need every decoder layer to attend to the whole
     sequence (a sliding window's cache is not the sequence), the cache to be plain keys and values
     per layer, and each sequence's position to be fed explicitly (padding must move none)."""
-    kinds = sorted(set(getattr(text_config, "layer_types", None) or ["full_attention"]) - {"full_attention"})
-    if kinds:
-        return f"its decoder has {', '.join(kinds)} layers"
-    if getattr(text_config, "use_sliding_window", False):
-        return "its text config sets use_sliding_window"
+    if reason := not_full_attention(text_config):
+        return reason
     if positions is None:
         return "it takes no position ids"
     if compat.plain_kv(cache) is None:

@@ -401,11 +401,14 @@ class RowRunner:
         return batch if isinstance(batch, PreparedBatch) else self.prepare(batch)
 
     def score_batch(self, batch: Sequence[int] | PreparedBatch) -> dict[str, np.ndarray]:
-        """Scores and attention of a batch of rows (one prefill + trie continuations).
+        """Scores and attention of a batch of rows (one prefill + trie continuations):
+        :meth:`launch_scores`, then :meth:`finish_scores`."""
+        return self.finish_scores(self.launch_scores(batch))
 
-        Everything stays on the device until the batch is done; then ONE device-to-host copy
-        (:func:`to_host`) brings back the attention masses and the logit columns the scores need.
-        """
+    def launch_scores(self, batch: Sequence[int] | PreparedBatch) -> LaunchedScores:
+        """The device work of a batch, queued: everything stays on the device until the batch is
+        done; then ONE device-to-host copy (:class:`HostCopy`) of the attention masses and the
+        logit columns the scores need, started, not waited for (on a GPU the host goes on)."""
         from ladbench.models.attention import LastRowCapture
         ad, n = self.adapter, self.n
         batch = self._prepared(batch)
@@ -425,10 +428,14 @@ class RowRunner:
             on_device[node] = node_logits[:, self.node_tokens[node]]
         if self.s.greedy_reply:       # the reference's Vanilla readout (greedy.py); ids are exact in float32
             on_device["greedy"] = greedy_reply_tokens(ad, logits, state, inputs)
-        host = to_host(on_device)
+        return LaunchedScores(len(batch.rows), int(logits.shape[-1]), HostCopy(on_device))
+
+    def finish_scores(self, launched: LaunchedScores) -> dict[str, np.ndarray]:
+        """A launched batch's results on the host (waits for its copy), scored."""
+        n, host = self.n, launched.copy.wait()
         logits_at = {}
         for node in self.nodes:                 # full-width rows, NaN where the scores never read
-            full = np.full((len(batch.rows), logits.shape[-1]), np.nan, dtype=np.float32)
+            full = np.full((launched.rows, launched.vocab), np.nan, dtype=np.float32)
             full[:, self.node_tokens[node]] = host[node]
             logits_at[node] = full
         mass = host["mass"]
@@ -439,7 +446,7 @@ class RowRunner:
         if self.s.store_head_attention:
             out["attn_heads"] = head_mass.astype(np.float16)
         if "greedy" in host:
-            out.update(greedy_outputs(ad, host["greedy"].astype(np.int64)))
+            out.update(greedy_outputs(self.adapter, host["greedy"].astype(np.int64)))
         return out
 
     def generate_batch(self, batch: Sequence[int] | PreparedBatch) -> dict[str, np.ndarray]:
@@ -581,15 +588,50 @@ class RowRunner:
         return texts, counts
 
 
+class HostCopy:
+    """Device tensors on their way to the host as float32: ONE copy of them all, flattened (one
+    sync per batch). On a GPU the copy goes into page-locked memory without blocking and
+    :meth:`wait` waits for it (an event), so the host can queue more work first; elsewhere it
+    is made at once."""
+
+    def __init__(self, tensors: dict[Any, "torch.Tensor"]) -> None:
+        import torch
+        self.shapes = {key: tuple(t.shape) for key, t in tensors.items()}
+        self.flat = torch.cat([t.float().reshape(-1) for t in tensors.values()])
+        self.done = None
+        if self.flat.device.type == "cuda":
+            self.host = torch.empty(self.flat.shape, dtype=self.flat.dtype, pin_memory=True)
+            with torch.cuda.device(self.flat.device):         # the copy's stream is that device's
+                self.host.copy_(self.flat, non_blocking=True)
+                self.done = torch.cuda.Event()
+                self.done.record()
+        else:
+            self.host = self.flat.cpu()
+
+    def wait(self) -> dict[Any, np.ndarray]:
+        if self.done is not None:
+            self.done.synchronize()
+        flat, out, start = self.host.numpy(), {}, 0
+        for key, shape in self.shapes.items():
+            size = int(np.prod(shape, dtype=np.int64))
+            out[key] = flat[start:start + size].reshape(shape)
+            start += size
+        self.flat = None                                   # the device's copy, free now
+        return out
+
+
 def to_host(tensors: dict[Any, "torch.Tensor"]) -> dict[Any, np.ndarray]:
     """float32 numpy copies of device tensors, in ONE device-to-host copy (one sync per batch)."""
-    import torch
-    flat = torch.cat([t.float().reshape(-1) for t in tensors.values()]).cpu().numpy()
-    out, start = {}, 0
-    for key, t in tensors.items():
-        out[key] = flat[start:start + t.numel()].reshape(t.shape)
-        start += t.numel()
-    return out
+    return HostCopy(tensors).wait()
+
+
+@dataclass
+class LaunchedScores:
+    """A scoring batch whose device work is queued (:meth:`RowRunner.launch_scores`)."""
+
+    rows: int                   # rows of the batch
+    vocab: int                  # width of the model's logits
+    copy: HostCopy
 
 
 # --------------------------------------------------------------------------- driver
@@ -648,11 +690,28 @@ def is_out_of_memory(exc: BaseException) -> bool:
 Stream = Callable[[Iterator[PreparedBatch]], Iterable[tuple[PreparedBatch, dict[str, np.ndarray]]]]
 
 
-def per_step(step: Callable[[PreparedBatch], dict[str, np.ndarray]]) -> Stream:
-    """The :data:`Stream` of a function of one prepared step (scoring: each batch's results at once)."""
+def one_batch_ahead(launch: Callable[[PreparedBatch], Any], finish: Callable[[Any], dict[str, np.ndarray]]) -> Stream:
+    """The :data:`Stream` of a step in two halves (scoring: :meth:`RowRunner.launch_scores`, then
+    :meth:`RowRunner.finish_scores`), one batch ahead: batch k + 1 is launched before batch k is
+    finished, so that on a GPU the device runs k + 1 while the host waits for k's results, scores
+    them, writes them and takes the next prepared batch (with one batch at a time the device
+    idles through all of that). Results come in order; every batch's computation is its own, so
+    they equal one batch at a time's. A launch that fails (out of memory) first hands over the
+    batch launched before it, so that a retry redoes only the failed batch's rows."""
     def stream(batches: Iterator[PreparedBatch]) -> Iterator[tuple[PreparedBatch, dict[str, np.ndarray]]]:
+        pending = None
         for batch in batches:
-            yield batch, step(batch)
+            try:
+                launched = launch(batch)
+            except Exception:
+                if pending is not None:
+                    yield pending[0], finish(pending[1])
+                raise
+            if pending is not None:
+                yield pending[0], finish(pending[1])
+            pending = (batch, launched)
+        if pending is not None:
+            yield pending[0], finish(pending[1])
     return stream
 
 
@@ -787,7 +846,7 @@ def _run_inference(settings: InferenceSettings) -> str:
         pending = pending[: settings.limit_rows]
     runner = RowRunner(adapter, settings, bench, plan, paths, digests=image_digests(table))
     # generation: a step is a whole chunk (groups of batch_size rows), streamed through one decode loop
-    stream = runner.generate_chunks if generative else per_step(runner.score_batch)
+    stream = runner.generate_chunks if generative else one_batch_ahead(runner.launch_scores, runner.finish_scores)
     if settings.group_by_length or generative:      # generation pads (and waits) for the longest prompt
         pending = runner.grouped_by_length(pending, settings.chunk_size)
 

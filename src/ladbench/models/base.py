@@ -25,10 +25,21 @@ from PIL import Image
 from ladbench.families import DEVICE_PATTERN, family_lanes
 from .attention import CAPTURE_ATTENTION, register_capture_attention
 
-from . import compat
+from . import compat, kernels
 from .folder import chat_template_file, check_model_folder
 from .kernels import use_linear_patch_embedding
 from .templates import bounded_template
+
+
+def not_full_attention(text_config: Any) -> str | None:
+    """Why not every decoder layer attends to the whole sequence (None: every one does): other
+    layer kinds (sliding windows, linear attention), or a sliding window for all."""
+    kinds = sorted(set(getattr(text_config, "layer_types", None) or ["full_attention"]) - {"full_attention"})
+    if kinds:
+        return f"its decoder has {', '.join(kinds)} layers"
+    if getattr(text_config, "use_sliding_window", False):
+        return "its text config sets use_sliding_window"
+    return None
 
 
 @dataclass
@@ -241,6 +252,13 @@ class ModelAdapter:
         ladbench.windows): the modules' own ``sliding_window``, what they pass their kernel."""
         return [int(getattr(module, "sliding_window", None) or 0) for module in self.attention_modules()]
 
+    @property
+    def takes_one_token_mask(self) -> bool:
+        """Whether a one-token continuation may be handed its padding mask in 4-D, as the kernel
+        gets it: a fast kernel (eager adds the mask as numbers) on full-attention layers only (a
+        sliding window's, a linear-attention layer's mask is not the padding)."""
+        return self.attention != "eager" and not_full_attention(self.text_config) is None
+
     def use_batched_vision(self) -> tuple[str, ...]:
         """Family hook: switch the vision tower to a batched implementation if the family has one;
         returns the input keys that should then stay on the host. Default: native tower."""
@@ -374,6 +392,8 @@ class ModelAdapter:
             ids = torch.tensor([list(new_tokens)] * batch, dtype=torch.long, device=self.device)
         n_new = ids.shape[1]
         mask = torch.cat([state.attention_mask, torch.ones_like(ids, dtype=state.attention_mask.dtype)], dim=1)
+        if n_new == 1 and self.takes_one_token_mask and kernels.one_token_mask_on(ids.device):
+            mask = mask.bool()[:, None, None, :]        # the whole mask of one query: nothing read back
         cache_position = torch.arange(state.seq_len, state.seq_len + n_new, device=self.device)
         kwargs: dict[str, Any] = dict(input_ids=ids, attention_mask=mask, past_key_values=state.past_key_values,
                                       use_cache=True, cache_position=cache_position, return_dict=True)
