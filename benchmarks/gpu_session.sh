@@ -2,8 +2,9 @@
 # The GPU measurements issue #32 still asks for (items 4 and 5), as ONE call on a lent GPU
 # (`device` tool; ../shared/recipes/gpu/README.md says how to carry the paper lane's wheels in
 # .whl/), bfloat16, full-size random weights:
-#   scoring   Qwen2.5-VL-3B: infer rows/s and GPU utilisation at N = 4 and 8, batch 32, and the
-#             per-row split at batch 8 with one torch.profiler trace per N (traces/): scoring.json
+#   scoring   Qwen2.5-VL-3B: infer rows/s and GPU utilisation at N = 4 and 8, batch 32 (at N = 4
+#             also one batch at a time, --no-score-ahead: the ratio of scoring one batch ahead), and
+#             the per-row split at batch 8 with one torch.profiler trace per N (traces/): scoring.json
 #   cot, sc   Qwen2.5-VL-3B at the paper's batch size 4 (CoT 64 rows; SC 16 rows x 10 samples):
 #             the decode loop at its GPU default of 64 sequences in flight against plain generate
 #             on the same rows (tokens/s, rows/s), then the loop with only the prefill group's
@@ -26,7 +27,7 @@
 # stop at 64 tokens to fit the time; the paper's run to 512 (SC) and 1,024 (CoT), whose longer
 # KV caches make late decode steps slower, so the generation rates are an upper bound for the
 # study's. The default parts take under 10 minutes by their limits; not yet run on a GPU. The
-# limits are estimates: scoring is two infer runs of about 35 s and two split workers of about
+# limits are estimates: scoring is three infer runs of about 35 s and two split workers of about
 # 25 s (from the H100 runs of 2026-11-25); cot decodes its 16 groups of 4 rows one group at a time
 # twice (plain generate, the prefill group's width: about 25 s each, launch-bound) before the
 # static shapes compile (a minute or two), and once more after (the reference), so it gets the most.
@@ -81,7 +82,7 @@ rates=()
 for part in "${parts[@]}"; do
   case $part in
     scoring) run scoring 200 --arch qwen2_5_vl_3b --n 4 8 --gpu-parts throughput split --batches "$scoring_batch" \
-               --gpu-rows "$scoring_rows" --trace "$out/traces" ;;
+               --gpu-rows "$scoring_rows" --trace "$out/traces" --one-at-a-time ;;
     internvl) run scoring_internvl 240 --arch internvl3_8b --n 4 --gpu-parts throughput split --batches "$internvl_batch" \
                --gpu-rows "$scoring_rows" --trace "$out/traces" ;;
     cot|sc) run "generation_$part" "$([ "$part" = cot ] && echo 210 || echo 150)" --arch qwen2_5_vl_3b --generation --gen-variants "$part" \

@@ -295,14 +295,14 @@ def test_bench_inference_gpu_part_goes_on_past_a_failed_measurement(tmp_path, mo
     assert r["failed"] == [{"what": "infer rows/s at N = 4, batch 32", "error": "RuntimeError: torch.OutOfMemoryError: CUDA out of memory"}]
     assert len(saves) == 4                                        # after each measurement, the failed one too
     table = bench.gpu_tables(results)
-    assert [cells for cells in table_rows(table, "8") if cells[1] == "32"] == [["8", "32", "2.00 / 2.50", "50 / 75", "30.0 / 20.0",
-                                                                                "32"]]
+    assert [cells for cells in table_rows(table, "8") if cells[1] == "32"] == [
+        ["8", "32", "one batch ahead", "2.00 / 2.50", "50 / 75", "30.0 / 20.0", "32"]]
     assert "- failed (qwen2_5_vl_3b): infer rows/s at N = 4, batch 32: RuntimeError: torch.OutOfMemoryError: CUDA out of memory" in table
     assert "- failed (qwen2_5_vl_3b): trace at N = 8: RuntimeError: CUPTI" in table
     from ladbench.plan import read_bench_rates                   # plan prices the N it has
     (tmp_path / "scoring.json").write_text(json.dumps({"device": "cuda", "gpu": results}))
     _, rates = read_bench_rates(f"qwen2_5_vl_3b={tmp_path / 'scoring.json'}")
-    assert rates.scoring == ((8, 32, 2.0),)
+    assert rates.scoring == ((8, 32, 2.5, ", second half"),)
 
 
 def test_bench_inference_split_is_kept_when_its_trace_fails(tiny_model, tmp_path, monkeypatch):
@@ -381,7 +381,9 @@ def test_gpu_session_script_runs_its_commands_on_the_cpu(tmp_path):
     for name, arch, ns in (("scoring", "qwen2_5_vl_3b", [4, 8]), ("scoring_internvl", "internvl3_8b", [4])):
         scoring = json.loads((out / f"{name}.json").read_text())["gpu"][arch]
         # 8 rows (--gpu-rows) beside the calibration pool's N
-        assert [(t["n"], t["rows"] - t["n"]) for t in scoring["throughput"]] == [(n, 8) for n in ns]
+        # the Qwen part also runs its first N one batch at a time (--one-at-a-time)
+        ahead = [(t["n"], t["rows"] - t["n"], t["score_ahead"]) for t in scoring["throughput"]]
+        assert ahead == [(4, 8, True)] + [(4, 8, False)] * (name == "scoring") + [(n, 8, True) for n in ns[1:]]
         assert [s["n"] for s in scoring["split"]] == ns
         assert all(Path(s["trace"]["chrome_trace"]).is_file() for s in scoring["split"])
         assert all(0 < t["batches_wall_s"] < t["wall_s"] for t in scoring["throughput"])     # its bar was read

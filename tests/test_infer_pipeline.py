@@ -85,7 +85,7 @@ def test_scoring_launches_each_batch_before_it_finishes_the_one_before():
     def finish(k):
         events.append(f"finish {k}")
         return {"x": np.array([k])}
-    stream = runner.one_batch_ahead(launch, finish)
+    stream = runner.launched_stream(launch, finish)
     batches = [runner.PreparedBatch([k], {}) for k in range(4)]
     assert [out["x"][0] for _, out in stream(iter(batches[:2] + batches[3:]))] == [0, 1, 3]
     assert events == ["launch 0", "launch 1", "finish 0", "launch 3", "finish 1", "finish 3"]
@@ -95,6 +95,10 @@ def test_scoring_launches_each_batch_before_it_finishes_the_one_before():
         for batch, _ in stream(iter(batches)):
             handed.append(batch.rows[0])
     assert handed == [0, 1] and events == ["launch 0", "launch 1", "finish 0", "finish 1"]
+    events.clear()                                                # inference.score_ahead: false
+    alone = runner.launched_stream(launch, finish, ahead=False)
+    assert [out["x"][0] for _, out in alone(iter(batches[:2]))] == [0, 1]
+    assert events == ["launch 0", "finish 0", "launch 1", "finish 1"]
 
 
 def test_scoring_one_batch_ahead_equals_one_batch_at_a_time(tiny_adapter, tmp_path):
@@ -103,7 +107,7 @@ def test_scoring_one_batch_ahead_equals_one_batch_at_a_time(tiny_adapter, tmp_pa
     rr = _runner(tiny_adapter("qwen2_5_vl"), tmp_path, 4, "qwen2_5_vl")
     batches = [rr.prepare(rows) for rows in ([0, 3], [1], [2, 4, 5])]
     alone = [rr.score_batch(batch) for batch in batches]
-    ahead = list(runner.one_batch_ahead(rr.launch_scores, rr.finish_scores)(iter(batches)))
+    ahead = list(runner.launched_stream(rr.launch_scores, rr.finish_scores)(iter(batches)))
     assert [batch.rows for batch, _ in ahead] == [[0, 3], [1], [2, 4, 5]]
     for want, (_, got) in zip(alone, ahead):
         assert want.keys() == got.keys()

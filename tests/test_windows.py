@@ -312,9 +312,9 @@ def test_progress_in_a_log_is_a_line_every_interval():
 
 def test_run_batches_reports_every_batch():
     """The bar moves after every batch, not only after every written chunk."""
-    from ladbench.inference.runner import PreparedBatch, one_batch_ahead, run_batches
+    from ladbench.inference.runner import PreparedBatch, launched_stream, run_batches
     done, written = [], []
-    stream = one_batch_ahead(lambda b: len(b.rows), lambda rows: {"x": np.zeros(rows)})
+    stream = launched_stream(lambda b: len(b.rows), lambda rows: {"x": np.zeros(rows)})
     run_batches(stream, lambda rows: PreparedBatch(list(rows), {}), list(range(7)),
                 batch_size=2, chunk_size=5, workers=0, pin_memory=False,
                 write=lambda rows, results: written.append(rows), batch_done=done.append)

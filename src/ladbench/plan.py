@@ -131,7 +131,8 @@ def read_bench_rates(spec: str) -> tuple[str, BenchRates]:
     if arch not in archs:
         raise ValueError(f"--rates: {path} holds no rates of {arch!r} (it has {', '.join(archs) or 'none'})")
     return model, BenchRates(
-        f"{path}#{arch}", tuple(rate for e in scoring.get(arch, []) for rate in _scoring_rates(e)),
+        f"{path}#{arch}", tuple(rate for e in scoring.get(arch, []) if e.get("score_ahead", True)   # not the reference's
+                                for rate in _scoring_rates(e)),
         tuple(rate for e in generation if e.get("model") == arch for rate in _generation_rates(e)))
 
 

@@ -121,6 +121,10 @@ class InferenceSettings(Settings):
         "batched", "batched: all images of a batch through the vision tower together (Qwen2.5-VL-style towers; "
         "the same features); native: transformers' own, for comparison", choices=VISION_TOWERS, group=EXECUTION_GROUP,
         hashed=False)
+    score_ahead: bool = setting(
+        True, "scoring: queue each batch on the device before reading back the one before, so that a GPU runs the "
+        "next batch while the host scores and writes one (the same results); false: one batch at a time, for "
+        "comparison", group=EXECUTION_GROUP, hashed=False)
     group_by_length: bool = setting(
         False, "sort the rows of each chunk by prompt length before batching (less padding; results equal up to "
         "float rounding)",
@@ -690,14 +694,15 @@ def is_out_of_memory(exc: BaseException) -> bool:
 Stream = Callable[[Iterator[PreparedBatch]], Iterable[tuple[PreparedBatch, dict[str, np.ndarray]]]]
 
 
-def one_batch_ahead(launch: Callable[[PreparedBatch], Any], finish: Callable[[Any], dict[str, np.ndarray]]) -> Stream:
+def launched_stream(launch: Callable[[PreparedBatch], Any], finish: Callable[[Any], dict[str, np.ndarray]], *,
+                    ahead: bool = True) -> Stream:
     """The :data:`Stream` of a step in two halves (scoring: :meth:`RowRunner.launch_scores`, then
-    :meth:`RowRunner.finish_scores`), one batch ahead: batch k + 1 is launched before batch k is
-    finished, so that on a GPU the device runs k + 1 while the host waits for k's results, scores
-    them, writes them and takes the next prepared batch (with one batch at a time the device
+    :meth:`RowRunner.finish_scores`). ``ahead``: one batch ahead, batch k + 1 launched before batch
+    k is finished, so that on a GPU the device runs k + 1 while the host waits for k's results,
+    scores them, writes them and takes the next prepared batch (one batch at a time, the device
     idles through all of that). Results come in order; every batch's computation is its own, so
-    they equal one batch at a time's. A launch that fails (out of memory) first hands over the
-    batch launched before it, so that a retry redoes only the failed batch's rows."""
+    they are the same either way. A launch that fails (out of memory) first hands over the batch
+    launched before it, so that a retry redoes only the failed batch's rows."""
     def stream(batches: Iterator[PreparedBatch]) -> Iterator[tuple[PreparedBatch, dict[str, np.ndarray]]]:
         pending = None
         for batch in batches:
@@ -710,6 +715,9 @@ def one_batch_ahead(launch: Callable[[PreparedBatch], Any], finish: Callable[[An
             if pending is not None:
                 yield pending[0], finish(pending[1])
             pending = (batch, launched)
+            if not ahead:
+                yield batch, finish(launched)
+                pending = None
         if pending is not None:
             yield pending[0], finish(pending[1])
     return stream
@@ -846,7 +854,8 @@ def _run_inference(settings: InferenceSettings) -> str:
         pending = pending[: settings.limit_rows]
     runner = RowRunner(adapter, settings, bench, plan, paths, digests=image_digests(table))
     # generation: a step is a whole chunk (groups of batch_size rows), streamed through one decode loop
-    stream = runner.generate_chunks if generative else one_batch_ahead(runner.launch_scores, runner.finish_scores)
+    stream = runner.generate_chunks if generative else launched_stream(runner.launch_scores, runner.finish_scores,
+                                                                        ahead=settings.score_ahead)
     if settings.group_by_length or generative:      # generation pads (and waits) for the longest prompt
         pending = runner.grouped_by_length(pending, settings.chunk_size)
 
