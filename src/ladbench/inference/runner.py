@@ -624,11 +624,6 @@ class HostCopy:
         return out
 
 
-def to_host(tensors: dict[Any, "torch.Tensor"]) -> dict[Any, np.ndarray]:
-    """float32 numpy copies of device tensors, in ONE device-to-host copy (one sync per batch)."""
-    return HostCopy(tensors).wait()
-
-
 @dataclass
 class LaunchedScores:
     """A scoring batch whose device work is queued (:meth:`RowRunner.launch_scores`)."""
