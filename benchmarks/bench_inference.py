@@ -454,9 +454,10 @@ def steady_rows_per_s(seconds) -> float:
     over its rows, in the order they ran): the first batches pay the run's start-up (the loader's
     workers, first kernel calls), which a study's jobs of thousands of rows pay once."""
     import numpy as np
-    timed = seconds[np.isfinite(seconds)].astype(np.float64)
-    late = timed[len(timed) // 2:]
-    return len(late) / float(late.sum()) if len(late) and late.sum() > 0 else math.nan
+
+    from ladbench.inference.cache import throughput
+    timed = seconds[np.isfinite(seconds)]
+    return throughput(timed[len(timed) // 2:])["rows_per_s"]
 
 
 def infer_throughput(model_dir: str, n: int, batch: int, rows: int, image_size: int, device: str,
@@ -1013,9 +1014,9 @@ def gpu_tables(results: dict) -> str:
                   "whole run / its batches | wall s: whole run / its batches | batch used |", "|---|---|---|---|---|---|---|"]
         lines += [f"| {t['n']} | {t['batch']} | {'one batch ahead' if t.get('score_ahead', True) else 'one at a time'} | "
                   f"{t['rows_per_s']:.2f} / {t.get('rows_per_s_steady', math.nan):.2f} | "
-                  f"{t['gpu_util_mean']:.0f} / "
-                  f"{t.get('gpu_util_batches', math.nan):.0f} | {t['wall_s']:.1f} / {t.get('batches_wall_s', math.nan):.1f} | "
-                  f"{t['batch_size_used']} |" for t in r["throughput"]]
+                  f"{t['gpu_util_mean']:.0f} / {t.get('gpu_util_batches', math.nan):.0f} | "
+                  f"{t['wall_s']:.1f} / {t.get('batches_wall_s', math.nan):.1f} | {t['batch_size_used']} |"
+                  for t in r["throughput"]]
         lines += ["", "| N | batch | prepare ms/row (host, hidden by workers) | vision ms/row | decoder ms/row | "
                   "capture + scoring ms/row |", "|---|---|---|---|---|---|"]
         lines += [f"| {s['n']} | {s['batch']} | {s['prepare_ms']:.1f} | {s['vision_ms']:.1f} | {s['decoder_ms']:.1f} | "

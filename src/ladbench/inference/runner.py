@@ -709,10 +709,11 @@ def launched_stream(launch: Callable[[PreparedBatch], Any], finish: Callable[[An
                 raise
             if pending is not None:
                 yield pending[0], finish(pending[1])
-            pending = (batch, launched)
-            if not ahead:
-                yield batch, finish(launched)
                 pending = None
+            if ahead:
+                pending = (batch, launched)
+            else:
+                yield batch, finish(launched)
         if pending is not None:
             yield pending[0], finish(pending[1])
     return stream

@@ -27,7 +27,6 @@ from .attention import CAPTURE_ATTENTION, register_capture_attention
 
 from . import compat, kernels
 from .folder import chat_template_file, check_model_folder
-from .kernels import use_linear_patch_embedding
 from .templates import bounded_template
 
 
@@ -127,7 +126,7 @@ class ModelAdapter:
         if self.vision == "batched":
             self.host_input_keys = self.use_batched_vision()
         #: patch embeddings run as a matrix product on a GPU (models/kernels.py); the eager path stays the reference's
-        self.linear_patch_embeddings = use_linear_patch_embedding(model) if attention != "eager" else 0
+        self.linear_patch_embeddings = kernels.use_linear_patch_embedding(model) if attention != "eager" else 0
         self.resolve_tokens()
         tok = self.tokenizer
         self.pad_token_id = tok.pad_token_id if tok.pad_token_id is not None else self.end_of_turn_id

@@ -85,4 +85,3 @@ def use_linear_patch_embedding(model: torch.nn.Module) -> int:
     for conv in convs:
         conv.forward = types.MethodType(_patch_embedding_forward, conv)
     return len(convs)
-
