@@ -18,7 +18,7 @@ CURRENT_VENV := .venv-current
 CURRENT_BIN  := $(abspath $(CURRENT_VENV))/bin
 CURRENT_STAMP := $(CURRENT_VENV)/.installed
 
-.PHONY: install demo test lint figures clean-demo install-current test-current
+.PHONY: install demo test lint figures clean-demo install-current test-current gpu-wheels
 
 $(STAMP): pyproject.toml requirements-lock.txt
 	$(PYTHON) -m venv $(VENV)
@@ -58,3 +58,11 @@ figures: install
 
 clean-demo:
 	rm -rf results/demo
+
+# Wheels a lent GPU machine's python lacks (benchmarks/gpu_wheels.txt), for its Python 3.12 on
+# x86-64, into .whl/ (git-ignored); benchmarks/gpu_session.sh installs them there.
+GPU_WHEEL_PLATFORMS := manylinux_2_28_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 any
+gpu-wheels:
+	mkdir -p .whl
+	$(PYTHON) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+	  $(addprefix --platform ,$(GPU_WHEEL_PLATFORMS)) -d .whl -r benchmarks/gpu_wheels.txt

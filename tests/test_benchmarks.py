@@ -363,19 +363,30 @@ def test_steady_rows_per_s_leaves_out_the_first_half_of_the_rows():
 @pytest.mark.slow
 def test_gpu_session_script_runs_its_commands_on_the_cpu(tmp_path):
     """``GPU_SESSION_SMOKE=1 bash benchmarks/gpu_session.sh PART ...``: every command of the script a
-    lent GPU runs (scoring with traces for both architectures, CoT and SC generation, the plan, the
-    patch embedding), on the CPU at the small architectures, so that a flag renamed between GPU
-    sessions fails here and not on the GPU. Each part writes its file; plan refuses the CPU's rates, naming the first file,
-    which shows it was handed them. A part it does not know is refused before anything runs."""
-    out = tmp_path / "out"
-    env = dict(os.environ, OUT=str(out), GPU_SESSION_SMOKE="1", PYTHON=sys.executable, TMPDIR=str(tmp_path))
+    lent GPU runs (the attention kernels, CoT and SC generation with a decode step's profile, scoring
+    with traces for both architectures, the plan, the patch embedding), on the CPU at the small
+    architectures, so that a flag renamed between GPU sessions fails here and not on the GPU. Each
+    part writes its file; plan refuses the CPU's rates, naming the first file, which shows it was
+    handed them; $OUT (the device tool's folder, 8 files at most) gets them all as one archive. A
+    part it does not know is refused before anything runs, and so is a python that cannot import
+    the benchmark's modules."""
+    import tarfile
+    out, device_out = tmp_path / "out", tmp_path / "device-out"
+    env = dict(os.environ, GPU_SESSION_DIR=str(out), OUT=str(device_out), GPU_SESSION_SMOKE="1",
+               PYTHON=sys.executable, TMPDIR=str(tmp_path))
 
-    def session(*parts: str) -> subprocess.CompletedProcess:
-        return subprocess.run(["bash", str(BENCHMARKS / "gpu_session.sh"), *parts], cwd=BENCHMARKS.parent, env=env,
-                              capture_output=True, text=True, timeout=900)
+    def session(*parts: str, **changes: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["bash", str(BENCHMARKS / "gpu_session.sh"), *parts], cwd=BENCHMARKS.parent,
+                              env={**env, **changes}, capture_output=True, text=True, timeout=900)
     refused = session("scoring", "vision")
     assert refused.returncode == 2 and "unknown part 'vision'" in refused.stderr and not out.exists()
-    done = session("scoring", "internvl", "cot", "sc")
+    blocker = tmp_path / "blocker"                       # a python without jsonschema, as a GPU machine's was
+    (blocker / "jsonschema").mkdir(parents=True)
+    (blocker / "jsonschema" / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'jsonschema'\")\n")
+    missing = session("cot", PYTHONPATH=str(blocker), GPU_SESSION_DIR=str(tmp_path / "refused"))
+    assert missing.returncode == 3 and "No module named 'jsonschema'" in missing.stderr
+    assert "make gpu-wheels" in missing.stderr and not (tmp_path / "refused" / "generation_cot.json").exists()
+    done = session("attention", "scoring", "internvl", "cot", "sc", "patch")
     assert done.returncode == 0, done.stderr[-3000:]
     assert (out / "gpu.txt").read_text().splitlines() == ["no nvidia-smi (cpu)", "plan: exit 2"]
     for name, arch, ns in (("scoring", "qwen2_5_vl_3b", [4, 8]), ("scoring_internvl", "internvl3_8b", [4])):
@@ -393,7 +404,17 @@ def test_gpu_session_script_runs_its_commands_on_the_cpu(tmp_path):
         assert (entry["variant"], entry["model"], entry["rows"], entry["samples"]) == (variant, "qwen2_5_vl_3b", rows,
                                                                                        samples)
         assert entry["same_replies"] and entry["static_same_replies"] and "streamed_decode_steps" in entry
+        assert entry["ours_second_run_tokens_per_s"] > 0 and entry["repeat_kv_second_run_tokens_per_s"] > 0
+        assert Path(entry["decode_step_trace"]["operators"]).is_file()
     assert f"--rates: {out / 'scoring.json'}: measured on 'cpu', not a GPU" in (out / "plan.txt").read_text()
     patch = json.loads((out / "patch_embed.json").read_text())["results"]
     assert [(r["rows"], r["max_rel_diff"] < 1e-5) for r in patch] == [(64, True)] * 2
+    attention = json.loads((out / "attention.json").read_text())["rows"]
+    assert {(r["model"], r["masked"]) for r in attention} == {(m, k) for m in ("qwen2_5_vl_3b", "internvl3_8b")
+                                                               for k in (True, False)}
+    assert all(r["max_rel_diff"] < 1e-5 and ("packed_no_cudnn_fresh_ms" in r) == r["masked"] for r in attention)
+    assert [p.name for p in device_out.iterdir()] == ["session.tgz"]
+    with tarfile.open(device_out / "session.tgz") as packed:
+        names = {Path(n).relative_to(".").as_posix() for n in packed.getnames() if n != "."}
+    assert names == {p.relative_to(out).as_posix() for p in out.rglob("*")}
     assert not list(tmp_path.rglob("small-float32"))            # the parts' model builds, removed
