@@ -212,9 +212,9 @@ def test_bench_inference_traces_one_device_step_of_the_split(tmp_path):
 
 def test_bench_inference_generation_saves_the_ratio_to_generate_first(tiny_model, tmp_path):
     """A lent GPU's minutes are few and a part may run out of time: the generation benchmark saves
-    after each measurement, the loop against plain ``generate`` first (the issue's ratio), then the
-    prefill group's width, the other one-query attention, the static shapes, the replies' equality,
-    the host syncs, the chunks;
+    after each measurement, the loop against plain ``generate`` first (the issue's ratio; the loop
+    run twice, its first run and its second), then the other one-query attention (twice too), the
+    prefill group's width, the static shapes, the replies' equality, the host syncs, the chunks;
     each save holds everything the earlier ones did."""
     bench = load_script("bench_inference")
     args = bench.parser().parse_args(["--generation", "--n", "4", "--image-size", "56", "--threads", "1",
@@ -224,11 +224,12 @@ def test_bench_inference_generation_saves_the_ratio_to_generate_first(tiny_model
     saved: list[set[str]] = []
     bench.generation_worker(tiny_model("qwen2_5_vl"), "tiny", args, results, lambda: saved.append(set(results[-1])))
     first = saved[0]
-    assert {"ours_tokens_per_s", "plain_tokens_per_s", "ours_rows_per_s", "plain_rows_per_s", "slots"} <= first
+    assert {"ours_tokens_per_s", "plain_tokens_per_s", "ours_rows_per_s", "plain_rows_per_s", "slots",
+            "ours_second_run_tokens_per_s"} <= first
     assert not first & {"group_tokens_per_s", "packed_tokens_per_s", "static_tokens_per_s", "same_replies",
-                        "syncs_per_step_max", "streamed_decode_steps"}
+                        "syncs_per_step_max", "streamed_decode_steps", "decode_step_trace"}   # no --trace
     assert all(earlier < later for earlier, later in zip(saved, saved[1:])) and len(saved) == 7
-    assert "group_tokens_per_s" in saved[1] and "packed_tokens_per_s" in saved[2]
+    assert {"packed_tokens_per_s", "repeat_kv_second_run_tokens_per_s"} <= saved[1] and "group_tokens_per_s" in saved[2]
     assert "static_tokens_per_s" in saved[3] and "same_replies" in saved[4]
     assert results[0]["model"] == "tiny" and results[0]["same_replies"] and results[0]["group_same_replies"]
     # what ladbench plan reads of a run stopped after its first save: the loop's rate at its width

@@ -146,7 +146,8 @@ class InferenceSettings(Settings):
         None, "generative variants: slots (unset) = the decode loop (one prefill per row, self-consistency's "
         "samples continue from it, a finished sequence's slot taken by the next; inference/decode.py); static = "
         "the decode loop with static shapes: its sequences in fixed slots of one preallocated KV cache, each step "
-        "compiled (CUDA graphs on a GPU; not yet measured there); generate = transformers' generate per batch, each "
+        "compiled (CUDA graphs on a GPU; on an H200 faster than slots' first run, its sampled bfloat16 replies not "
+        "generate's: README); generate = transformers' generate per batch, each "
         "sample encoded as its own row: the path it replaced, at its cost (the same replies on the CPU)",
         kind=str, choices=("slots", "static", "generate"), group=EXECUTION_GROUP, hashed=False)
     decode_slots: int | None = setting(
