@@ -535,6 +535,18 @@ def split_worker(n: int, model_dir: str, batch: int, image_size: int, device: st
     return result
 
 
+def gpu_name() -> str | None:
+    """The first GPU's name by ``nvidia-smi`` (None without it): the results say what measured
+    them (``ladbench plan --rates`` prints it) without this process starting CUDA."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    names = out.stdout.strip().splitlines() if out.returncode == 0 else []
+    return names[0].strip() if names else None
+
+
 def trace_step(step, device: str, stem: str) -> dict:
     """One call of ``step`` (warm) under ``torch.profiler``: its Chrome trace (``<stem>.trace.json.gz``,
     open in https://ui.perfetto.dev) and its 40 operators of most self time on the device
@@ -1165,7 +1177,8 @@ def main() -> None:
                                   args.trace)
         print(json.dumps(result))
         return
-    raw: dict = {"threads": args.threads, "device": args.device, "date": time.strftime("%Y-%m-%d")}
+    raw: dict = {"threads": args.threads, "device": args.device, "date": time.strftime("%Y-%m-%d"),
+                 **({"gpu_name": gpu_name()} if args.device.startswith("cuda") and gpu_name() else {})}
     save = JsonCheckpoint(args.json, raw)
     if args.generation:
         from ladbench.models.tiny import build_tiny_model

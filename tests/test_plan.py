@@ -156,13 +156,18 @@ def test_a_cache_measured_rate_wins_over_a_benchmarks(tmp_path):
 
 
 def test_plan_command_takes_rates_and_names_their_files(capsys, tmp_path, monkeypatch):
+    """... and the GPU that measured them, where the file names it (files before 2026-11-27 do not)."""
+    import json
     monkeypatch.chdir(tmp_path)
     path = bench_file(tmp_path)
-    main(["plan", "--configfile", str(REPO_ROOT / "workflow" / "demo" / "config.yaml"),
-          "--rates", f"tiny_qwen2_5_vl={path}"])
+    config = str(REPO_ROOT / "workflow" / "demo" / "config.yaml")
+    main(["plan", "--configfile", config, "--rates", f"tiny_qwen2_5_vl={path}"])
     out = capsys.readouterr().out
     assert f"4 job(s) at BENCHMARK rates (tiny_qwen2_5_vl: {path}#qwen2_5_vl_3b)" in out
     assert "4 job(s) at ASSUMED rates" in out
+    path.write_text(json.dumps({**json.loads(path.read_text()), "gpu_name": "NVIDIA H200"}))
+    main(["plan", "--configfile", config, "--rates", f"tiny_qwen2_5_vl={path}"])
+    assert f"(tiny_qwen2_5_vl: {path}#qwen2_5_vl_3b (NVIDIA H200))" in capsys.readouterr().out
 
 
 def test_a_models_rates_files_are_merged(tmp_path):

@@ -56,7 +56,7 @@ class BenchRates:
     """The GPU rates ``benchmarks/bench_inference.py --device cuda`` measured for one architecture
     (full size, random weights: the arithmetic of the real model, not its replies)."""
 
-    source: str                                              # FILE#ARCH
+    source: str                                              # FILE#ARCH, and the GPU's name where the file has it
     scoring: tuple[tuple[int, int, float, str], ...] = ()    # (N, batch, rows/s of `ladbench infer`, over what)
     generation: tuple[tuple[str, int, float], ...] = ()     # (prompt, sequences in flight, generated tokens/s)
 
@@ -130,9 +130,11 @@ def read_bench_rates(spec: str) -> tuple[str, BenchRates]:
     arch = arch or archs[0]
     if arch not in archs:
         raise ValueError(f"--rates: {path} holds no rates of {arch!r} (it has {', '.join(archs) or 'none'})")
+    gpu = document.get("gpu_name")
     return model, BenchRates(
-        f"{path}#{arch}", tuple(rate for e in scoring.get(arch, []) if e.get("score_ahead", True)   # not the reference's
-                                for rate in _scoring_rates(e)),
+        f"{path}#{arch}" + (f" ({gpu})" if isinstance(gpu, str) and gpu else ""),
+        tuple(rate for e in scoring.get(arch, []) if e.get("score_ahead", True)   # not the reference's
+              for rate in _scoring_rates(e)),
         tuple(rate for e in generation if e.get("model") == arch for rate in _generation_rates(e)))
 
 
