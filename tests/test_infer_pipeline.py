@@ -186,3 +186,34 @@ def test_out_of_memory_at_batch_size_one_and_other_errors_are_fatal(tiny_model, 
     monkeypatch.setattr(runner.RowRunner, "launch_scores", broken)
     with pytest.raises(RuntimeError, match="not a memory problem"):
         runner.run_inference(_settings(model, bench, images, tmp_path / "b.h5", batch_size=2))
+
+
+def test_the_scoring_launch_makes_no_tensor_from_host_data(tiny_adapter, tmp_path):
+    """On a GPU a tensor made from Python data (``torch.tensor`` of a list, indexing with a list)
+    is a blocking copy from pageable memory: the host waits for everything queued before it (the
+    H200 profile of 2026-11-27 found one per batch, indexing the logits with the trie's columns,
+    which held the host until the prefill had finished). ``launch_scores`` makes none (aten's
+    ``lift_fresh``, counted on the CPU) once the vision tower's plan for the batch's image grids is
+    cached (built on the host, once): at N = 12, whose two-token identifiers continue along the trie
+    from the prefill, with the greedy reply. The scores are those of the step as before."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from conftest_models import demo_runner
+    from ladbench.models import compat
+    if not compat.batched_vision_supported():
+        pytest.skip("the current lane runs transformers' own vision tower, which makes tensors of its grids itself")
+    rr = demo_runner(tiny_adapter("qwen2_5_vl"), tmp_path, 12, bench_options=dict(n_eval=2, n_orderings=1, n_cal=1))
+    assert len(rr.nodes) > 1                                          # continuations along the trie run
+    prepared = rr.prepare([0, 1])
+    before = rr.score_batch(prepared)["scores"]                       # and the tower's plan cached
+    made: list[str] = []
+
+    class FromHostData(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten.lift_fresh.default and args[0].numel():     # (5.x's empty caches copy nothing)
+                made.append(str(func))
+            return func(*args, **(kwargs or {}))
+    with FromHostData():
+        launched = rr.launch_scores(prepared)
+    assert made == []
+    np.testing.assert_array_equal(rr.finish_scores(launched)["scores"], before)

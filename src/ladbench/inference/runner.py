@@ -336,6 +336,7 @@ class RowRunner:
             self.nodes = self.trie.nodes_needing_logits(settings.score_mode)
             # the only logit columns the scores read, per trie node (gathered on the device)
             self.node_tokens = {node: list(self.trie.valid_next[node]) for node in self.nodes}
+            self._node_tensors: dict = {}           # by device: node_tensors
 
     def _load_image(self, image_id: int):
         from PIL import Image
@@ -428,12 +429,26 @@ class RowRunner:
         if cap.applied_windows() != ad.attention_windows():    # the cache's attention_windows is what ran
             raise RuntimeError(f"the attention kernels applied sliding windows {cap.applied_windows()}, not the "
                                f"{ad.attention_windows()} the model's adapter states")
+        columns, paths = self.node_tensors(logits.device)
         for i, node in enumerate(self.nodes):
-            node_logits = logits if i == 0 else ad.continue_logits(state, node)
-            on_device[node] = node_logits[:, self.node_tokens[node]]
+            node_logits = logits if i == 0 else ad.continue_logits(state, paths[node].repeat(len(logits), 1))
+            on_device[node] = node_logits[:, columns[node]]
         if self.s.greedy_reply:       # the reference's Vanilla readout (greedy.py); ids are exact in float32
             on_device["greedy"] = greedy_reply_tokens(ad, logits, state, inputs)
         return LaunchedScores(len(batch.rows), int(logits.shape[-1]), HostCopy(on_device))
+
+    def node_tensors(self, device) -> tuple[dict, dict]:
+        """The trie nodes' logit columns and token paths ([1, k]) as tensors on ``device``, made
+        once per device: indexing with a list, or ``torch.tensor`` of one, is a copy from pageable
+        host memory that a GPU makes the host wait for (the H200 profile of 2026-11-27: one per
+        batch, which held the host until the prefill had finished; it then launched the greedy
+        reply's continuation to an idle GPU)."""
+        import torch
+        if device not in self._node_tensors:
+            self._node_tensors[device] = (
+                {node: torch.as_tensor(cols, dtype=torch.long).to(device) for node, cols in self.node_tokens.items()},
+                {node: torch.as_tensor([node], dtype=torch.long).to(device) for node in self.nodes if node})
+        return self._node_tensors[device]
 
     def finish_scores(self, launched: LaunchedScores) -> dict[str, np.ndarray]:
         """A launched batch's results on the host (waits for its copy), scored."""
