@@ -719,23 +719,29 @@ def attempt(failed: list[dict], what: str, measure: Callable[..., T], *args, **k
         return None
 
 
-def decode_step_syncs(runner, prepared) -> dict:
-    """Host syncs per decode step of one (untimed) run of the loop over ``prepared``: the most and the mean."""
-    from torch.profiler import ProfilerActivity, profile
-
+def through_each_decode_step(runner, prepared, around: Callable) -> None:
+    """One (untimed) run of the loop over ``prepared`` whose every decode step is made by
+    ``around(step, decoder, flight, replies)``, ``step`` the loop's own (restored after)."""
     from ladbench.inference.decode import SlotDecoder
-    per_step, step = [], SlotDecoder.step
-
-    def counted(self, flight, replies):
-        with count_tensor_calls(HOST_COPY_METHODS) as calls, profile(activities=[ProfilerActivity.CPU]) as prof:
-            out = step(self, flight, replies)
-        per_step.append(_syncs(collections.Counter(e.name for e in prof.events()), calls))
-        return out
-    SlotDecoder.step = counted
+    step = SlotDecoder.step
+    SlotDecoder.step = lambda decoder, flight, replies: around(step, decoder, flight, replies)
     try:
         runner.generate_batch(prepared)
     finally:
         SlotDecoder.step = step
+
+
+def decode_step_syncs(runner, prepared) -> dict:
+    """Host syncs per decode step of one (untimed) run of the loop over ``prepared``: the most and the mean."""
+    from torch.profiler import ProfilerActivity, profile
+    per_step = []
+
+    def counted(step, decoder, flight, replies):
+        with count_tensor_calls(HOST_COPY_METHODS) as calls, profile(activities=[ProfilerActivity.CPU]) as prof:
+            out = step(decoder, flight, replies)
+        per_step.append(_syncs(collections.Counter(e.name for e in prof.events()), calls))
+        return out
+    through_each_decode_step(runner, prepared, counted)
     return {"syncs_per_step_max": max(per_step), "syncs_per_step_mean": sum(per_step) / len(per_step)}
 
 
@@ -831,26 +837,20 @@ def decode_step_trace(runner, prepared, device: str, stem: str) -> dict:
     :func:`trace_step`'s files, under ``decode_step_trace``."""
     import torch
     from torch.profiler import profile
-
-    from ladbench.inference.decode import SlotDecoder
-    step, calls, files = SlotDecoder.step, [0], {}
+    calls, files = [0], {}
     at = max(1, min(8, runner.s.options.max_new_tokens // 2))
 
-    def traced(self, flight, replies):
+    def traced(step, decoder, flight, replies):
         calls[0] += 1
         if calls[0] != at:
-            return step(self, flight, replies)
+            return step(decoder, flight, replies)
         _sync(device)
         with torch.no_grad(), profile(activities=_profiled_activities(device), with_stack=False) as prof:
-            out = step(self, flight, replies)
+            out = step(decoder, flight, replies)
             _sync(device)
         files.update(write_trace(prof, device, stem))
         return out
-    SlotDecoder.step = traced
-    try:
-        runner.generate_batch(prepared)
-    finally:
-        SlotDecoder.step = step
+    through_each_decode_step(runner, prepared, traced)
     return {"decode_step_trace": files or None}
 
 
@@ -1177,8 +1177,9 @@ def main() -> None:
                                   args.trace)
         print(json.dumps(result))
         return
-    raw: dict = {"threads": args.threads, "device": args.device, "date": time.strftime("%Y-%m-%d"),
-                 **({"gpu_name": gpu_name()} if args.device.startswith("cuda") and gpu_name() else {})}
+    raw: dict = {"threads": args.threads, "device": args.device, "date": time.strftime("%Y-%m-%d")}
+    if args.device.startswith("cuda") and (name := gpu_name()):
+        raw["gpu_name"] = name
     save = JsonCheckpoint(args.json, raw)
     if args.generation:
         from ladbench.models.tiny import build_tiny_model

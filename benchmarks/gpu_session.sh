@@ -3,7 +3,7 @@
 # full-size random weights; each part its own time limit and files:
 #   attention Qwen2.5-VL-3B's and InternVL3-8B's one-query attention per decode step, transformers'
 #             repeat_kv against the query packed on the KV heads, each with and without cuDNN, warm
-#             and over fresh KV lengths (bench_one_query_attention.py, 60 s): attention.json
+#             and over fresh KV lengths (bench_one_query_attention.py, 50 s): attention.json
 #   cot, sc   Qwen2.5-VL-3B at the paper's batch size 4 (CoT 64 rows; SC 16 rows x 10 samples):
 #             the decode loop at its GPU default of 64 sequences in flight, its first run over the
 #             rows (shapes new to the kernels) and its second, against plain generate on the same
