@@ -188,32 +188,64 @@ def test_out_of_memory_at_batch_size_one_and_other_errors_are_fatal(tiny_model, 
         runner.run_inference(_settings(model, bench, images, tmp_path / "b.h5", batch_size=2))
 
 
-def test_the_scoring_launch_makes_no_tensor_from_host_data(tiny_adapter, tmp_path):
-    """On a GPU a tensor made from Python data (``torch.tensor`` of a list, indexing with a list)
-    is a blocking copy from pageable memory: the host waits for everything queued before it (the
-    H200 profile of 2026-11-27 found one per batch, indexing the logits with the trie's columns,
-    which held the host until the prefill had finished). ``launch_scores`` makes none (aten's
-    ``lift_fresh``, counted on the CPU) once the vision tower's plan for the batch's image grids is
-    cached (built on the host, once): at N = 12, whose two-token identifiers continue along the trie
-    from the prefill, with the greedy reply. The scores are those of the step as before."""
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "internvl"])
+def test_the_scoring_launch_waits_for_nothing_on_the_host(family, tiny_adapter, tmp_path):
+    """On a GPU the host waits wherever it reads a value back (``.item()``, ``bool()``: aten's
+    ``_local_scalar_dense``) and wherever it makes a tensor from Python data (``torch.tensor`` of a
+    list, indexing with a list: a blocking copy from pageable memory; aten's ``lift_fresh``). The
+    H200 profile of 2026-11-27 found three in a batch's launch: transformers' check that the image
+    tokens match the tower's features, its check of the padding mask, and the trie's logit columns
+    as a list. ``launch_scores`` does none of them (counted on the CPU) once the tower's plan for
+    the batch's image grids is cached (Qwen2.5-VL's batched tower; built on the host, once): at
+    N = 12, whose two-token identifiers continue along the trie from the prefill, with the greedy
+    reply. Its scores and attention masses are those of transformers' own steps (the image
+    features put in place by ``masked_scatter``, the mask decided by reading it), bit for bit."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     from conftest_models import demo_runner
     from ladbench.models import compat
-    if not compat.batched_vision_supported():
-        pytest.skip("the current lane runs transformers' own vision tower, which makes tensors of its grids itself")
-    rr = demo_runner(tiny_adapter("qwen2_5_vl"), tmp_path, 12, bench_options=dict(n_eval=2, n_orderings=1, n_cal=1))
+    from ladbench.models.base import IMAGE_TOKEN_INDEX, PADDED_KEY
+    if family == "qwen2_5_vl" and not compat.batched_vision_supported():
+        pytest.skip("the current lane runs transformers' own vision tower, which reads its grids itself")
+    rr = demo_runner(tiny_adapter(family), tmp_path, 12, bench_options=dict(n_eval=2, n_orderings=1, n_cal=1))
     assert len(rr.nodes) > 1                                          # continuations along the trie run
     prepared = rr.prepare([0, 1])
-    before = rr.score_batch(prepared)["scores"]                       # and the tower's plan cached
-    made: list[str] = []
+    assert prepared.inputs[PADDED_KEY] and IMAGE_TOKEN_INDEX in prepared.inputs
+    transformers_steps = dataclasses.replace(prepared, inputs={
+        k: v for k, v in prepared.inputs.items() if k not in (PADDED_KEY, IMAGE_TOKEN_INDEX)})
+    before = rr.score_batch(transformers_steps)                      # and the tower's plan cached
+    waits: list[str] = []
 
-    class FromHostData(TorchDispatchMode):
+    class HostWaits(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if func is torch.ops.aten.lift_fresh.default and args[0].numel():     # (5.x's empty caches copy nothing)
-                made.append(str(func))
+            if func is torch.ops.aten._local_scalar_dense.default or (
+                    func is torch.ops.aten.lift_fresh.default and args[0].numel()):   # (5.x's empty caches copy nothing)
+                waits.append(str(func))
             return func(*args, **(kwargs or {}))
-    with FromHostData():
+    with HostWaits():
         launched = rr.launch_scores(prepared)
-    assert made == []
-    np.testing.assert_array_equal(rr.finish_scores(launched)["scores"], before)
+    assert waits == []
+    after = rr.finish_scores(launched)
+    for key in ("scores", "attn", "attn_text", "greedy_tokens"):
+        np.testing.assert_array_equal(after[key], before[key], err_msg=key)
+
+
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "internvl"])
+def test_image_tokens_that_do_not_match_the_features_are_refused_on_the_host(family, tiny_adapter, tmp_path):
+    """The places found on the host are the image tokens' (where ``masked_scatter`` writes), as
+    many as the features the family counts; a count that differs is transformers' one-line
+    error, raised on the host before any device work."""
+    from conftest_models import demo_runner
+    from ladbench.models import compat
+    from ladbench.models.base import IMAGE_TOKEN_INDEX, image_token_index
+    if family == "qwen2_5_vl" and not compat.batched_vision_supported():
+        pytest.skip("the current lane runs transformers' own vision tower, and its forward places the features")
+    adapter = tiny_adapter(family)
+    inputs = demo_runner(adapter, tmp_path, 4, bench_options=dict(n_eval=1, n_orderings=1, n_cal=1)).prepare([0]).inputs
+    index = inputs[IMAGE_TOKEN_INDEX]
+    assert len(index) > 0 and torch.equal(index, (inputs["input_ids"].flatten() == adapter.image_token_id)
+                                          .nonzero().squeeze(1))
+    assert adapter.image_feature_count(inputs) == len(index)
+    with pytest.raises(ValueError, match=rf"^Image features and image tokens do not match: tokens: {len(index)}, "
+                                         rf"features {len(index) - 1}$"):
+        image_token_index(inputs["input_ids"], adapter.image_token_id, len(index) - 1)

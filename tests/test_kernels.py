@@ -1,5 +1,7 @@
 """The GPU's kernel choices (models/kernels.py): the patch embedding as a matrix product equals
-the convolution in float32, is taken only where it applies, and leaves the CPU's bits alone."""
+the convolution in float32, is taken only where it applies, and leaves the CPU's bits alone.
+And the attention masks the host decides (``ModelAdapter.kernel_mask``): transformers' own, on
+every device, without reading the padding mask back."""
 from __future__ import annotations
 
 import collections
@@ -11,6 +13,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from conftest_models import FAMILIES
 from ladbench.models import kernels
+from ladbench.models.attention import sdpa_kernel_mask
+from ladbench.models.base import PADDED_KEY
 from test_attention_equivalence import _runner
 
 
@@ -106,20 +110,51 @@ class _HostReads(TorchDispatchMode):
 @pytest.mark.slow
 @pytest.mark.lanes
 @pytest.mark.parametrize("family", FAMILIES)
-def test_on_a_gpu_a_one_token_continuation_reads_nothing_back(family, tiny_adapter, tmp_path, monkeypatch):
-    """The greedy reply's second token on a left-padded batch: with the GPU's 4-D mask (forced)
-    transformers does not read the padding mask back, and the logits equal the 2-D mask's."""
+@pytest.mark.parametrize("rows", [[0, 3], [0]], ids=["left-padded", "one-row"])
+def test_the_host_decides_the_kernel_mask_as_transformers_would(family, rows, tiny_adapter, tmp_path):
+    """A prefill and its continuations (one token: the greedy reply's second; two: a two-token
+    identifier), with and without the host's word on the padding: the masks the decoder's
+    attention gets are equal (None where transformers drops it), so are the logits, bit for bit;
+    with it, transformers reads nothing back to decide (fewer reads in the prefill, none in a
+    continuation, where the one-token one read once before)."""
     adapter = tiny_adapter(family)
-    assert adapter.takes_one_token_mask and not tiny_adapter(family, "eager").takes_one_token_mask
-    runner = _runner(adapter, tmp_path, 4, family)
-    inputs = adapter.to_device(runner.prepare([0, 3]).inputs, for_prefill=True)
-    assert (inputs["attention_mask"][:, 0] == 0).any(), "the batch should be left padded"
-    _, state = adapter.prefill(inputs, use_cache=True)
-    first = torch.tensor([[17], [23]])
-    reads = {}
-    for forced in (False, True):
-        monkeypatch.setattr(kernels, "one_token_mask_on", lambda device, forced=forced: forced)
-        with torch.no_grad(), _HostReads() as counted:
-            reads[forced] = (adapter.continue_logits(state, first), counted.count)
-    assert reads[False][1] >= 1 and reads[True][1] == 0
-    np.testing.assert_allclose(reads[True][0].numpy(), reads[False][0].numpy(), atol=1e-5, rtol=0)
+    assert adapter.takes_kernel_mask and not tiny_adapter(family, "eager").takes_kernel_mask
+    host = _runner(adapter, tmp_path, 4, family).prepare(rows).inputs
+    assert host[PADDED_KEY] is (len(rows) > 1) is bool((host["attention_mask"] == 0).any())
+    with torch.no_grad():                       # Qwen2.5-VL's tower builds its plan for these grids (host reads)
+        adapter.prefill(adapter.to_device(host, for_prefill=True), use_cache=False)
+    runs = {}
+    for decided in (False, True):
+        inputs = adapter.to_device({k: v for k, v in host.items() if decided or k != PADDED_KEY}, for_prefill=True)
+        masks: list = []
+        hook = adapter.attention_modules()[0].register_forward_pre_hook(
+            lambda module, args, kwargs: masks.append(kwargs.get("attention_mask")), with_kwargs=True)
+        try:
+            with torch.no_grad(), _HostReads() as reads:
+                logits, state = adapter.prefill(inputs, use_cache=True)
+                in_prefill = reads.count
+                one = adapter.continue_logits(state, torch.tensor([[17]] * len(rows)))
+                two = adapter.continue_logits(state, torch.tensor([[17, 23]] * len(rows)))
+        finally:
+            hook.remove()
+        runs[decided] = (logits, one, two), masks, in_prefill, reads.count - in_prefill
+    (want, want_masks, prefill_reads, continuation_reads), (got, got_masks, prefill_reads_now, continuation_reads_now) = (
+        runs[False], runs[True])
+    assert all(torch.equal(w, g) for w, g in zip(want, got))
+    assert len(want_masks) == len(got_masks) == 3
+    for w, g in zip(want_masks, got_masks):
+        assert (w is None and g is None) or (w is not None and g is not None and torch.equal(w, g)), (w, g)
+    assert (want_masks[0] is None) is (len(rows) == 1)                  # no padding: the kernel's causal rule
+    assert prefill_reads_now < prefill_reads              # (4.53 reads the mask once, 5.x twice when padded)
+    assert continuation_reads == 1 and continuation_reads_now == 0
+
+
+def test_the_kernel_mask_sees_real_keys_up_to_each_query():
+    """Hand-computed: two queries at positions 3 and 4 of five keys, the first key padding."""
+    mask = sdpa_kernel_mask(torch.tensor([[0, 1, 1, 1, 1], [1, 1, 1, 1, 1]]), 2, padded=True)
+    assert mask.shape == (2, 1, 2, 5) and mask.dtype == torch.bool
+    assert mask[0, 0].int().tolist() == [[0, 1, 1, 1, 0], [0, 1, 1, 1, 1]]
+    assert mask[1, 0].int().tolist() == [[1, 1, 1, 1, 0], [1, 1, 1, 1, 1]]
+    full = torch.ones(1, 5, dtype=torch.long)
+    assert sdpa_kernel_mask(full, 1, padded=False) is None and sdpa_kernel_mask(full, 5, padded=False) is None
+    assert sdpa_kernel_mask(full, 2, padded=False)[0, 0].int().tolist() == [[1, 1, 1, 1, 0], [1, 1, 1, 1, 1]]

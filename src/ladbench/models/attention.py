@@ -60,6 +60,21 @@ def last_row_attention(query: torch.Tensor, key: torch.Tensor, attention_mask: t
     return scores.softmax(dim=-1)[:, :, 0]
 
 
+def sdpa_kernel_mask(key_mask: torch.Tensor, n_queries: int, padded: bool) -> torch.Tensor | None:
+    """The mask transformers hands an SDPA kernel of a full-attention decoder for the last
+    ``n_queries`` of the K positions of ``key_mask`` [B, K] (1: a real token), decided without
+    reading ``key_mask``: the host says whether any key is ``padded``. None where transformers
+    drops the mask (no padding, and one query or as many queries as keys: the kernel's own
+    rule is the causal one); else the bool [B, 1, Q, K] mask in which the query at position
+    K - Q + i sees the real keys up to its own position (the same values as transformers')."""
+    keys = key_mask.shape[-1]
+    if not padded and n_queries in (1, keys):
+        return None
+    positions = torch.arange(keys, device=key_mask.device)
+    causal = positions[None, :] <= positions[keys - n_queries:, None]                  # [Q, K]
+    return causal[None, None] & key_mask.bool()[:, None, None, :]
+
+
 def segment_mass(rows: torch.Tensor, segment_ids: torch.Tensor, n_segments: int) -> torch.Tensor:
     """Sum attention rows [B, H, T] over token segments: [B, H, n_segments].
 

@@ -23,7 +23,7 @@ import torch
 from PIL import Image
 
 from ladbench.families import DEVICE_PATTERN, family_lanes
-from .attention import CAPTURE_ATTENTION, register_capture_attention
+from .attention import CAPTURE_ATTENTION, register_capture_attention, sdpa_kernel_mask
 
 from . import compat, kernels
 from .folder import chat_template_file, check_model_folder
@@ -39,6 +39,24 @@ def not_full_attention(text_config: Any) -> str | None:
     if getattr(text_config, "use_sliding_window", False):
         return "its text config sets use_sliding_window"
     return None
+
+
+#: the host's word on whether a prefill batch has padding (``encode_on_host(for_prefill=True)``),
+#: so that the masks its kernels get are decided without reading the padding mask back
+PADDED_KEY = "ladbench_padded"
+#: a prefill input: the image tokens' flat positions in the batch, found on the host
+#: (:func:`image_token_index`), where the prefill puts the image features (``placed_image_features``)
+IMAGE_TOKEN_INDEX = "ladbench_image_token_index"
+
+
+def image_token_index(input_ids: torch.Tensor, image_token_id: int, features: int) -> torch.Tensor:
+    """The flat positions [B * T] of the image tokens of a batch's ``input_ids`` (on the host), in
+    order: where ``masked_scatter`` would put the image features, one token each. As many as the
+    ``features`` the images give, else transformers' error (which it checks by a read-back)."""
+    index = (input_ids.flatten() == image_token_id).nonzero().squeeze(1)
+    if len(index) != features:
+        raise ValueError(f"Image features and image tokens do not match: tokens: {len(index)}, features {features}")
+    return index
 
 
 @dataclass
@@ -57,6 +75,8 @@ class PrefillState:
     position_offset: torch.Tensor | None
     seq_len: int
     model_kwargs: dict[str, Any] | None = None
+    #: whether any row of the batch is padded, known on the host (``PADDED_KEY``); None: unknown
+    padded: bool | None = None
 
 
 def resolve_device(device: str) -> str:
@@ -252,11 +272,22 @@ class ModelAdapter:
         return [int(getattr(module, "sliding_window", None) or 0) for module in self.attention_modules()]
 
     @property
-    def takes_one_token_mask(self) -> bool:
-        """Whether a one-token continuation may be handed its padding mask in 4-D, as the kernel
-        gets it: a fast kernel (eager adds the mask as numbers) on full-attention layers only (a
-        sliding window's, a linear-attention layer's mask is not the padding)."""
+    def takes_kernel_mask(self) -> bool:
+        """Whether the prefill and its continuations may hand the decoder the mask its kernel gets
+        (:func:`~.attention.sdpa_kernel_mask`) instead of the 2-D padding mask: SDPA kernels (eager
+        adds the mask as numbers) on full-attention layers only (a sliding window's, a
+        linear-attention layer's mask is not the padding)."""
         return self.attention != "eager" and not_full_attention(self.text_config) is None
+
+    def kernel_mask(self, mask: torch.Tensor, n_queries: int, padded: bool | None) -> torch.Tensor | None:
+        """The attention mask to hand the decoder for the last ``n_queries`` positions of ``mask``
+        [B, K]. Given the 2-D mask, transformers reads it back to see whether it can drop it
+        (``padding_mask.all()``: on a GPU the host then waits for everything queued before, the
+        whole vision tower in a prefill); where the host knows ``padded`` it is decided here, equal
+        to what transformers would build. Unknown, or not :attr:`takes_kernel_mask`: the 2-D mask."""
+        if padded is None or not self.takes_kernel_mask:
+            return mask
+        return sdpa_kernel_mask(mask, n_queries, padded)
 
     def use_batched_vision(self) -> tuple[str, ...]:
         """Family hook: switch the vision tower to a batched implementation if the family has one;
@@ -306,6 +337,10 @@ class ModelAdapter:
             out["pixel_values"] = out["pixel_values"].to(self.model.dtype)       # cast here: half the copy
         if for_prefill:
             out.update(self.prefill_extras(out))
+            out[PADDED_KEY] = bool((out["attention_mask"] == 0).any())     # on the host: free
+            features = self.image_feature_count(out) if "pixel_values" in out else None
+            if features is not None:
+                out[IMAGE_TOKEN_INDEX] = image_token_index(out["input_ids"], self.image_token_id, features)
         return out
 
     def encode_with_spans(self, texts: Sequence[str], images: Sequence[Sequence[Image.Image]], *,
@@ -356,17 +391,45 @@ class ModelAdapter:
         (float32) and the state continuation steps need. Only the last position goes
         through the LM head (a full-vocabulary projection of every position is waste)."""
         kwargs = dict(inputs)
+        padded = kwargs.pop(PADDED_KEY, None)
+        seq_len = int(inputs["input_ids"].shape[1])
+        kwargs["attention_mask"] = self.kernel_mask(inputs["attention_mask"], seq_len, padded)
         pos = self.prefill_position_ids(inputs) if "position_ids" not in inputs else None
         if pos is not None:
             kwargs["position_ids"] = pos
-        out = self.model.model(**compat.forward_kwargs(kwargs), use_cache=use_cache, return_dict=True)
+        out = self.model.model(**compat.forward_kwargs(self.placed_image_features(kwargs)), use_cache=use_cache,
+                               return_dict=True)
         hidden = out.last_hidden_state[:, -1:]
         logits = self.model.get_output_embeddings()(hidden)[:, -1].float()
         state = PrefillState(past_key_values=out.past_key_values if use_cache else None,
                              attention_mask=inputs["attention_mask"],
-                             position_offset=self._position_offset(inputs, out),
-                             seq_len=int(inputs["input_ids"].shape[1]))
+                             position_offset=self._position_offset(inputs, out), seq_len=seq_len, padded=padded)
         return logits, state
+
+    def image_feature_count(self, inputs: dict[str, torch.Tensor]) -> int | None:
+        """Family hook: how many image-feature tokens the batch's pixel inputs give, known on the
+        host; None (the default) leaves the features' placement to transformers' forward, which
+        checks the count by reading it back from the device once the whole tower has run."""
+        return None
+
+    def image_features(self, kwargs: dict[str, Any]) -> torch.Tensor:
+        """Family hook (where :meth:`image_feature_count` is given): the vision tower's features of
+        the batch's images [tokens, hidden], in prompt order, as transformers' forward computes
+        them; takes the pixel inputs out of the forward's ``kwargs``."""
+        raise NotImplementedError
+
+    def placed_image_features(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """The prefill's keyword arguments with the prompt embedded and the image features copied
+        into the image tokens' places found on the host (``IMAGE_TOKEN_INDEX``; the values
+        transformers' ``masked_scatter`` writes, without its read-back check), as
+        ``inputs_embeds``; as they are where the places are not known."""
+        index = kwargs.pop(IMAGE_TOKEN_INDEX, None)
+        if index is None:
+            return kwargs
+        embeds = self.model.model.get_input_embeddings()(kwargs["input_ids"])
+        features = self.image_features(kwargs)
+        embeds.view(-1, embeds.shape[-1]).index_copy_(0, index, features.to(embeds.dtype))
+        return {**kwargs, "input_ids": None, "inputs_embeds": embeds}
 
     def _position_offset(self, inputs: dict[str, torch.Tensor], out: Any) -> torch.Tensor | None:
         """Family hook: what ``continuation_position_ids`` needs from the prefill."""
@@ -391,8 +454,7 @@ class ModelAdapter:
             ids = torch.tensor([list(new_tokens)] * batch, dtype=torch.long, device=self.device)
         n_new = ids.shape[1]
         mask = torch.cat([state.attention_mask, torch.ones_like(ids, dtype=state.attention_mask.dtype)], dim=1)
-        if n_new == 1 and self.takes_one_token_mask and kernels.one_token_mask_on(ids.device):
-            mask = mask.bool()[:, None, None, :]        # the whole mask of one query: nothing read back
+        mask = self.kernel_mask(mask, n_new, state.padded)
         cache_position = torch.arange(state.seq_len, state.seq_len + n_new, device=self.device)
         kwargs: dict[str, Any] = dict(input_ids=ids, attention_mask=mask, past_key_values=state.past_key_values,
                                       use_cache=True, cache_position=cache_position, return_dict=True)

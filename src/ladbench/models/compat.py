@@ -176,6 +176,12 @@ def qwen_vl_padded_rope_deltas(rope_deltas: Any, attention_mask: Any) -> Any:
     return rope_deltas.to(padding.device) - padding
 
 
+def image_features_tensor(out: Any) -> Any:
+    """What a base model's ``get_image_features`` returns, as the features tensor (5.x returns the
+    tower's output with the projected features as its ``pooler_output``)."""
+    return out.pooler_output if hasattr(out, "pooler_output") else out
+
+
 def batched_vision_supported() -> bool:
     """Our batched Qwen2.5-VL vision tower (models/vision.py) is written against 4.53's tower
     (``get_window_index`` / ``rot_pos_emb``); 5.x restructured the tower (module-level window and

@@ -10,7 +10,6 @@ path anyway (README, "Fidelity on a GPU"), and these choices are tested for equa
   switch below, which tests set to run the GPU's path on the CPU).
 * The one query position on the KV heads (decode steps): ``models/attention.py``,
   ``packs_on``.
-* A one-token continuation's mask in 4-D (:func:`one_token_mask_on`), as the decode loop's.
 * The patch embedding as a matrix product (:func:`use_linear_patch_embedding`): a ``Conv3d``
   whose stride is its kernel (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, GLM-4V and others cut the images
   into patches on the host and hand the tower one patch per row, [patches, C, T, P, P]) computes
@@ -37,15 +36,6 @@ def on_gpu_kernels(device: torch.device) -> bool:
 
 def linear_patch_embedding_on(device: torch.device) -> bool:
     """The devices a patch embedding runs as a matrix product on (tests set it for the CPU)."""
-    return on_gpu_kernels(device)
-
-
-def one_token_mask_on(device: torch.device) -> bool:
-    """The devices a one-token continuation hands its padding mask over in 4-D on
-    (``ModelAdapter.continue_logits``): given the 2-D mask, transformers reads it back to see
-    whether it can drop it (``padding_mask.all()``, a host sync that makes the host wait for the
-    whole prefill before it can go on). Masking with an all-true mask equals no mask, but on the
-    CPU a kernel handed one may round differently from one handed none: there the 2-D mask stays."""
     return on_gpu_kernels(device)
 
 

@@ -7,7 +7,10 @@ is computed during the prefill and must be added to positions of continuation to
 The vision tower runs batched (``models/vision.py``: all images of a batch together, window
 plans cached per grid, one attention call per layer) unless ``vision="native"``; the M-RoPE
 position ids are computed on the host with the model's own ``get_rope_index`` (in the
-DataLoader workers), so the forward pass reads nothing back from the device.
+DataLoader workers), and so are the places of the image features among the prompt's
+embeddings (with transformers' check that the image tokens and the features agree, there
+free: on the device it is a read of a count the whole tower must first finish), so the
+forward pass reads nothing back from the device.
 """
 from __future__ import annotations
 
@@ -33,6 +36,16 @@ class Qwen25VLAdapter(ModelAdapter):
     def prefill_extras(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         position_ids, rope_deltas = compat.qwen_vl_rope_index(self.model.model, inputs)
         return {"position_ids": position_ids, "rope_deltas": rope_deltas}
+
+    def image_feature_count(self, inputs: dict[str, torch.Tensor]) -> int | None:
+        """With the batched tower: one feature per merge unit of each image's grid."""
+        if self.vision != "batched":
+            return None
+        return int((inputs["image_grid_thw"].prod(-1) // self.model.model.visual.spatial_merge_size ** 2).sum())
+
+    def image_features(self, kwargs: dict[str, Any]) -> torch.Tensor:
+        visual = self.model.model.visual
+        return visual(kwargs.pop("pixel_values").type(visual.dtype), grid_thw=kwargs.pop("image_grid_thw"))
 
     def _position_offset(self, inputs: dict[str, torch.Tensor], out: Any) -> torch.Tensor:
         # From this prefill's inputs (host-computed) or output, not from model.model.rope_deltas,
