@@ -461,11 +461,14 @@ def steady_rows_per_s(seconds) -> float:
 
 
 def infer_throughput(model_dir: str, n: int, batch: int, rows: int, image_size: int, device: str,
-                     workers: int | None = None, family: str | None = None, score_ahead: bool = True) -> dict:
+                     workers: int | None = None, family: str | None = None, score_ahead: bool = True,
+                     decide_on_host: bool = True) -> dict:
     """``ladbench infer`` end to end (its own process): rows/s from the cache and the mean GPU
     utilisation over the whole process (start and model load included) and over its batches
     alone (between its progress bar's first and last lines: the steady state). ``score_ahead``
-    False: one batch at a time (``--no-score-ahead``), the stage's way before 2026-11-27."""
+    False: one batch at a time (``--no-score-ahead``), the stage's way before 2026-11-27;
+    ``decide_on_host`` False: transformers reads the padding and the image-token count back
+    (``--no-decide-on-host``), the stage's way up to 22e72ef."""
     import h5py
     folder = tempfile.mkdtemp(prefix="bench_infer_")
     bench_path, images_path = _demo_inputs(folder, n, n_eval=rows, n_images=4 * n)
@@ -477,6 +480,8 @@ def infer_throughput(model_dir: str, n: int, batch: int, rows: int, image_size: 
         cmd += ["--workers", str(workers)]
     if not score_ahead:
         cmd.append("--no-score-ahead")
+    if not decide_on_host:
+        cmd.append("--no-decide-on-host")
     with UtilisationSampler() as util:
         t0 = time.monotonic()
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -487,7 +492,8 @@ def infer_throughput(model_dir: str, n: int, batch: int, rows: int, image_size: 
         raise RuntimeError(f"ladbench infer failed:\n{''.join(line for _, line in lines)[-2000:]}")
     start, end = bar_window(lines, "infer bench/")
     with h5py.File(out, "r") as f:
-        return {"n": n, "batch": batch, "score_ahead": score_ahead, "rows": int(f["done"][()].sum()),
+        return {"n": n, "batch": batch, "score_ahead": score_ahead, "decide_on_host": decide_on_host,
+                "rows": int(f["done"][()].sum()),
                 "rows_per_s": float(f.attrs["rows_per_s"]),
                 "rows_per_s_steady": steady_rows_per_s(f["seconds"][()]),
                 "wall_s": wall, "batches_wall_s": end - start, "gpu_util_mean": util.mean,
@@ -1065,10 +1071,12 @@ def _gpu_architecture(model_dir: str, args: argparse.Namespace, r: dict, save: C
         for batch in args.batches if "throughput" in args.gpu_parts else ():
             measured("throughput", f"infer rows/s at N = {n}, batch {batch}", infer_throughput, model_dir, n, batch,
                      args.gpu_rows, args.image_size, args.device, args.workers, args.family)
-            if args.one_at_a_time and (n, batch) == (args.n[0], args.batches[0]):      # the ratio, in this run
-                measured("throughput", f"infer rows/s one batch at a time at N = {n}, batch {batch}", infer_throughput,
-                         model_dir, n, batch, args.gpu_rows, args.image_size, args.device, args.workers, args.family,
-                         score_ahead=False)
+            for wanted, what, compared in ((args.one_at_a_time, "one batch at a time", {"score_ahead": False}),
+                                           (args.read_back, "with transformers' read-backs", {"decide_on_host": False})):
+                if wanted and (n, batch) == (args.n[0], args.batches[0]):                  # the ratio, in this run
+                    measured("throughput", f"infer rows/s {what} at N = {n}, batch {batch}", infer_throughput,
+                             model_dir, n, batch, args.gpu_rows, args.image_size, args.device, args.workers,
+                             args.family, **compared)
         if "split" in args.gpu_parts:
             measured("split", f"split at N = {n}", _run_worker, "split", n, args, model_dir=model_dir,
                      extra=("--batch", str(args.proxy_batch), *(("--trace", args.trace) if args.trace else ())))
@@ -1077,12 +1085,18 @@ def _gpu_architecture(model_dir: str, args: argparse.Namespace, r: dict, save: C
                      extra=("--methods", "bare", "ours", "reference"))
 
 
+def scoring_way(run: dict) -> str:
+    """How an ``infer`` run of :func:`infer_throughput` scored (files written before 8de17fa lack ``decide_on_host``)."""
+    way = "one batch ahead" if run.get("score_ahead", True) else "one at a time"
+    return way if run.get("decide_on_host", True) else f"{way}, transformers reads back"
+
+
 def gpu_tables(results: dict) -> str:
     lines = []
     for arch, r in results.items():
         lines += [f"\n**{arch}**", "", "| N | batch | scoring | rows/s: all rows / the second half | mean GPU util %: "
                   "whole run / its batches | wall s: whole run / its batches | batch used |", "|---|---|---|---|---|---|---|"]
-        lines += [f"| {t['n']} | {t['batch']} | {'one batch ahead' if t.get('score_ahead', True) else 'one at a time'} | "
+        lines += [f"| {t['n']} | {t['batch']} | {scoring_way(t)} | "
                   f"{t['rows_per_s']:.2f} / {t.get('rows_per_s_steady', math.nan):.2f} | "
                   f"{t['gpu_util_mean']:.0f} / {t.get('gpu_util_batches', math.nan):.0f} | "
                   f"{t['wall_s']:.1f} / {t.get('batches_wall_s', math.nan):.1f} | {t['batch_size_used']} |"
@@ -1133,6 +1147,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=None, help="GPU part: infer's --workers (its default if omitted)")
     p.add_argument("--one-at-a-time", action="store_true",
                    help="GPU part: at the first N and batch, also run infer one batch at a time (--no-score-ahead)")
+    p.add_argument("--read-back", action="store_true",
+                   help="GPU part: at the first N and batch, also run infer with transformers reading the padding and "
+                        "the image-token count back (--no-decide-on-host)")
     p.add_argument("--gpu-rows", type=int, default=128, help="GPU part: rows per infer run (128)")
     p.add_argument("--generation", action="store_true",
                    help="part 5: CoT and SC through the decode loop against plain generate (tiny model on the CPU, "

@@ -12,11 +12,13 @@
 #             heads, its static shapes, replies equal, one decode step's profile (traces/), host
 #             syncs, KV copies, and the rows in chunks of 8 one chunk at a time against one loop
 #             across them: generation_cot.json, generation_sc.json
-#   internvl  InternVL3-8B: infer rows/s at N = 4, batch 8, and the split with a trace:
-#             scoring_internvl.json (about 4 minutes: a second call when the device budget allows)
+#   internvl  InternVL3-8B: infer rows/s at N = 4, batch 8 (also with transformers reading the
+#             padding and the image-token count back, --no-decide-on-host), and the split with a
+#             trace: scoring_internvl.json (about 5 minutes: a second call when the device budget allows)
 #   scoring   Qwen2.5-VL-3B: infer rows/s and GPU utilisation at N = 4 and 8, batch 32 (at N = 4
-#             also one batch at a time, --no-score-ahead), and the per-row split at batch 8 with one
-#             torch.profiler trace per N (traces/): scoring.json (measured on an H200 2026-11-27)
+#             also one batch at a time, --no-score-ahead, and with transformers' read-backs,
+#             --no-decide-on-host), and the per-row split at batch 8 with one torch.profiler trace
+#             per N (traces/): scoring.json (measured on an H200 2026-11-27, before the read-backs went)
 #   patch     the patch embedding as cuDNN's Conv3d against one matrix product (bench_patch_embed.py,
 #             30 s): patch_embed.json (measured on an H200 2026-11-27)
 # then `ladbench plan` at the rates measured (plan.txt; it runs anywhere: rerun it here with every
@@ -105,10 +107,10 @@ for part in "${parts[@]}"; do
     cot|sc) run "generation_$part" "$([ "$part" = cot ] && echo 240 || echo 170)" --arch qwen2_5_vl_3b --generation --gen-variants "$part" \
               --gen-rows "$([ "$part" = cot ] && echo "$cot_rows" || echo "$sc_rows")" --gen-batch 4 \
               --gen-samples "$samples" --gen-max-new-tokens "$new_tokens" --trace "$out/traces" ;;
-    internvl) run scoring_internvl 240 --arch internvl3_8b --n 4 --gpu-parts throughput split --batches "$internvl_batch" \
-               --gpu-rows "$scoring_rows" --trace "$out/traces" ;;
-    scoring) run scoring 200 --arch qwen2_5_vl_3b --n 4 8 --gpu-parts throughput split --batches "$scoring_batch" \
-               --gpu-rows "$scoring_rows" --trace "$out/traces" --one-at-a-time ;;
+    internvl) run scoring_internvl 300 --arch internvl3_8b --n 4 --gpu-parts throughput split --batches "$internvl_batch" \
+               --gpu-rows "$scoring_rows" --trace "$out/traces" --read-back ;;
+    scoring) run scoring 260 --arch qwen2_5_vl_3b --n 4 8 --gpu-parts throughput split --batches "$scoring_batch" \
+               --gpu-rows "$scoring_rows" --trace "$out/traces" --one-at-a-time --read-back ;;
     patch) limited patch_embed 30 "$python" benchmarks/bench_patch_embed.py --device "$device" "${patch_args[@]}" ;;
   esac
 done

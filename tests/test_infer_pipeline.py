@@ -199,7 +199,8 @@ def test_the_scoring_launch_waits_for_nothing_on_the_host(family, tiny_adapter, 
     the batch's image grids is cached (Qwen2.5-VL's batched tower; built on the host, once): at
     N = 12, whose two-token identifiers continue along the trie from the prefill, with the greedy
     reply. Its scores and attention masses are those of transformers' own steps (the image
-    features put in place by ``masked_scatter``, the mask decided by reading it), bit for bit."""
+    features put in place by ``masked_scatter``, the mask decided by reading it: the setting
+    ``decide_on_host: false``), bit for bit."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     from conftest_models import demo_runner
@@ -211,9 +212,10 @@ def test_the_scoring_launch_waits_for_nothing_on_the_host(family, tiny_adapter, 
     assert len(rr.nodes) > 1                                          # continuations along the trie run
     prepared = rr.prepare([0, 1])
     assert prepared.inputs[PADDED_KEY] and IMAGE_TOKEN_INDEX in prepared.inputs
-    transformers_steps = dataclasses.replace(prepared, inputs={
-        k: v for k, v in prepared.inputs.items() if k not in (PADDED_KEY, IMAGE_TOKEN_INDEX)})
-    before = rr.score_batch(transformers_steps)                      # and the tower's plan cached
+    rr.s = dataclasses.replace(rr.s, decide_on_host=False)           # the comparison setting: transformers decides
+    read_back = rr.prepare([0, 1])
+    assert PADDED_KEY not in read_back.inputs and IMAGE_TOKEN_INDEX not in read_back.inputs
+    before = rr.score_batch(read_back)                               # and the tower's plan cached
     waits: list[str] = []
 
     class HostWaits(TorchDispatchMode):

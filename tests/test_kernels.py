@@ -128,7 +128,7 @@ def test_the_host_decides_the_kernel_mask_as_transformers_would(family, rows, ti
         inputs = adapter.to_device({k: v for k, v in host.items() if decided or k != PADDED_KEY}, for_prefill=True)
         masks: list = []
         hook = adapter.attention_modules()[0].register_forward_pre_hook(
-            lambda module, args, kwargs: masks.append(kwargs.get("attention_mask")), with_kwargs=True)
+            lambda module, args, kwargs, masks=masks: masks.append(kwargs.get("attention_mask")), with_kwargs=True)
         try:
             with torch.no_grad(), _HostReads() as reads:
                 logits, state = adapter.prefill(inputs, use_cache=True)

@@ -133,7 +133,8 @@ def read_bench_rates(spec: str) -> tuple[str, BenchRates]:
     gpu = document.get("gpu_name")
     return model, BenchRates(
         f"{path}#{arch}" + (f" ({gpu})" if isinstance(gpu, str) and gpu else ""),
-        tuple(rate for e in scoring.get(arch, []) if e.get("score_ahead", True)   # not the reference's
+        tuple(rate for e in scoring.get(arch, []) if e.get("score_ahead", True) and e.get("decide_on_host", True)
+              # the stage's own way, not the ways it is compared with
               for rate in _scoring_rates(e)),
         tuple(rate for e in generation if e.get("model") == arch for rate in _generation_rates(e)))
 

@@ -125,6 +125,11 @@ class InferenceSettings(Settings):
         True, "scoring: queue each batch on the device before reading back the one before, so that a GPU runs the "
         "next batch while the host scores and writes one (the same results); false: one batch at a time, for "
         "comparison", group=EXECUTION_GROUP, hashed=False)
+    decide_on_host: bool = setting(
+        True, "scoring: whether a batch is padded and where its image features go are decided on the host as the "
+        "batch is prepared, so that a GPU's host never waits inside a batch for transformers to read them back "
+        "(the same results, bit for bit); false: transformers reads them back, for comparison",
+        group=EXECUTION_GROUP, hashed=False)
     group_by_length: bool = setting(
         False, "sort the rows of each chunk by prompt length before batching (less padding; results equal up to "
         "float rounding)",
@@ -388,6 +393,9 @@ class RowRunner:
                       for i in range(0, len(texts), size)]
             return PreparedBatch([int(r) for r in rows], {}, groups=groups, group_size=size)
         inputs, row_spans = self.adapter.encode_with_spans(list(texts), list(images), for_prefill=True)
+        if not self.s.decide_on_host:
+            from ladbench.models.base import without_host_decisions
+            inputs = without_host_decisions(inputs)
         batch = PreparedBatch([int(r) for r in rows], inputs)
         ids, mask = inputs["input_ids"].numpy(), inputs["attention_mask"].numpy()
         segs = []

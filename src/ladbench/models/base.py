@@ -49,6 +49,12 @@ PADDED_KEY = "ladbench_padded"
 IMAGE_TOKEN_INDEX = "ladbench_image_token_index"
 
 
+def without_host_decisions(inputs: dict[str, Any]) -> dict[str, Any]:
+    """A prefill's inputs without what the host decided (``PADDED_KEY``, ``IMAGE_TOKEN_INDEX``):
+    transformers' forward then decides both itself, reading them back from the device."""
+    return {k: v for k, v in inputs.items() if k not in (PADDED_KEY, IMAGE_TOKEN_INDEX)}
+
+
 def image_token_index(input_ids: torch.Tensor, image_token_id: int, features: int) -> torch.Tensor:
     """The flat positions [B * T] of the image tokens of a batch's ``input_ids`` (on the host), in
     order: where ``masked_scatter`` would put the image features, one token each. As many as the
