@@ -158,3 +158,15 @@ def test_the_kernel_mask_sees_real_keys_up_to_each_query():
     full = torch.ones(1, 5, dtype=torch.long)
     assert sdpa_kernel_mask(full, 1, padded=False) is None and sdpa_kernel_mask(full, 5, padded=False) is None
     assert sdpa_kernel_mask(full, 2, padded=False)[0, 0].int().tolist() == [[1, 1, 1, 1, 0], [1, 1, 1, 1, 1]]
+
+
+def test_a_decoder_shipped_with_a_checkpoint_keeps_the_2d_mask(tiny_adapter, monkeypatch):
+    """Hub code may build its masks its own way (an older one adds a 4-D mask as numbers): its
+    prefill and continuations get the 2-D padding mask, and transformers' or the hub code's own
+    decision, whatever the host knows."""
+    adapter = tiny_adapter("qwen2_5_vl")
+    shipped = type("ShippedAttention", (torch.nn.Module,), {"__module__": "transformers_modules.ckpt.modeling"})
+    monkeypatch.setattr(adapter, "attention_modules", lambda: [shipped()])
+    mask = torch.tensor([[0, 1, 1], [1, 1, 1]])
+    assert not adapter.takes_kernel_mask
+    assert adapter.kernel_mask(mask, 3, padded=True) is mask and adapter.kernel_mask(mask, 1, padded=False) is mask

@@ -282,8 +282,10 @@ class ModelAdapter:
         """Whether the prefill and its continuations may hand the decoder the mask its kernel gets
         (:func:`~.attention.sdpa_kernel_mask`) instead of the 2-D padding mask: SDPA kernels (eager
         adds the mask as numbers) on full-attention layers only (a sliding window's, a
-        linear-attention layer's mask is not the padding)."""
-        return self.attention != "eager" and not_full_attention(self.text_config) is None
+        linear-attention layer's mask is not the padding), of a decoder of transformers' own, whose
+        masking takes a 4-D mask as it is (one shipped with a checkpoint may read it otherwise)."""
+        return (self.attention != "eager" and not_full_attention(self.text_config) is None
+                and type(self.attention_modules()[0]).__module__.startswith("transformers.models."))
 
     def kernel_mask(self, mask: torch.Tensor, n_queries: int, padded: bool | None) -> torch.Tensor | None:
         """The attention mask to hand the decoder for the last ``n_queries`` positions of ``mask``
