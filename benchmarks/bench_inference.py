@@ -1002,9 +1002,10 @@ def proxies(args: argparse.Namespace, model_dirs: dict[str, str]) -> list[dict]:
     from ladbench.models import compat
     rows = []
     for preset, model_dir in model_dirs.items():
+        qwen = _family(model_dir) == "qwen2_5_vl"           # the family with a tower of ours to compare
         for n in args.n:
-            codes = [("ours", None, "batched", None), ("ours, native tower", None, "native", None)]
-            if compat.on_current_lane():                    # the same model through family auto
+            codes = [("ours", None, "batched", None)] + [("ours, native tower", None, "native", None)] * qwen
+            if compat.on_current_lane() and qwen:            # the same model through family auto
                 codes.append(("auto", None, "native", "auto"))
             if args.baseline_src:
                 codes.append(("today", args.baseline_src, "batched", None))
@@ -1128,6 +1129,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--proxies", action="store_true", help="also count host syncs and aten ops per row (tiny + --preset)")
     p.add_argument("--proxy-batch", "--batch", dest="proxy_batch", type=int, default=8,
                    help="batch size of the proxies and of the GPU split (8)")
+    p.add_argument("--proxy-families", nargs="+", default=[], choices=["internvl"],
+                   help="proxies: also count the tiny build of these families (ours, and --baseline-src's)")
     p.add_argument("--vision", default="batched", help=argparse.SUPPRESS)
     p.add_argument("--family", default=None,
                    help="GPU part: the family infer runs (auto: current lane; default: the architecture's own)")
@@ -1226,6 +1229,8 @@ def main() -> None:
         if args.proxies:
             dirs = {"tiny": build_tiny_model("qwen2_5_vl", os.path.join(root, "tiny_qwen2_5_vl"), seed=0, preset="tiny")}
             dirs[args.preset] = model_dir
+            dirs.update({f"tiny {family}": build_tiny_model(family, os.path.join(root, f"tiny_{family}"), seed=0,
+                                                            preset="tiny") for family in args.proxy_families})
             raw["proxies"] = proxies(args, dirs)
             print("\n" + proxy_table(raw["proxies"]))
     save()
