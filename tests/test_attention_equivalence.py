@@ -181,3 +181,78 @@ def test_one_query_attention_is_taken_only_where_it_applies(monkeypatch):
     assert not attention.packs_one_query(module, query, key, shared, {"softcap": 50.0})        # SDPA refuses it
     module.num_key_value_groups = 1
     assert not attention.packs_one_query(module, query, torch.zeros(2, 8, 5, 4), shared, {})   # no groups
+
+
+class _OwnSdpaAttention(torch.nn.Module):
+    """Attention as a decoder shipped with its checkpoint writes it (LLaVA-OV-1.5's hub code): its
+    own call of torch's SDPA, grouped KV heads expanded first, ``is_causal`` where it has no mask."""
+
+    def __init__(self, heads: int, kv_heads: int) -> None:
+        super().__init__()
+        self.heads, self.kv_heads = heads, kv_heads
+
+    def forward(self, query, key, value, mask=None, expand=True):
+        if expand:
+            key, value = (t.repeat_interleave(self.heads // self.kv_heads, dim=1) for t in (key, value))
+        causal = mask is None and query.shape[2] > 1
+        kwargs = {} if expand else {"enable_gqa": True}
+        return torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask, is_causal=causal,
+                                                                **kwargs)
+
+
+@pytest.mark.parametrize("case", ["causal", "causal, fewer queries", "float mask", "bool mask", "grouped heads"])
+def test_a_decoders_own_sdpa_call_is_captured_as_its_kernel_computes_it(case):
+    """route_own_sdpa: the captured last row is the kernel's (a hand-computed softmax), the output is
+    the unrouted module's bit for bit, SoFA's bias reaches that kernel, and outside a capture the
+    module runs as shipped."""
+    from ladbench.models import attention
+    from ladbench.models.attention import AttentionProbe, LastRowCapture, SofaMask, route_own_sdpa
+    torch.manual_seed(0)
+    heads, kv_heads, keys, dim = 4, 2, 7, 8
+    queries = 3 if case == "causal, fewer queries" else keys
+    query, key, value = torch.randn(2, heads, queries, dim), torch.randn(2, kv_heads, keys, dim), torch.randn(2, kv_heads, keys, dim)
+    mask = None
+    if case == "float mask":
+        mask = torch.zeros(2, 1, queries, keys).masked_fill(torch.rand(2, 1, queries, keys) < 0.3, -1e9)
+        mask[..., 0] = 0.0
+    elif case == "bool mask":
+        mask = torch.rand(2, 1, queries, keys) > 0.3
+        mask[..., 0] = True
+    module = _OwnSdpaAttention(heads, kv_heads)
+    expand = case != "grouped heads"
+    shipped = module(query, key, value, mask, expand)
+    route_own_sdpa([module])
+    route_own_sdpa([module])                                  # idempotent: one wrapper
+    # the rows by hand: top-left causal (SDPA's rule) where there is no mask
+    scores = query @ key.repeat_interleave(2, dim=1).transpose(-1, -2) / dim ** 0.5
+    seen = torch.ones(queries, keys, dtype=torch.bool).tril() if mask is None else mask
+    seen = seen if seen.dtype == torch.bool else seen == 0
+    expected = scores.masked_fill(~seen, float("-inf")).softmax(-1)[:, :, -1]
+    segments = torch.arange(keys).repeat(2, 1)                # one segment per key: the masses are the row
+    with LastRowCapture([module], segments, keys) as capture, AttentionProbe([module]) as probe:
+        routed = module(query, key, value, mask, expand)
+    assert torch.equal(routed, shipped)
+    torch.testing.assert_close(capture.masses()[:, 0], expected, rtol=0, atol=1e-6)
+    assert probe.calls[0][1] < 1e-6
+    bias = torch.zeros(2, 1, queries, keys)                   # SoFA: a bias that lets every query see every key
+    with SofaMask([module], bias) as _, LastRowCapture([module], segments, keys) as capture:
+        module(query, key, value, mask, expand)
+    torch.testing.assert_close(capture.masses()[:, 0], scores.softmax(-1)[:, :, -1], rtol=0, atol=1e-6)
+    calls = []
+    original = attention.own_sdpa_forward
+    attention.own_sdpa_forward = lambda *a, **k: calls.append(1) or original(*a, **k)
+    try:
+        assert torch.equal(module(query, key, value, mask, expand), shipped) and not calls   # a decode step: as shipped
+    finally:
+        attention.own_sdpa_forward = original
+
+
+@pytest.mark.skipif("llava_ov15" not in FAMILIES, reason="the paper lane's family")
+def test_the_ov15_stand_in_takes_only_its_own_kernel_table_as_the_hub_code_does(tiny_model):
+    """The hub code's decoder layers look their attention class up in a table of their own, so the
+    capture's name is a KeyError there; the stand-in does the same, so that the tiny model meets the
+    route (own_attention_table) the real one needs."""
+    from ladbench.models.attention import CAPTURE_ATTENTION
+    from ladbench.models.llava_ov15 import LlavaOV15Adapter
+    with pytest.raises(KeyError, match=CAPTURE_ATTENTION):
+        LlavaOV15Adapter._load_model(tiny_model("llava_ov15"), text_impl=CAPTURE_ATTENTION, trust_remote_code=True)

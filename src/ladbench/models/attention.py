@@ -13,15 +13,22 @@ The function is registered under :data:`CAPTURE_ATTENTION` in transformers'
 4.53 builds no padding mask for an unknown name). It behaves exactly like SDPA for any
 module not currently inside a :class:`LastRowCapture` context.
 
+A decoder shipped with its checkpoint may pick its attention class from a table of its own
+(LLaVA-OneVision-1.5's: eager, sdpa, flash_attention_2) and never consult the
+``AttentionInterface``: it loads with SDPA, and :func:`route_own_sdpa` sends its own call of
+torch's SDPA through the same capture (:func:`own_sdpa_forward`).
+
 SoFA (METHOD §6) also lives here: :class:`SofaMask` swaps the attention mask of chosen
 layers for one where image tokens see later image tokens with additive bias log(sigma).
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Sequence
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 from .kernels import on_gpu_kernels
 
@@ -31,6 +38,9 @@ CAPTURE_ATTENTION = "ladbench_capture"
 _CAPTURE_ATTR = "_ladbench_capture"
 _SOFA_ATTR = "_ladbench_sofa_bias"
 _PROBE_ATTR = "_ladbench_probe"
+#: what a module asks of its attention call while one of :class:`_ModuleAttributes` holds it
+_ASKED_ATTRS = (_CAPTURE_ATTR, _SOFA_ATTR, _PROBE_ATTR)
+_ROUTED_ATTR = "_ladbench_routes_own_sdpa"
 #: keyword arguments of an attention call that change what the kernel computes beyond the
 #: mask, the scaling, a position bias and per-query sinks: the capture does not model them
 #: (logit soft-capping, GPT-OSS's learned sinks under their own name)
@@ -122,29 +132,107 @@ def capture_attention_forward(module: torch.nn.Module, query: torch.Tensor, key:
     their mass is what the model gives the tokens, the sink's share apart (rows sum below 1)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    sofa_bias = getattr(module, _SOFA_ATTR, None)
-    if sofa_bias is not None and query.shape[2] == sofa_bias.shape[-2]:   # prefill only
-        attention_mask = sofa_bias
+    attention_mask = sofa_mask(module, query, attention_mask)
     n_keys = key.shape[2]
     sinks, position_bias = kwargs.pop("sinks", None), kwargs.pop("position_bias", None)
     if sinks is not None or position_bias is not None:
         attention_mask = folded_mask(module, query, key, attention_mask, position_bias, kwargs)
     if sinks is not None:
         key, value, attention_mask = with_sink(key, value, attention_mask, sinks)
-    capture = getattr(module, _CAPTURE_ATTR, None)
-    if capture is not None:
-        recorder, layer = capture
-        recorder.record(layer, last_row_attention(query, key, attention_mask, scaling)[..., :n_keys],
-                        kwargs.get("sliding_window"))
+    record_capture(module, query, key, attention_mask, scaling, n_keys, kwargs.get("sliding_window"))
     if packs_one_query(module, query, key, attention_mask, kwargs):
         output = one_query_attention(query, key, value, attention_mask, scaling)
     else:
         output = sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
+    record_probe(module, query, key, value, attention_mask, scaling, n_keys, output[0], kwargs)
+    return output
+
+
+def sofa_mask(module: torch.nn.Module, query: torch.Tensor, attention_mask: Any) -> Any:
+    """The SoFA bias a :class:`SofaMask` set on ``module``, in the prefill (as many queries as the
+    bias has rows); else ``attention_mask``."""
+    sofa_bias = getattr(module, _SOFA_ATTR, None)
+    if sofa_bias is not None and query.shape[2] == sofa_bias.shape[-2]:
+        return sofa_bias
+    return attention_mask
+
+
+def record_capture(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
+                   attention_mask: torch.Tensor | None, scaling: float | None, n_keys: int,
+                   window: int | None) -> None:
+    """Hand a :class:`LastRowCapture` holding ``module`` the last query's attention over the first
+    ``n_keys`` keys, as the kernel computes it from these states and mask."""
+    capture = getattr(module, _CAPTURE_ATTR, None)
+    if capture is not None:
+        recorder, layer = capture
+        recorder.record(layer, last_row_attention(query, key, attention_mask, scaling)[..., :n_keys], window)
+
+
+def record_probe(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                 attention_mask: torch.Tensor | None, scaling: float | None, n_keys: int,
+                 output: torch.Tensor, kwargs: dict[str, Any]) -> None:
+    """Hand an :class:`AttentionProbe` holding ``module`` the captured row and the kernel's
+    ``output`` [B, Tq, H, d]."""
     probe = getattr(module, _PROBE_ATTR, None)
     if probe is not None:
         probe.record(module, last_row_attention(query, key, attention_mask, scaling)[..., :n_keys],
-                     value[:, :, :n_keys], output[0], kwargs)
+                     value[:, :, :n_keys], output, kwargs)
+
+
+def own_sdpa_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                     attn_mask: torch.Tensor | None = None, dropout_p: float = 0.0, is_causal: bool = False,
+                     scale: float | None = None, **kwargs: Any) -> torch.Tensor:
+    """Torch's SDPA as ``module``'s own code called it (:func:`route_own_sdpa`), with the SoFA mask,
+    the capture and the probe of :func:`capture_attention_forward`. The keys may come with the
+    grouped heads already expanded (``repeat_kv``); a causal call without a mask is the kernel's
+    top-left causal rule, which the capture gets as a mask where the queries are fewer than the keys."""
+    sofa = sofa_mask(module, query, attn_mask)
+    if sofa is not attn_mask:
+        attn_mask, is_causal = sofa, False
+    seen = attn_mask
+    if is_causal and query.shape[2] != key.shape[2]:
+        seen = torch.ones(query.shape[2], key.shape[2], dtype=torch.bool, device=query.device).tril()[None, None]
+    n_keys = key.shape[2]
+    record_capture(module, query, key, seen, scale, n_keys, None)
+    output = torch.nn.functional.scaled_dot_product_attention(
+        query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale, **kwargs)
+    record_probe(module, query, key, value, seen, scale, n_keys, output.transpose(1, 2), {})
     return output
+
+
+class _OwnSdpaCall(TorchFunctionMode):
+    """While one attention module's forward runs: its call of torch's SDPA goes through
+    :func:`own_sdpa_forward` (every other operation runs as called; the mode is off inside)."""
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        super().__init__()
+        self.module = module
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func is torch.nn.functional.scaled_dot_product_attention:
+            return own_sdpa_forward(self.module, *args, **(kwargs or {}))
+        return func(*args, **(kwargs or {}))
+
+
+def route_own_sdpa(modules: Sequence[torch.nn.Module]) -> None:
+    """Make attention modules that call torch's SDPA themselves (a checkpoint's own decoder code,
+    loaded with SDPA) take the capture, SoFA and the probe: while one of those holds a module, its
+    forward runs under :class:`_OwnSdpaCall`; otherwise (decode steps) it runs as shipped, at no
+    cost beyond one attribute check. Idempotent."""
+    for module in modules:
+        if not getattr(module, _ROUTED_ATTR, False):
+            module.forward = _routed_forward(module, module.forward)
+            setattr(module, _ROUTED_ATTR, True)
+
+
+def _routed_forward(module: torch.nn.Module, forward):
+    @functools.wraps(forward)
+    def routed(*args: Any, **kwargs: Any):
+        if not any(hasattr(module, attr) for attr in _ASKED_ATTRS):
+            return forward(*args, **kwargs)
+        with _OwnSdpaCall(module):
+            return forward(*args, **kwargs)
+    return routed
 
 
 def packs_one_query(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
@@ -250,7 +338,8 @@ class LastRowCapture(_ModuleAttributes):
         if missing:
             raise RuntimeError(
                 f"no attention captured for decoder layers {missing}: the model's attention modules do not "
-                f"dispatch through transformers' AttentionInterface with implementation {CAPTURE_ATTENTION!r}")
+                f"dispatch through transformers' AttentionInterface with implementation {CAPTURE_ATTENTION!r} "
+                "(nor call torch's SDPA themselves, routed by route_own_sdpa)")
         return torch.stack([self._mass[i] for i in range(self.n_layers)], dim=1)
 
     def applied_windows(self) -> list[int]:

@@ -23,7 +23,7 @@ import torch
 from PIL import Image
 
 from ladbench.families import DEVICE_PATTERN, family_lanes
-from .attention import CAPTURE_ATTENTION, register_capture_attention, sdpa_kernel_mask
+from .attention import CAPTURE_ATTENTION, register_capture_attention, route_own_sdpa, sdpa_kernel_mask
 
 from . import compat, kernels
 from .folder import chat_template_file, check_model_folder
@@ -130,6 +130,11 @@ class ModelAdapter:
     #: the processor takes each prompt's images as one list (it treats several images per
     #: prompt differently from one); otherwise one flat list in prompt order
     nested_images: ClassVar[bool] = False
+    #: the text decoder's attention modules pick their kernel from a table of their own (a
+    #: decoder shipped with the checkpoint) instead of transformers' ``AttentionInterface``, so
+    #: the capture's name means nothing to them: the capture loads them with SDPA and routes
+    #: their own call of torch's SDPA through it (``attention.route_own_sdpa``)
+    own_attention_table: ClassVar[bool] = False
 
     def __init__(self, model: torch.nn.Module, processor: Any, *, model_path: str,
                  revision: str | None = None, attention: str = "sdpa", vision: str = "batched",
@@ -153,6 +158,8 @@ class ModelAdapter:
             self.host_input_keys = self.use_batched_vision()
         #: patch embeddings run as a matrix product on a GPU (models/kernels.py); the eager path stays the reference's
         self.linear_patch_embeddings = kernels.use_linear_patch_embedding(model) if attention != "eager" else 0
+        if attention == "capture" and self.own_attention_table:
+            route_own_sdpa(self.attention_modules())
         self.resolve_tokens()
         tok = self.tokenizer
         self.pad_token_id = tok.pad_token_id if tok.pad_token_id is not None else self.end_of_turn_id
@@ -199,7 +206,8 @@ class ModelAdapter:
         template_file = None
         if chat_template and not getattr(processor, "chat_template", None):
             processor.chat_template, template_file = read_chat_template(chat_template), chat_template
-        model = cls._load_model(model_path, text_impl=text_impl, trust_remote_code=trust_remote_code, **load_kw)
+        load_impl = "sdpa" if text_impl == CAPTURE_ATTENTION and cls.own_attention_table else text_impl
+        model = cls._load_model(model_path, text_impl=load_impl, trust_remote_code=trust_remote_code, **load_kw)
         model.eval()
         if not dev.startswith("cuda"):
             model.to(dev)

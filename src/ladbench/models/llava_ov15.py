@@ -21,6 +21,10 @@ class LlavaOV15Adapter(OneDimRopeMixin, ModelAdapter):
     image_token = "<|image_pad|>"
     # the shared Qwen2.5-VL processor emits it; the OV-1.5 model does not take it
     drop_input_keys = ("mm_token_type_ids",)
+    # the hub code's decoder layers look their attention class up in their own table (eager, sdpa,
+    # flash_attention_2; a KeyError for the capture's name), and its eager class does not run
+    own_attention_table = True
+
     def use_batched_vision(self) -> tuple[str, ...]:
         """The tiny stand-in's tower is transformers' Qwen2.5-VL tower: batched like Qwen2.5-VL's. The real
         model's RICE-ViT (hub code) is left as shipped."""

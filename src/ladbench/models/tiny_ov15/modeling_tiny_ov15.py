@@ -5,7 +5,10 @@ Same layout as ``lmms-lab/LLaVA-OneVision-1.5-*-Instruct``: a vision tower under
 ``model.language_model`` whose layers hold ``self_attn``, Qwen2-VL style image tokens
 (``<|vision_start|><|image_pad|>*k<|vision_end|>``) and an ``lm_head``. The vision tower is
 transformers' Qwen2.5-VL ViT (the real model has its own RICE-ViT; only the layout matters
-for the tests). This file must stay importable on its own: it is copied into model folders.
+for the tests). Like the hub code, the decoder takes only the attention implementations of
+its own table (the hub's decoder layers look their class up by name), so a loader that asks for
+another (the capture's) fails here as it would there. This file must stay importable on its own:
+it is copied into model folders.
 """
 from torch import nn
 from transformers import GenerationMixin, PretrainedConfig, PreTrainedModel, Qwen3Config, Qwen3Model
@@ -47,9 +50,15 @@ class TinyOV15PreTrainedModel(PreTrainedModel):
                 module.bias.data.zero_()
 
 
+#: the attention implementations the hub code's table holds
+HUB_ATTENTION_TABLE = ("eager", "sdpa", "flash_attention_2")
+
+
 class TinyOV15Model(TinyOV15PreTrainedModel):
     def __init__(self, config):
         super().__init__(config)
+        if config.text_config._attn_implementation not in HUB_ATTENTION_TABLE:
+            raise KeyError(config.text_config._attn_implementation)
         self.visual = Qwen2_5_VisionTransformerPretrainedModel._from_config(config.vision_config)
         self.language_model = Qwen3Model._from_config(config.text_config)
         self.post_init()
