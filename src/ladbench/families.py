@@ -18,6 +18,9 @@ LANES = ("paper", "current")
 #: How the vision tower runs (``models/vision.py``): every image of a batch together
 #: (Qwen2.5-VL-style towers), or transformers' own code (for comparison).
 VISION_TOWERS = ("batched", "native")
+#: Which features LLaVA-OneVision-1.5's RICE-ViT (hub code) gives each image of a tower call
+#: (``models/llava_ov15.py``): what the hub code computes for each prompt alone, or each image's own.
+RICE_FEATURES = ("per_prompt", "per_image")
 #: A model's weights dtype (``models/base.resolve_dtype``); auto: bfloat16 on a GPU, float32 on the CPU.
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 #: Where a model runs: a GPU when one is visible (auto), the CPU, or a (numbered) GPU.
@@ -43,6 +46,8 @@ class Family:
     tiny_build: bool = True
     remote_code: bool = False
     why: str = ""
+    #: the inference settings that this family alone reads (part of its caches' identity only)
+    own_settings: tuple[str, ...] = ()
 
 
 #: Every model family. ``auto`` derives what the others state by hand from the model and its
@@ -53,7 +58,8 @@ FAMILY_REGISTRY: dict[str, Family] = {
     "internvl": Family("internvl:InternVLAdapter",
                        why="the paper lane (auto needs transformers 5.x); on the current lane auto writes its cache"),
     "llava_ov15": Family("llava_ov15:LlavaOV15Adapter", lanes=("paper",), remote_code=True,
-                         why="the checkpoint's own code, which does not run on transformers 5.x"),
+                         why="the checkpoint's own code, which does not run on transformers 5.x",
+                         own_settings=("rice_features",)),
     "qwen3_vl": Family("qwen3_vl:Qwen3VLAdapter", lanes=("current",),
                        why="nothing over auto, which writes its cache; kept so that studies naming it keep their caches"),
     "llava_onevision": Family("llava_onevision:LlavaOnevisionAdapter",
@@ -62,6 +68,8 @@ FAMILY_REGISTRY: dict[str, Family] = {
                    why="reads each image's tokens from the processor's replacement offsets, new in transformers 5.x"),
 }
 
+#: The inference settings that one family or another alone reads.
+FAMILY_SETTINGS = tuple(sorted({name for f in FAMILY_REGISTRY.values() for name in f.own_settings}))
 #: The family names, in registry order.
 FAMILIES = tuple(FAMILY_REGISTRY)
 #: The families ``ladbench demo-model`` builds tiny.

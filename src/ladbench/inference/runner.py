@@ -34,7 +34,8 @@ from ladbench.benchmark import load_benchmark
 from ladbench.data.checks import AnnotationError
 from ladbench.data.coco import (caption_problem, image_digests, image_paths, load_image_table, read_image,
                                table_fingerprint)
-from ladbench.families import DEVICE_PATTERN, DTYPES, FAMILIES, VISION_TOWERS
+from ladbench.families import (DEVICE_PATTERN, DTYPES, FAMILIES, FAMILY_SETTINGS, RICE_FEATURES, VISION_TOWERS,
+                               family_entry)
 from ladbench.inputs import check_benchmark_table
 from ladbench.progress import progress_bar
 from ladbench.settings import Settings, setting
@@ -136,6 +137,11 @@ class InferenceSettings(Settings):
         group=EXECUTION_GROUP, hashed=False)
     dtype: str = setting("auto", "weights dtype; auto = bfloat16 on a GPU, float32 on the CPU", choices=DTYPES,
                          group="model")
+    rice_features: str = setting(
+        RICE_FEATURES[0], "LLaVA-OneVision-1.5 only (its hub code's RICE-ViT, which takes the k-th image of a tower "
+        "call's features from positions shifted back by k): per_prompt = what the hub code computes for each prompt "
+        "alone (a prompt's k-th image shifted by k), as the published numbers were presumably made; per_image = each "
+        "image its own features (docs/method.md)", choices=RICE_FEATURES, group="model")
     device: str = setting("auto", "auto (a GPU when one is visible), cpu, cuda or cuda:<i>; on a GPU the weights are "
                           "placed with device_map=auto", pattern=DEVICE_PATTERN, group="model")
     store_head_attention: bool = setting(False, "also store per-head attention (attn_heads)", group=PROMPT_GROUP)
@@ -196,6 +202,8 @@ class InferenceSettings(Settings):
         if os.path.isdir(self.model_path):
             d.pop("model_path")                          # a local folder: its files are hashed
         d.pop("greedy_reply" if self.variant.generative else "seed")
+        for name in set(FAMILY_SETTINGS) - set(family_entry(self.family).own_settings):
+            d.pop(name)                                  # another family's setting changes nothing here
         return {**d, **self.variant.hashed_settings(self.options)}
 
     def loader_workers(self) -> int:
@@ -839,6 +847,7 @@ def _run_inference(settings: InferenceSettings) -> str:
     adapter = load_adapter(settings.family, settings.model_path, revision=settings.revision, dtype=settings.dtype,
                            device=device, trust_remote_code=settings.trust_remote_code, vision=settings.vision_tower,
                            chat_template=settings.chat_template)
+    adapter.apply_settings(settings)
     generative = entry.generative
     layout = CacheLayout(n_candidates=n, n_layers=adapter.n_layers, n_heads=adapter.n_heads,
                          store_heads=settings.store_head_attention, generative=generative,

@@ -305,6 +305,10 @@ class ModelAdapter:
             return mask
         return sdpa_kernel_mask(mask, n_queries, padded)
 
+    def apply_settings(self, settings: Any) -> None:
+        """Family hook: take up the inference settings (``InferenceSettings``) that concern this
+        family alone, such as LLaVA-OV-1.5's ``rice_features``. Default: none."""
+
     def use_batched_vision(self) -> tuple[str, ...]:
         """Family hook: switch the vision tower to a batched implementation if the family has one;
         returns the input keys that should then stay on the host. Default: native tower."""

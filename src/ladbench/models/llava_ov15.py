@@ -8,10 +8,11 @@ tokens ``<|vision_start|> <|image_pad|>*k <|vision_end|>``; a Qwen3 text model (
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 
+from ladbench.families import RICE_FEATURES
 from .base import ModelAdapter, OneDimRopeMixin
 
 
@@ -24,6 +25,16 @@ class LlavaOV15Adapter(OneDimRopeMixin, ModelAdapter):
     # the hub code's decoder layers look their attention class up in their own table (eager, sdpa,
     # flash_attention_2; a KeyError for the capture's name), and its eager class does not run
     own_attention_table = True
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        visual = self.model.model.visual
+        #: the RICE-ViT's feature selection (None: a tower without per-image class tokens, the stand-in's)
+        self.rice = RiceFeatures(self.model.model) if is_rice_tower(visual) else None
+
+    def apply_settings(self, settings: Any) -> None:
+        if self.rice is not None:
+            self.rice.mode = settings.rice_features
 
     def use_batched_vision(self) -> tuple[str, ...]:
         """The tiny stand-in's tower is transformers' Qwen2.5-VL tower: batched like Qwen2.5-VL's. The real
@@ -53,3 +64,109 @@ class LlavaOV15Adapter(OneDimRopeMixin, ModelAdapter):
             raise PermissionError(
                 f"{model_path}: LLaVA-OneVision-1.5 runs model code shipped with the checkpoint; mark the model "
                 "as trusted in the config (trust_remote_code: true / --trust-remote-code) to load it")
+
+
+def is_rice_tower(visual: torch.nn.Module) -> bool:
+    """Whether ``visual`` is the hub code's RICE-ViT: one class token per image (``class_embedding``),
+    blocks, and a patch merger."""
+    return all(hasattr(visual, name) for name in ("class_embedding", "blocks", "merger"))
+
+
+class RiceFeatures:
+    """Which output positions LLaVA-OneVision-1.5's RICE-ViT (hub code) gives each image.
+
+    The tower puts a class token before each image's patches, runs its blocks (attention within
+    each image and its class token), and takes the class tokens out again before the patch merger.
+    It takes image i's patches from positions ``cu[i] + 1`` on, where ``cu`` counts patches
+    WITHOUT the class tokens. Image i's own patches start at ``cu[i] + i + 1``. So image i gets
+    its patches shifted back by i positions: the class token and the last i patches of the images
+    before it in, its own last i patches out. (The NVIDIA NeMo Automodel review of a copy of this
+    tower, PR #1922, describes the same.) In a batch of prompts, i counts the images of every
+    prompt before, so a prompt's features depend on the batch it is in.
+
+    This selection makes the output depend on the prompt alone. It takes the last block's output
+    (the blocks see each image on its own, so batching changes nothing there) and hands the merger
+    image i's positions from ``cu[i] + 1 + shift`` on, with the shift:
+    - ``per_prompt``: the images of the prompts before i's (their class tokens), so each prompt
+      gets what the hub code computes for it alone, a batch of one, as the published numbers
+      were presumably made: its first image its own patches, its k-th shifted back by k;
+    - ``per_image``: all images before i, so each image gets its own patches.
+    The prompts are the rows of the ``input_ids`` the base model is called with (one read of the
+    image-marker counts per row; the tower itself reads each image's size back). A tower call
+    outside the base model counts as one prompt. ``per_prompt`` checks that the hub code's own
+    selection is the shifted one it emulates (one comparison per tower call), so that a revision
+    that selects otherwise is refused rather than emulated wrongly."""
+
+    def __init__(self, base_model: torch.nn.Module, mode: str = RICE_FEATURES[0]) -> None:
+        self.mode = mode
+        self.start_token_id = base_model.config.vision_start_token_id
+        visual = base_model.visual
+        self._grid: torch.Tensor | None = None
+        self._hidden: torch.Tensor | None = None
+        self._images_per_prompt: list[int] | None = None
+        base_model.register_forward_pre_hook(self._prompts, with_kwargs=True)
+        base_model.register_forward_hook(self._forget_prompts)
+        visual.register_forward_pre_hook(self._tower_call, with_kwargs=True)
+        visual.blocks[-1].register_forward_hook(self._last_block)
+        visual.merger.register_forward_pre_hook(self._merger_input)
+
+    @property
+    def mode(self) -> str:
+        return self._mode
+
+    @mode.setter
+    def mode(self, value: str) -> None:
+        if value not in RICE_FEATURES:
+            raise ValueError(f"rice_features must be one of {', '.join(RICE_FEATURES)}; got {value!r}")
+        self._mode = value
+
+    def _prompts(self, module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
+        input_ids = kwargs.get("input_ids", args[0] if args else None)
+        if input_ids is not None and kwargs.get("pixel_values") is not None:
+            self._images_per_prompt = (input_ids == self.start_token_id).sum(-1).tolist()
+
+    def _forget_prompts(self, module: torch.nn.Module, args: tuple, output: Any) -> None:
+        self._images_per_prompt = None
+
+    def _tower_call(self, module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
+        self._grid = kwargs.get("grid_thw", args[1] if len(args) > 1 else None)
+
+    def _last_block(self, module: torch.nn.Module, args: tuple, output: torch.Tensor) -> None:
+        self._hidden = output
+
+    def _merger_input(self, module: torch.nn.Module, args: tuple) -> tuple[torch.Tensor]:
+        hidden, self._hidden = self._hidden, None
+        patches = self._grid.prod(-1).tolist()
+        if self.mode == "per_prompt":          # emulating the hub's selection: it must be the one running
+            known = hidden[torch.as_tensor(feature_positions(patches, [0] * len(patches)), device=hidden.device)]
+            if not torch.equal(args[0], known):
+                raise RuntimeError(
+                    "this revision of LLaVA-OneVision-1.5's hub code does not take image features where the "
+                    "revisions ladbench knows do (positions shifted back by the images before: docs/method.md); "
+                    "per_prompt would not be what it computes: set inference.rice_features: per_image")
+        index = feature_positions(patches, self.shifts(len(patches)))
+        return (hidden[torch.as_tensor(index, device=hidden.device)],)
+
+    def shifts(self, n_images: int) -> list[int]:
+        """Each image's shift: the images of the prompts before its own, or all images before it
+        (``per_image``)."""
+        if self.mode == "per_image":
+            return list(range(n_images))
+        prompts = self._images_per_prompt or [n_images]
+        if sum(prompts) != n_images:
+            raise RuntimeError(f"the prompts hold {sum(prompts)} images but the vision tower got {n_images}")
+        before = [sum(prompts[:p]) for p in range(len(prompts))]
+        return [first for first, count in zip(before, prompts) for _ in range(count)]
+
+
+def feature_positions(patches: Sequence[int], shifts: Sequence[int]) -> list[int]:
+    """The positions of the tower's last-block output (a class token before each image's patches)
+    that the merger gets for each image: ``cu[i] + 1 + shift`` on, for image i's ``patches[i]``
+    positions, with ``cu`` the patch counts before i WITHOUT the class tokens. A shift of i gives
+    image i exactly its own patches; a shift of 0 is the hub code's selection."""
+    positions, before = [], 0
+    for count, shift in zip(patches, shifts):
+        start = before + 1 + shift
+        positions.extend(range(start, start + count))
+        before += count
+    return positions
