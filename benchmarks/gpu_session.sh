@@ -12,6 +12,10 @@
 #             heads, its static shapes, replies equal, one decode step's profile (traces/), host
 #             syncs, KV copies, and the rows in chunks of 8 one chunk at a time against one loop
 #             across them: generation_cot.json, generation_sc.json
+#   internvl_gen  InternVL3-8B (an 8B decoder, as the study's other two models have): CoT (32 rows)
+#             and SC (16 rows x 10 samples), each with 150 s, through the decode loop against plain
+#             generate: the measurements of cot and sc in their order, each file rewritten as they
+#             come, so that the limit keeps the first rates: generation_internvl_{cot,sc}.json
 #   internvl  InternVL3-8B: infer rows/s at N = 4, batch 8 (also with transformers reading the
 #             padding and the image-token count back, --no-decide-on-host), and the split with a
 #             trace: scoring_internvl.json (about 5 minutes: a second call when the device budget allows)
@@ -46,8 +50,9 @@ parts=("$@")
 [ ${#parts[@]} -gt 0 ] || parts=(attention cot sc)
 for part in "${parts[@]}"; do
   case $part in
-    attention|cot|sc|internvl|scoring|patch) ;;
-    *) echo "gpu_session.sh: unknown part '$part' (attention, cot, sc, internvl, scoring, patch)" >&2; exit 2 ;;
+    attention|cot|sc|internvl_gen|internvl|scoring|patch) ;;
+    *) echo "gpu_session.sh: unknown part '$part' (attention, cot, sc, internvl_gen, internvl, scoring, patch)" >&2
+       exit 2 ;;
   esac
 done
 out=${GPU_SESSION_DIR:-/tmp/gpu-session}
@@ -55,11 +60,12 @@ python=${PYTHON:-python3}
 mkdir -p "$out"
 if [ -n "${GPU_SESSION_SMOKE:-}" ]; then
   device=cpu size=(--arch-scale small --image-size 56 --reps 1 --batch 2)      # --batch: the split's
-  scoring_rows=8 scoring_batch=4 internvl_batch=4 cot_rows=4 sc_rows=2 samples=2 new_tokens=4
+  scoring_rows=8 scoring_batch=4 internvl_batch=4 cot_rows=4 sc_rows=2 samples=2 new_tokens=4 internvl_cot_rows=2
   patch_args=(--rows 64 --reps 1) attention_args=(--batches 2 --keys 64 --reps 1 --fresh-steps 1)
 else
   device=cuda size=()
   scoring_rows=256 scoring_batch=32 internvl_batch=8 cot_rows=64 sc_rows=16 samples=10 new_tokens=64
+  internvl_cot_rows=32
   patch_args=(--reps 5) attention_args=(--reps 10)
 fi
 if [ "$device" = cuda ] && compgen -G ".whl/*.whl" > /dev/null; then
@@ -107,6 +113,12 @@ for part in "${parts[@]}"; do
     cot|sc) run "generation_$part" "$([ "$part" = cot ] && echo 240 || echo 170)" --arch qwen2_5_vl_3b --generation --gen-variants "$part" \
               --gen-rows "$([ "$part" = cot ] && echo "$cot_rows" || echo "$sc_rows")" --gen-batch 4 \
               --gen-samples "$samples" --gen-max-new-tokens "$new_tokens" --trace "$out/traces" ;;
+    internvl_gen)
+      for variant in cot sc; do
+        run "generation_internvl_$variant" 150 --arch internvl3_8b --generation --gen-variants "$variant" \
+          --gen-rows "$([ "$variant" = cot ] && echo "$internvl_cot_rows" || echo "$sc_rows")" --gen-batch 4 \
+          --gen-samples "$samples" --gen-max-new-tokens "$new_tokens" --trace "$out/traces"
+      done ;;
     internvl) run scoring_internvl 300 --arch internvl3_8b --n 4 --gpu-parts throughput split --batches "$internvl_batch" \
                --gpu-rows "$scoring_rows" --trace "$out/traces" --read-back ;;
     scoring) run scoring 260 --arch qwen2_5_vl_3b --n 4 8 --gpu-parts throughput split --batches "$scoring_batch" \
@@ -115,8 +127,8 @@ for part in "${parts[@]}"; do
   esac
 done
 # the paper study's GPU hours at the rates measured (the measured models' jobs; the others stay assumed)
-for name in scoring generation_cot generation_sc scoring_internvl; do
-  model=$([ "$name" = scoring_internvl ] && echo internvl3_8b || echo qwen2_5_vl_3b)
+for name in scoring generation_cot generation_sc scoring_internvl generation_internvl_cot generation_internvl_sc; do
+  model=$(case $name in *internvl*) echo internvl3_8b ;; *) echo qwen2_5_vl_3b ;; esac)
   [ -s "$out/$name.json" ] && rates+=(--rates "$model=$out/$name.json")
 done
 if [ ${#rates[@]} -gt 0 ]; then

@@ -391,7 +391,7 @@ def test_gpu_session_script_runs_its_commands_on_the_cpu(tmp_path):
     missing = session("cot", PYTHONPATH=str(blocker), GPU_SESSION_DIR=str(tmp_path / "refused"))
     assert missing.returncode == 3 and "No module named 'jsonschema'" in missing.stderr
     assert "make gpu-wheels" in missing.stderr and not (tmp_path / "refused" / "generation_cot.json").exists()
-    done = session("attention", "scoring", "internvl", "cot", "sc", "patch")
+    done = session("attention", "scoring", "internvl", "cot", "sc", "internvl_gen", "patch")
     assert done.returncode == 0, done.stderr[-3000:]
     assert (out / "gpu.txt").read_text().splitlines() == ["no nvidia-smi (cpu)", "plan: exit 2"]
     for name, arch, ns in (("scoring", "qwen2_5_vl_3b", [4, 8]), ("scoring_internvl", "internvl3_8b", [4])):
@@ -406,10 +406,12 @@ def test_gpu_session_script_runs_its_commands_on_the_cpu(tmp_path):
         assert all(Path(s["trace"]["chrome_trace"]).is_file() for s in scoring["split"])
         assert all(0 < t["batches_wall_s"] < t["wall_s"] for t in scoring["throughput"])     # its bar was read
         assert all(t["rows_per_s_steady"] > 0 for t in scoring["throughput"])
-    for variant, rows, samples in (("cot", 4, 1), ("sc", 2, 2)):
-        (entry,) = json.loads((out / f"generation_{variant}.json").read_text())["generation"]
-        assert (entry["variant"], entry["model"], entry["rows"], entry["samples"]) == (variant, "qwen2_5_vl_3b", rows,
-                                                                                       samples)
+    for name, model, variant, rows, samples in (("generation_cot", "qwen2_5_vl_3b", "cot", 4, 1),
+                                                ("generation_sc", "qwen2_5_vl_3b", "sc", 2, 2),
+                                                ("generation_internvl_cot", "internvl3_8b", "cot", 2, 1),
+                                                ("generation_internvl_sc", "internvl3_8b", "sc", 2, 2)):
+        (entry,) = json.loads((out / f"{name}.json").read_text())["generation"]
+        assert (entry["variant"], entry["model"], entry["rows"], entry["samples"]) == (variant, model, rows, samples)
         assert entry["same_replies"] and entry["static_same_replies"] and "streamed_decode_steps" in entry
         assert entry["ours_second_run_tokens_per_s"] > 0 and entry["repeat_kv_second_run_tokens_per_s"] > 0
         assert Path(entry["decode_step_trace"]["operators"]).is_file()
