@@ -2,7 +2,8 @@
 positions shifted back by k, so a prompt's features depend on the batch it is in. ``RiceFeatures``
 (models/llava_ov15.py) makes them the prompt's own: checked here on a toy tower with the hub
 code's layout and selection (the real tower's code ships with the checkpoint; its tiny build was
-checked the same way outside CI: docs/method.md)."""
+checked the same way outside CI: docs/method.md). Its SDPA attention builds a dense mask over all
+images of a call; ``use_grouped_rice_attention`` attends within each image in one call instead."""
 from __future__ import annotations
 
 import copy
@@ -13,7 +14,7 @@ import pytest
 import torch
 from torch import nn
 
-from ladbench.models.llava_ov15 import RiceFeatures, feature_positions, is_rice_tower
+from ladbench.models.llava_ov15 import RiceFeatures, feature_positions, is_rice_tower, use_grouped_rice_attention
 
 START = 7           # the image-start marker of the toy prompts
 
@@ -184,3 +185,64 @@ def test_per_prompt_refuses_a_tower_that_selects_otherwise():
     features.mode = "per_image"
     torch.testing.assert_close(base(input_ids=ids, pixel_values=pixels, image_grid_thw=grids),
                                shipped(pixels, grid_thw=grids), rtol=0, atol=0)
+
+
+def apply_rotary_pos_emb_vision(q, k, cos, sin):
+    """The rotary function a hub module defines beside its attention class (rotate-half, in float32);
+    ``use_grouped_rice_attention`` takes the module's own."""
+    def rotated(t):
+        half = t.shape[-1] // 2
+        return torch.cat((-t[..., half:], t[..., :half]), dim=-1)
+    cos, sin = cos.unsqueeze(-2).float(), sin.unsqueeze(-2).float()
+    return ((q.float() * cos + rotated(q.float()) * sin).to(q.dtype),
+            (k.float() * cos + rotated(k.float()) * sin).to(k.dtype))
+
+
+class ToyRiceSdpaAttention(nn.Module):
+    """The hub code's RICE attention interface and computation: qkv, the rotary, ONE SDPA call over
+    every position of the call with a dense mask that lets each segment (``cu_seqlens``) see itself."""
+
+    def __init__(self, dim: int, num_heads: int) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+
+    def forward(self, hidden_states, cu_seqlens, rotary_pos_emb=None, position_embeddings=None):
+        seq = hidden_states.shape[0]
+        q, k, v = self.qkv(hidden_states).reshape(seq, 3, self.num_heads, -1).permute(1, 0, 2, 3).unbind(0)
+        q, k = apply_rotary_pos_emb_vision(q, k, *position_embeddings)
+        mask = torch.zeros(1, seq, seq, dtype=torch.bool)
+        for start, end in zip(cu_seqlens[:-1].tolist(), cu_seqlens[1:].tolist()):
+            mask[..., start:end, start:end] = True
+        out = torch.nn.functional.scaled_dot_product_attention(*(t.transpose(0, 1)[None] for t in (q, k, v)), mask)
+        return self.proj(out[0].transpose(0, 1).reshape(seq, -1))
+
+
+class ToyRiceAttention(ToyRiceSdpaAttention):
+    """The eager class of the same table (the reference path): left as shipped."""
+
+
+@pytest.mark.parametrize("lengths", [[5, 5, 5], [5, 9, 3]], ids=["one size", "unequal"])
+@torch.no_grad()
+def test_grouped_rice_attention_equals_the_dense_mask(lengths):
+    torch.manual_seed(0)
+    dim, heads = 16, 2
+    blocks = nn.ModuleList([nn.Module() for _ in range(3)])
+    for block, cls in zip(blocks, (ToyRiceSdpaAttention, ToyRiceSdpaAttention, ToyRiceAttention)):
+        block.attn = cls(dim, heads)
+    visual = nn.Module()
+    visual.blocks = blocks
+    shipped = copy.deepcopy(visual)
+    assert use_grouped_rice_attention(visual) == 2          # the SDPA classes; the eager one as shipped
+    hidden = torch.randn(sum(lengths), dim)
+    cu = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32)
+    angles = torch.randn(sum(lengths), dim // heads // 2)
+    emb = torch.cat((angles, angles), dim=-1)
+    for mine, theirs in zip(visual.blocks, shipped.blocks):
+        out = mine.attn(hidden, cu_seqlens=cu, position_embeddings=(emb.cos(), emb.sin()))
+        torch.testing.assert_close(out, theirs.attn(hidden, cu_seqlens=cu, position_embeddings=(emb.cos(), emb.sin())),
+                                   rtol=0, atol=1e-6)
+    # the rotary angles as the older interface passes them
+    first = visual.blocks[0].attn
+    torch.testing.assert_close(first(hidden, cu_seqlens=cu, rotary_pos_emb=angles),
+                               first(hidden, cu_seqlens=cu, position_embeddings=(emb.cos(), emb.sin())), rtol=0, atol=0)

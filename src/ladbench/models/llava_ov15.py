@@ -8,6 +8,9 @@ tokens ``<|vision_start|> <|image_pad|>*k <|vision_end|>``; a Qwen3 text model (
 """
 from __future__ import annotations
 
+import sys
+import types
+from functools import partial
 from typing import Any, Sequence
 
 import torch
@@ -38,9 +41,11 @@ class LlavaOV15Adapter(OneDimRopeMixin, ModelAdapter):
 
     def use_batched_vision(self) -> tuple[str, ...]:
         """The tiny stand-in's tower is transformers' Qwen2.5-VL tower: batched like Qwen2.5-VL's. The real
-        model's RICE-ViT (hub code) is left as shipped."""
+        model's RICE-ViT (hub code) attends within each image in one call (:func:`use_grouped_rice_attention`)."""
         from .vision import is_qwen2_5_vision_tower, use_batched_vision
         visual = self.model.model.visual
+        if is_rice_tower(visual):
+            use_grouped_rice_attention(visual)
         if not is_qwen2_5_vision_tower(visual):
             return ()
         use_batched_vision(visual)
@@ -170,3 +175,59 @@ def feature_positions(patches: Sequence[int], shifts: Sequence[int]) -> list[int
         positions.extend(range(start, start + count))
         before += count
     return positions
+
+
+def use_grouped_rice_attention(visual: torch.nn.Module) -> int:
+    """Make each RICE-ViT block's SDPA attention attend within each image and its class token as ONE
+    call over [images, heads, length, head dim] (``vision.AttentionGroups``; a reshape when the images
+    are of one size, as a study's are). The hub code builds a dense [S, S] mask over every image of
+    the call, S being all their patches, filled by a Python loop of slices read back from the device,
+    in every block, and attends over it. That is S x S scores where the images need the sum of their
+    lengths squared: 128 images of 577 positions (a batch of 32 at N = 4, 336 px) make a 5.5 GB mask
+    and 128 times the attention arithmetic. The same values reach each query (the rest were masked
+    out); the blocks' weights and the hub code's own rotary function are used. The eager class (the
+    reference path) is left as shipped. Returns how many blocks changed."""
+    changed, plans = 0, _RicePlans()
+    for block in visual.blocks:
+        attn = block.attn
+        if not type(attn).__name__.endswith("SdpaAttention"):
+            continue
+        rotary = sys.modules[type(attn).__module__].apply_rotary_pos_emb_vision
+        attn.forward = types.MethodType(partial(_grouped_rice_attention, rotary=rotary, plans=plans), attn)
+        changed += 1
+    return changed
+
+
+class _RicePlans:
+    """The attention groups of one tower call's ``cu_seqlens``, found once for all its blocks (one read
+    of the lengths per call) and kept per distinct list of lengths."""
+
+    def __init__(self) -> None:
+        self.last: tuple[torch.Tensor, Any] | None = None
+        self.by_lengths: dict[tuple[int, ...], Any] = {}
+
+    def groups(self, cu_seqlens: torch.Tensor, device: torch.device):
+        from .vision import AttentionGroups
+        if self.last is not None and self.last[0] is cu_seqlens:
+            return self.last[1]
+        lengths = tuple(cu_seqlens.diff().tolist())
+        if lengths not in self.by_lengths:
+            if len(self.by_lengths) >= 64:
+                self.by_lengths.clear()
+            self.by_lengths[lengths] = AttentionGroups.build(lengths, device)
+        self.last = (cu_seqlens, self.by_lengths[lengths])
+        return self.last[1]
+
+
+def _grouped_rice_attention(attn: torch.nn.Module, hidden_states: torch.Tensor, cu_seqlens: torch.Tensor,
+                            rotary_pos_emb: torch.Tensor | None = None,
+                            position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None, *,
+                            rotary, plans: _RicePlans) -> torch.Tensor:
+    seq = hidden_states.shape[0]
+    q, k, v = attn.qkv(hidden_states).reshape(seq, 3, attn.num_heads, -1).permute(1, 0, 2, 3).unbind(0)
+    if position_embeddings is None:
+        emb = torch.cat((rotary_pos_emb, rotary_pos_emb), dim=-1)
+        position_embeddings = (emb.cos(), emb.sin())
+    q, k = rotary(q, k, *position_embeddings)
+    groups = plans.groups(cu_seqlens, hidden_states.device)
+    return attn.proj(groups.attend(q, k, v, q.shape[-1] ** -0.5))
