@@ -183,10 +183,10 @@ def use_grouped_rice_attention(visual: torch.nn.Module) -> int:
     are of one size, as a study's are). The hub code builds a dense [S, S] mask over every image of
     the call, S being all their patches, filled by a Python loop of slices read back from the device,
     in every block, and attends over it. That is S x S scores where the images need the sum of their
-    lengths squared: 128 images of 577 positions (a batch of 32 at N = 4, 336 px) make a 5.5 GB mask
-    and 128 times the attention arithmetic. The same values reach each query (the rest were masked
-    out); the blocks' weights and the hub code's own rotary function are used. The eager class (the
-    reference path) is left as shipped. Returns how many blocks changed."""
+    lengths squared: as many times the arithmetic as the call has images (16 for the study's batch of
+    4 at N = 4; 128 images of 577 positions, a batch of 32, make a 5.5 GB mask). The same keys reach
+    each query (the rest were masked out); the blocks' weights and the hub code's own rotary function
+    are used. The eager class (the reference path) is left as shipped. Returns how many blocks changed."""
     changed, plans = 0, _RicePlans()
     for block in visual.blocks:
         attn = block.attn
