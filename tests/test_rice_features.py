@@ -242,6 +242,13 @@ def test_grouped_rice_attention_equals_the_dense_mask(lengths):
         out = mine.attn(hidden, cu_seqlens=cu, position_embeddings=(emb.cos(), emb.sin()))
         torch.testing.assert_close(out, theirs.attn(hidden, cu_seqlens=cu, position_embeddings=(emb.cos(), emb.sin())),
                                    rtol=0, atol=1e-6)
+    class OtherRevisionSdpaAttention(ToyRiceSdpaAttention):          # a forward this was not written for
+        def forward(self, hidden_states, cu_seqlens, attention_mask=None, position_embeddings=None):
+            return super().forward(hidden_states, cu_seqlens, None, position_embeddings)
+    other = nn.Module()
+    other.blocks = nn.ModuleList([nn.Module()])
+    other.blocks[0].attn = OtherRevisionSdpaAttention(dim, heads)
+    assert use_grouped_rice_attention(other) == 0
     # the rotary angles as the older interface passes them
     first = visual.blocks[0].attn
     torch.testing.assert_close(first(hidden, cu_seqlens=cu, rotary_pos_emb=angles),

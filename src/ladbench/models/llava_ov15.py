@@ -8,6 +8,7 @@ tokens ``<|vision_start|> <|image_pad|>*k <|vision_end|>``; a Qwen3 text model (
 """
 from __future__ import annotations
 
+import inspect
 import sys
 import types
 from functools import partial
@@ -190,12 +191,20 @@ def use_grouped_rice_attention(visual: torch.nn.Module) -> int:
     changed, plans = 0, _RicePlans()
     for block in visual.blocks:
         attn = block.attn
-        if not type(attn).__name__.endswith("SdpaAttention"):
-            continue
-        rotary = sys.modules[type(attn).__module__].apply_rotary_pos_emb_vision
+        rotary = getattr(sys.modules[type(attn).__module__], "apply_rotary_pos_emb_vision", None)
+        if not (type(attn).__name__.endswith("SdpaAttention") and rotary is not None and _known_interface(attn)):
+            continue                            # the eager class, or a revision this was not written for
         attn.forward = types.MethodType(partial(_grouped_rice_attention, rotary=rotary, plans=plans), attn)
         changed += 1
     return changed
+
+
+def _known_interface(attn: torch.nn.Module) -> bool:
+    """The hub code's RICE attention as read: ``qkv``, ``proj``, ``num_heads``, and a forward of
+    (hidden_states, cu_seqlens, rotary_pos_emb, position_embeddings)."""
+    params = list(inspect.signature(attn.forward).parameters)
+    return (all(hasattr(attn, name) for name in ("qkv", "proj", "num_heads"))
+            and params == ["hidden_states", "cu_seqlens", "rotary_pos_emb", "position_embeddings"])
 
 
 class _RicePlans:
