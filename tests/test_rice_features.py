@@ -107,8 +107,8 @@ def _per_prompt(tower, images_per_prompt, pixels, grids) -> list[torch.Tensor]:
 
 def test_feature_positions_by_hand():
     # two images of 4 and 8 patches: positions 0 (class), 1-4, 5 (class), 6-13
-    assert feature_positions([4, 8], [0, 0]) == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]       # the hub's
-    assert feature_positions([4, 8], [0, 1]) == [1, 2, 3, 4, 6, 7, 8, 9, 10, 11, 12, 13]      # each its own
+    assert feature_positions([4, 8], [0, 0]).tolist() == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]       # the hub's
+    assert feature_positions([4, 8], [0, 1]).tolist() == [1, 2, 3, 4, 6, 7, 8, 9, 10, 11, 12, 13]      # each its own
 
 
 @torch.no_grad()

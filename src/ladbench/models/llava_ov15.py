@@ -144,14 +144,14 @@ class RiceFeatures:
         hidden, self._hidden = self._hidden, None
         patches = self._grid.prod(-1).tolist()
         if self.mode == "per_prompt":          # emulating the hub's selection: it must be the one running
-            known = hidden[torch.as_tensor(feature_positions(patches, [0] * len(patches)), device=hidden.device)]
+            known = hidden[feature_positions(patches, [0] * len(patches)).to(hidden.device)]
             if not torch.equal(args[0], known):
                 raise RuntimeError(
                     "this revision of LLaVA-OneVision-1.5's hub code does not take image features where the "
                     "revisions ladbench knows do (positions shifted back by the images before: docs/method.md); "
                     "per_prompt would not be what it computes: set inference.rice_features: per_image")
         index = feature_positions(patches, self.shifts(len(patches)))
-        return (hidden[torch.as_tensor(index, device=hidden.device)],)
+        return (hidden[index.to(hidden.device)],)
 
     def shifts(self, n_images: int) -> list[int]:
         """Each image's shift: the images of the prompts before its own, or all images before it
@@ -165,17 +165,14 @@ class RiceFeatures:
         return [first for first, count in zip(before, prompts) for _ in range(count)]
 
 
-def feature_positions(patches: Sequence[int], shifts: Sequence[int]) -> list[int]:
+def feature_positions(patches: Sequence[int], shifts: Sequence[int]) -> torch.Tensor:
     """The positions of the tower's last-block output (a class token before each image's patches)
-    that the merger gets for each image: ``cu[i] + 1 + shift`` on, for image i's ``patches[i]``
-    positions, with ``cu`` the patch counts before i WITHOUT the class tokens. A shift of i gives
-    image i exactly its own patches; a shift of 0 is the hub code's selection."""
-    positions, before = [], 0
-    for count, shift in zip(patches, shifts):
-        start = before + 1 + shift
-        positions.extend(range(start, start + count))
-        before += count
-    return positions
+    that the merger gets for each image, on the host: ``cu[i] + 1 + shift`` on, for image i's
+    ``patches[i]`` positions, with ``cu`` the patch counts before i WITHOUT the class tokens (so the
+    patch's own index plus 1 + its image's shift). A shift of i gives image i exactly its own
+    patches; a shift of 0 is the hub code's selection."""
+    offsets = torch.repeat_interleave(torch.tensor(shifts) + 1, torch.tensor(patches))
+    return torch.arange(len(offsets)) + offsets
 
 
 def use_grouped_rice_attention(visual: torch.nn.Module) -> int:
@@ -188,7 +185,7 @@ def use_grouped_rice_attention(visual: torch.nn.Module) -> int:
     4 at N = 4; 128 images of 577 positions, a batch of 32, make a 5.5 GB mask). The same keys reach
     each query (the rest were masked out); the blocks' weights and the hub code's own rotary function
     are used. The eager class (the reference path) is left as shipped. Returns how many blocks changed."""
-    changed, plans = 0, _RicePlans()
+    changed, plans = 0, _CallGroups()
     for block in visual.blocks:
         attn = block.attn
         rotary = getattr(sys.modules[type(attn).__module__], "apply_rotary_pos_emb_vision", None)
@@ -207,31 +204,24 @@ def _known_interface(attn: torch.nn.Module) -> bool:
             and params == ["hidden_states", "cu_seqlens", "rotary_pos_emb", "position_embeddings"])
 
 
-class _RicePlans:
-    """The attention groups of one tower call's ``cu_seqlens``, found once for all its blocks (one read
-    of the lengths per call) and kept per distinct list of lengths."""
+class _CallGroups:
+    """The attention groups of the tower call under way, found from its ``cu_seqlens`` once for all
+    its blocks (one read of the lengths per call: the hub code passes every block the same tensor)."""
 
     def __init__(self) -> None:
         self.last: tuple[torch.Tensor, Any] | None = None
-        self.by_lengths: dict[tuple[int, ...], Any] = {}
 
     def groups(self, cu_seqlens: torch.Tensor, device: torch.device):
         from .vision import AttentionGroups
-        if self.last is not None and self.last[0] is cu_seqlens:
-            return self.last[1]
-        lengths = tuple(cu_seqlens.diff().tolist())
-        if lengths not in self.by_lengths:
-            if len(self.by_lengths) >= 64:
-                self.by_lengths.clear()
-            self.by_lengths[lengths] = AttentionGroups.build(lengths, device)
-        self.last = (cu_seqlens, self.by_lengths[lengths])
+        if self.last is None or self.last[0] is not cu_seqlens:
+            self.last = (cu_seqlens, AttentionGroups.build(cu_seqlens.diff().tolist(), device))
         return self.last[1]
 
 
 def _grouped_rice_attention(attn: torch.nn.Module, hidden_states: torch.Tensor, cu_seqlens: torch.Tensor,
                             rotary_pos_emb: torch.Tensor | None = None,
                             position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None, *,
-                            rotary, plans: _RicePlans) -> torch.Tensor:
+                            rotary, plans: _CallGroups) -> torch.Tensor:
     seq = hidden_states.shape[0]
     q, k, v = attn.qkv(hidden_states).reshape(seq, 3, attn.num_heads, -1).permute(1, 0, 2, 3).unbind(0)
     if position_embeddings is None:
