@@ -201,7 +201,7 @@ class _OwnSdpaAttention(torch.nn.Module):
 
 
 @pytest.mark.parametrize("case", ["causal", "causal, fewer queries", "float mask", "bool mask", "grouped heads"])
-def test_a_decoders_own_sdpa_call_is_captured_as_its_kernel_computes_it(case):
+def test_a_decoders_own_sdpa_call_is_captured_as_its_kernel_computes_it(case, monkeypatch):
     """route_own_sdpa: the captured last row is the kernel's (a hand-computed softmax), the output is
     the unrouted module's bit for bit, SoFA's bias reaches that kernel, and outside a capture the
     module runs as shipped."""
@@ -240,11 +240,8 @@ def test_a_decoders_own_sdpa_call_is_captured_as_its_kernel_computes_it(case):
     torch.testing.assert_close(capture.masses()[:, 0], scores.softmax(-1)[:, :, -1], rtol=0, atol=1e-6)
     calls = []
     original = attention.own_sdpa_forward
-    attention.own_sdpa_forward = lambda *a, **k: calls.append(1) or original(*a, **k)
-    try:
-        assert torch.equal(module(query, key, value, mask, expand), shipped) and not calls   # a decode step: as shipped
-    finally:
-        attention.own_sdpa_forward = original
+    monkeypatch.setattr(attention, "own_sdpa_forward", lambda *a, **k: calls.append(1) or original(*a, **k))
+    assert torch.equal(module(query, key, value, mask, expand), shipped) and not calls      # a decode step: as shipped
 
 
 @pytest.mark.skipif("llava_ov15" not in FAMILIES, reason="the paper lane's family")
