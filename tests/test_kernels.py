@@ -1,5 +1,6 @@
 """The GPU's kernel choices (models/kernels.py): the patch embedding as a matrix product equals
-the convolution in float32, is taken only where it applies, and leaves the CPU's bits alone.
+the convolution in float32, and a gated MLP padded to an aligned width its output as shipped;
+each is taken only where it applies, and leaves the CPU's bits alone.
 And the attention masks the host decides (``ModelAdapter.kernel_mask``): transformers' own, on
 every device, without reading the padding mask back."""
 from __future__ import annotations
@@ -91,6 +92,81 @@ def test_a_qwen_tower_scores_the_same_with_its_patch_embedding_as_a_matrix_produ
     monkeypatch.setattr(kernels, "linear_patch_embedding_on", lambda device: True)
     after = runner.score_batch([0, 3])
     assert conv_calls["conv3d"] == 1
+    np.testing.assert_allclose(after["scores"], before["scores"], atol=1e-4, rtol=0)
+    np.testing.assert_allclose(after["attn"], before["attn"], atol=1e-5, rtol=0)
+
+
+class _GatedMLP(torch.nn.Module):
+    """``down(act(gate(x)) * up(x))``, transformers' gated MLP."""
+
+    def __init__(self, hidden: int, width: int, bias: bool, act=torch.nn.functional.silu) -> None:
+        super().__init__()
+        self.gate_proj, self.up_proj = (torch.nn.Linear(hidden, width, bias=bias) for _ in range(2))
+        self.down_proj = torch.nn.Linear(width, hidden, bias=bias)
+        self.act = act
+
+    def forward(self, x):
+        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+
+
+@pytest.fixture
+def padding_on_the_cpu(monkeypatch):
+    monkeypatch.setattr(kernels, "mlp_padding_on", lambda device: True)
+
+
+# Qwen2.5-VL's vision MLP is 3,420 wide (biases, SiLU); 37 units here, with and without biases,
+# and an activation that is not 0 at 0 (the down projection's zero columns still cancel it)
+@pytest.mark.parametrize("bias, act", [(True, torch.nn.functional.silu), (False, torch.nn.functional.gelu),
+                                       (True, torch.cos)])
+def test_a_gated_mlp_padded_with_zero_units_gives_the_same_output(bias, act, padding_on_the_cpu):
+    torch.manual_seed(0)
+    mlp = _GatedMLP(16, 37, bias, act).double()
+    x = torch.randn(23, 16, dtype=torch.float64)
+    with torch.no_grad():
+        want = mlp(x)
+        assert kernels.pad_unaligned_mlps(mlp) == 1
+        got = mlp(x)
+    assert (mlp.gate_proj.weight.shape, mlp.up_proj.out_features, mlp.down_proj.weight.shape) == ((64, 16), 64, (16, 64))
+    assert mlp.gate_proj.bias is None or mlp.gate_proj.bias.shape == (64,)
+    torch.testing.assert_close(got, want, atol=1e-13, rtol=0)
+    assert kernels.pad_unaligned_mlps(mlp) == 0                       # aligned now: nothing more to do
+
+
+def test_only_unaligned_plain_gated_mlps_are_padded_and_only_on_a_gpu(monkeypatch):
+    """An aligned width stays; so does a mixture of experts (a router beside the projections),
+    a projection that is not a plain Linear, and, on the CPU, everything (its bits are the
+    reference's)."""
+    unaligned, aligned = _GatedMLP(8, 36, True), _GatedMLP(8, 40, True)
+    routed = _GatedMLP(8, 36, False)
+    routed.router = torch.nn.Linear(8, 4)
+    subclassed = _GatedMLP(8, 36, False)
+    subclassed.up_proj = type("QuantLinear", (torch.nn.Linear,), {})(8, 36)
+    model = torch.nn.ModuleList([unaligned, aligned, routed, subclassed])
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    assert kernels.pad_unaligned_mlps(model) == 0
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    monkeypatch.setattr(kernels, "mlp_padding_on", lambda device: True)
+    assert kernels.pad_unaligned_mlps(model) == 1 and unaligned.down_proj.in_features == 64
+    assert [m.gate_proj.out_features for m in model] == [64, 40, 36, 36]
+
+
+@pytest.mark.slow
+@pytest.mark.lanes
+@pytest.mark.parametrize("family", [f for f in ("qwen2_5_vl", "internvl") if f in FAMILIES])
+def test_a_model_scores_the_same_with_its_mlps_padded(family, tiny_adapter, tiny_model, tmp_path, padding_on_the_cpu):
+    """Through a whole scoring batch: every gated MLP of a tiny model (its tower's and its
+    decoder's) padded to other widths, as a GPU pads an unaligned one; scores and attention masses
+    equal within float32 noise. A model loaded with the GPU's rule pads nothing it need not."""
+    from ladbench.models import load_adapter
+
+    before = _runner(tiny_adapter(family), tmp_path, 4, family).score_batch([0, 3])
+    adapter = load_adapter(family, tiny_model(family), device="cpu", dtype="float32")
+    assert adapter.padded_mlps == 0                                   # the tiny widths are aligned
+    widths = {m.gate_proj.out_features for m in adapter.model.modules() if kernels.gated_mlp(m)}
+    padded = kernels.pad_unaligned_mlps(adapter.model, aligned=1024, multiple=96)
+    assert padded >= 3 and {m.gate_proj.out_features for m in adapter.model.modules() if kernels.gated_mlp(m)} == {
+        -(-w // 96) * 96 for w in widths} and not widths & {96, 192}
+    after = _runner(adapter, tmp_path, 4, family).score_batch([0, 3])
     np.testing.assert_allclose(after["scores"], before["scores"], atol=1e-4, rtol=0)
     np.testing.assert_allclose(after["attn"], before["attn"], atol=1e-5, rtol=0)
 

@@ -158,6 +158,8 @@ class ModelAdapter:
             self.host_input_keys = self.use_batched_vision()
         #: patch embeddings run as a matrix product on a GPU (models/kernels.py); the eager path stays the reference's
         self.linear_patch_embeddings = kernels.use_linear_patch_embedding(model) if attention != "eager" else 0
+        #: gated MLPs of an unaligned hidden width, padded on a GPU (models/kernels.py); likewise
+        self.padded_mlps = kernels.pad_unaligned_mlps(model) if attention != "eager" else 0
         if attention == "capture" and self.own_attention_table:
             route_own_sdpa(self.attention_modules())
         self.resolve_tokens()

@@ -17,6 +17,16 @@ path anyway (README, "Fidelity on a GPU"), and these choices are tested for equa
   for that shape on some GPU, dtype and version combinations (public reports: about 13x slower
   than the matrix product on an H20, seconds per call for Qwen3-VL in bfloat16 on an H100 with
   some cuDNN releases, far worse on Blackwell), which the tower would pay on every batch.
+* Gated MLPs padded to an aligned hidden width (:func:`pad_unaligned_mlps`): a bfloat16 matrix
+  product with a width that is not a multiple of 8 elements (16 bytes) falls back to kernels
+  that load a few elements at a time. Qwen2.5-VL's vision MLP is 3,420 wide (every size, 32
+  blocks): in the H200 trace of a scoring batch (benchmarks/results/h200-2026-11-27, N = 4,
+  batch 8: 18,432 patches) its gate and up products ran cutlass's ``align2`` kernels at 0.64 ms
+  a call and its down product at 0.77 ms, 252 and 208 TFLOP/s (a quarter of that GPU's dense
+  bfloat16 peak): 66 of the batch's 233 ms on the GPU. ``benchmarks/bench_padded_mlp.py`` times
+  the MLP as shipped against padded widths. Zero units added to the hidden layer change nothing
+  in exact arithmetic: their gate and up outputs are 0 (zero weights and biases), ``act(0) * 0``
+  is 0, and the down projection's columns for them are 0.
 """
 from __future__ import annotations
 
@@ -75,3 +85,72 @@ def use_linear_patch_embedding(model: torch.nn.Module) -> int:
     for conv in convs:
         conv.forward = types.MethodType(_patch_embedding_forward, conv)
     return len(convs)
+
+
+#: a width of a matrix product runs on the GPU's vectorised kernels when a multiple of this many
+#: elements (16 bytes of bfloat16)
+ALIGNED_WIDTH = 8
+#: an unaligned hidden width is padded up to a multiple of this (the K tile of the sm90 kernels
+#: the aligned products run in the trace; 1 % more arithmetic for Qwen2.5-VL's 3,420 -> 3,456)
+PADDED_WIDTH_MULTIPLE = 64
+#: the gated MLP's projections, ``down(act(gate(x)) * up(x))`` (LLaMA's and Qwen's names)
+GATED_MLP = ("gate_proj", "up_proj", "down_proj")
+
+
+def mlp_padding_on(device: torch.device) -> bool:
+    """The devices an MLP's hidden width is padded on (tests set it for the CPU)."""
+    return on_gpu_kernels(device)
+
+
+def gated_mlp(module: torch.nn.Module) -> tuple[torch.nn.Linear, ...] | None:
+    """(gate, up, down) when ``module`` is a gated MLP and nothing else: those three plain
+    ``nn.Linear`` children of one hidden width, and no parameter besides theirs (a mixture of
+    experts with a router or shared experts is not one); else None."""
+    projections = tuple(getattr(module, name, None) for name in GATED_MLP)
+    if not all(type(p) is torch.nn.Linear for p in projections):
+        return None
+    gate, up, down = projections
+    own = {f"{name}.{param}" for name in GATED_MLP for param in ("weight", "bias")}
+    if not gate.out_features == up.out_features == down.in_features or any(
+            name not in own for name, _ in module.named_parameters()):
+        return None
+    return projections
+
+
+def _padded(weight: torch.Tensor | None, rows: int, columns: int) -> torch.nn.Parameter | None:
+    """``weight`` ([r, c] or a bias [r]) with zeros appended up to [rows, columns] ([rows])."""
+    if weight is None:
+        return None
+    shape = (rows,) if weight.dim() == 1 else (rows, columns)
+    padded = weight.new_zeros(shape)
+    padded[tuple(slice(0, n) for n in weight.shape)] = weight
+    return torch.nn.Parameter(padded, requires_grad=weight.requires_grad)
+
+
+def pad_gated_mlp(gate: torch.nn.Linear, up: torch.nn.Linear, down: torch.nn.Linear, width: int) -> None:
+    """Widen the hidden layer to ``width`` units with zero weights and biases in place; the MLP's
+    output stays the same in exact arithmetic (module docstring)."""
+    for linear in (gate, up):
+        linear.weight = _padded(linear.weight, width, linear.in_features)
+        linear.bias = _padded(linear.bias, width, 0)
+        linear.out_features = width
+    down.weight = _padded(down.weight, down.out_features, width)
+    down.in_features = width
+
+
+def pad_unaligned_mlps(model: torch.nn.Module, aligned: int = ALIGNED_WIDTH,
+                       multiple: int = PADDED_WIDTH_MULTIPLE) -> int:
+    """Pad every gated MLP of ``model`` (:func:`gated_mlp`) whose hidden width is not a multiple
+    of ``aligned`` up to a multiple of ``multiple``, where its weights lie on a device that pads
+    (:func:`mlp_padding_on`: a GPU; the CPU's bits stay the reference's). The weights change,
+    not the config: a padded model is for running, not for saving. Returns how many changed."""
+    padded = 0
+    for module in model.modules():
+        projections = gated_mlp(module)
+        if projections is None or projections[0].out_features % aligned == 0 \
+                or not mlp_padding_on(projections[0].weight.device):
+            continue
+        width = -(-projections[0].out_features // multiple) * multiple
+        pad_gated_mlp(*projections, width)
+        padded += 1
+    return padded
