@@ -25,8 +25,9 @@
 #             per N (traces/): scoring.json (measured on an H200 2026-11-27, before the read-backs went)
 #   patch     the patch embedding as cuDNN's Conv3d against one matrix product (bench_patch_embed.py,
 #             30 s): patch_embed.json (measured on an H200 2026-11-27)
-#   mlp       Qwen2.5-VL's vision MLP (3,420 wide) as shipped against the same weights padded to an
-#             aligned width, as infer runs it on a GPU (bench_padded_mlp.py, 30 s): padded_mlp.json
+#   widths    products of an unaligned width as shipped against the same weights padded: Qwen2.5-VL's
+#             vision MLP (3,420 wide; infer pads it on a GPU) and InternVL3-8B's LM head (151,674
+#             tokens; not padded yet) (bench_aligned_widths.py, 40 s): aligned_widths.json
 # then `ladbench plan` at the rates measured (plan.txt; it runs anywhere: rerun it here with every
 # call's files). Each file is rewritten after every measurement (most wanted first), so a part that
 # runs out of time keeps what it measured; a measurement that fails (a compilation, the profiler)
@@ -34,7 +35,7 @@
 # The parts of a call share one model build per architecture (--arch-dir, outside the results).
 # Replies stop at 64 tokens to fit the time; the paper's run to 512 (SC) and 1,024 (CoT), whose
 # longer KV caches make late decode steps slower, so the generation rates are an upper bound for
-# the study's. The default parts (mlp attention cot sc) take under 8.5 minutes by their limits. On an H200
+# the study's. The default parts (widths attention cot sc) take under 8.5 minutes by their limits. On an H200
 # (2026-11-27) the scoring part took about 3 minutes; cot ran out of its 210 s in its last
 # measurement (the chunks) and sc out of its 150 s likewise.
 #   run: bash benchmarks/gpu_session.sh [PART ...]   (carry: .whl, made by `make gpu-wheels`: the
@@ -49,11 +50,11 @@
 #   sessions fails CI instead of a lent GPU's few minutes; its plan.txt is plan's refusal of CPU rates.
 set -euo pipefail
 parts=("$@")
-[ ${#parts[@]} -gt 0 ] || parts=(mlp attention cot sc)
+[ ${#parts[@]} -gt 0 ] || parts=(widths attention cot sc)
 for part in "${parts[@]}"; do
   case $part in
-    attention|cot|sc|internvl_gen|internvl|scoring|patch|mlp) ;;
-    *) echo "gpu_session.sh: unknown part '$part' (attention, cot, sc, internvl_gen, internvl, scoring, patch, mlp)" >&2
+    attention|cot|sc|internvl_gen|internvl|scoring|patch|widths) ;;
+    *) echo "gpu_session.sh: unknown part '$part' (attention, cot, sc, internvl_gen, internvl, scoring, patch, widths)" >&2
        exit 2 ;;
   esac
 done
@@ -63,12 +64,12 @@ mkdir -p "$out"
 if [ -n "${GPU_SESSION_SMOKE:-}" ]; then
   device=cpu size=(--arch-scale small --image-size 56 --reps 1 --batch 2)      # --batch: the split's
   scoring_rows=8 scoring_batch=4 internvl_batch=4 cot_rows=4 sc_rows=2 samples=2 new_tokens=4 internvl_cot_rows=2
-  patch_args=(--rows 64 --reps 1) mlp_args=(--rows 64 --reps 1) attention_args=(--batches 2 --keys 64 --reps 1 --fresh-steps 1)
+  patch_args=(--rows 64 --reps 1) widths_args=(--rows 64 --reps 1 --small) attention_args=(--batches 2 --keys 64 --reps 1 --fresh-steps 1)
 else
   device=cuda size=()
   scoring_rows=256 scoring_batch=32 internvl_batch=8 cot_rows=64 sc_rows=16 samples=10 new_tokens=64
   internvl_cot_rows=32
-  patch_args=(--reps 5) mlp_args=(--reps 10) attention_args=(--reps 10)
+  patch_args=(--reps 5) widths_args=(--reps 10) attention_args=(--reps 10)
 fi
 if [ "$device" = cuda ] && compgen -G ".whl/*.whl" > /dev/null; then
   "$python" -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
@@ -126,7 +127,7 @@ for part in "${parts[@]}"; do
     scoring) run scoring 260 --arch qwen2_5_vl_3b --n 4 8 --gpu-parts throughput split --batches "$scoring_batch" \
                --gpu-rows "$scoring_rows" --trace "$out/traces" --one-at-a-time --read-back ;;
     patch) limited patch_embed 30 "$python" benchmarks/bench_patch_embed.py --device "$device" "${patch_args[@]}" ;;
-    mlp) limited padded_mlp 30 "$python" benchmarks/bench_padded_mlp.py --device "$device" "${mlp_args[@]}" ;;
+    widths) limited aligned_widths 40 "$python" benchmarks/bench_aligned_widths.py --device "$device" "${widths_args[@]}" ;;
   esac
 done
 # the paper study's GPU hours at the rates measured (the measured models' jobs; the others stay assumed)

@@ -23,7 +23,7 @@ path anyway (README, "Fidelity on a GPU"), and these choices are tested for equa
   blocks): in the H200 trace of a scoring batch (benchmarks/results/h200-2026-11-27, N = 4,
   batch 8: 18,432 patches) its gate and up products ran cutlass's ``align2`` kernels at 0.64 ms
   a call and its down product at 0.77 ms, 252 and 208 TFLOP/s (a quarter of that GPU's dense
-  bfloat16 peak): 66 of the batch's 233 ms on the GPU. ``benchmarks/bench_padded_mlp.py`` times
+  bfloat16 peak): 66 of the batch's 233 ms on the GPU. ``benchmarks/bench_aligned_widths.py`` times
   the MLP as shipped against padded widths. Zero units added to the hidden layer change nothing
   in exact arithmetic: their gate and up outputs are 0 (zero weights and biases), ``act(0) * 0``
   is 0, and the down projection's columns for them are 0.
