@@ -18,7 +18,6 @@ Usage: python benchmarks/bench_aligned_widths.py [--device cuda] [--reps 20] [--
 """
 from __future__ import annotations
 
-import argparse
 import copy
 import functools
 import json
@@ -27,7 +26,7 @@ import types
 import torch
 import torch.nn.functional as F
 
-from bench_patch_embed import ROWS, seconds
+from bench_patch_embed import kernel_bench_device, kernel_bench_parser, seconds
 from ladbench.models.kernels import ALIGNED_WIDTH, PADDED_WIDTH_MULTIPLE, gated_mlp, pad_gated_mlp
 
 #: (hidden, intermediate, bias, activation) of the published vision configs with an unaligned MLP
@@ -102,19 +101,10 @@ def measure(ways: dict, device: torch.device, reps: int) -> dict:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--device", default="cpu", help="cpu or cuda")
-    p.add_argument("--reps", type=int, default=20, help="timed repetitions of each way (20)")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (torch's default)")
-    p.add_argument("--rows", type=int, nargs="+", default=list(ROWS), help="the MLP's patches per call (2304 18432)")
+    p = kernel_bench_parser(__doc__)                   # --rows: the MLP's patches per call
     p.add_argument("--small", action="store_true", help="the LM head 64 wide (the vocabulary stays): a smoke test")
-    p.add_argument("--json", default=None, help="also write the results here")
     args = p.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    device = torch.device(args.device)
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    label = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
+    device, dtype, label = kernel_bench_device(args)
     print(f"unaligned widths, shipped against padded, {label}, {dtype}, torch {torch.__version__}\n")
     print("| product | rows | width shipped / padded | shipped ms | " + " | ".join(f"padded to {m} ms" for m in MULTIPLES)
           + " | " + " | ".join(f"shipped / {m}" for m in MULTIPLES) + " | max diff (rel.) |")

@@ -58,19 +58,31 @@ def measure(shape: tuple, rows: int, device: torch.device, dtype: torch.dtype, r
             "max_rel_diff": float((got - want).abs().max() / want.abs().max())}
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def kernel_bench_parser(doc: str) -> argparse.ArgumentParser:
+    """The options of a kernel benchmark (this one's and bench_aligned_widths.py's)."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--reps", type=int, default=20, help="timed repetitions of each way (20)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (torch's default)")
     p.add_argument("--rows", type=int, nargs="+", default=list(ROWS), help="patches per call (2304 18432)")
     p.add_argument("--json", default=None, help="also write the results here")
-    args = p.parse_args()
+    return p
+
+
+def kernel_bench_device(args: argparse.Namespace) -> tuple[torch.device, torch.dtype, str]:
+    """The device, its dtype (bfloat16 on a GPU, float32 on the CPU) and a label naming it, with
+    ``--threads`` applied."""
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     label = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
+    return device, dtype, label
+
+
+def main() -> None:
+    args = kernel_bench_parser(__doc__).parse_args()
+    device, dtype, label = kernel_bench_device(args)
     print(f"patch embedding, {label}, {dtype}, torch {torch.__version__}\n")
     print("| vision config | patches | Conv3d ms | matrix product ms | Conv3d / matrix product | max diff (rel.) |")
     print("|---|---|---|---|---|---|", flush=True)
