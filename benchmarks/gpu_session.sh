@@ -85,13 +85,22 @@ if ! missing=$("$python" -c "import ladbench.config, ladbench.inference.runner, 
 fi
 pack() {                  # $OUT/session.tgz: everything $out holds (the device tool brings back 8 files)
   [ -n "${OUT:-}" ] || return 0
-  mkdir -p "$OUT" && tar czf "$OUT/session.tgz.part" -C "$out" . && mv "$OUT/session.tgz.part" "$OUT/session.tgz"
+  local status=0
+  mkdir -p "$OUT"
+  tar czf "$OUT/session.tgz.part" --warning=no-file-changed -C "$out" . || status=$?
+  # GNU tar's 1: a file changed while it was read (a log still written); the archive is whole
+  [ "$status" -gt 1 ] || mv "$OUT/session.tgz.part" "$OUT/session.tgz"
 }
 models=$(mktemp -d)       # the builds the parts share (7.5 GB for the 3B: not under $out, removed on exit)
 packer=
-trap 'rm -rf "$models"; [ -z "$packer" ] || kill "$packer" 2> /dev/null; pack' EXIT
+# on exit the packer is told to stop and waited for (at most a second, or the pack it is in), so
+# that no two packs write the same file; packing never changes the script's exit status
+trap 'touch "$models/.stop-packing"; [ -z "$packer" ] || wait "$packer" || true; rm -rf "$models"; pack || true' EXIT
 if [ -n "${OUT:-}" ]; then
-  (while sleep 15; do pack; done) &
+  (while :; do
+     for _ in $(seq 15); do [ ! -e "$models/.stop-packing" ] || exit 0; sleep 1; done
+     pack
+   done) &
   packer=$!
 fi
 if command -v nvidia-smi > /dev/null; then
