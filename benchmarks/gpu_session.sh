@@ -42,7 +42,8 @@
 #   packages of benchmarks/gpu_wheels.txt, which the GPU machine's python lacks)
 # Results go to $GPU_SESSION_DIR (default /tmp/gpu-session). Where $OUT is set (the device tool's
 # folder, which brings back at most 8 files), that folder is also kept packed as $OUT/session.tgz,
-# every 15 s and at the end, so a call stopped at its limit still brings back what it measured.
+# every 15 s ($GPU_SESSION_PACK_EVERY) and at the end, so a call stopped at its limit still brings
+# back what it measured.
 # Before any part, the python must import what the parts import (2026-11-27: a machine without
 # jsonschema failed every infer run of a call): else exit 3, naming the missing module.
 #   GPU_SESSION_SMOKE=1: the same commands on the CPU at the small architectures, 56 px images
@@ -87,8 +88,8 @@ pack() {                  # $OUT/session.tgz: everything $out holds (the device 
   [ -n "${OUT:-}" ] || return 0
   local status=0
   mkdir -p "$OUT"
-  tar czf "$OUT/session.tgz.part" --warning=no-file-changed -C "$out" . || status=$?
-  # GNU tar's 1: a file changed while it was read (a log still written); the archive is whole
+  tar czf "$OUT/session.tgz.part" --warning=no-file-changed --warning=no-file-removed -C "$out" . || status=$?
+  # GNU tar's 1: a file changed or went while it was read (a part writing it); the archive is whole
   [ "$status" -gt 1 ] || mv "$OUT/session.tgz.part" "$OUT/session.tgz"
 }
 models=$(mktemp -d)       # the builds the parts share (7.5 GB for the 3B: not under $out, removed on exit)
@@ -98,7 +99,7 @@ packer=
 trap 'touch "$models/.stop-packing"; [ -z "$packer" ] || wait "$packer" || true; rm -rf "$models"; pack || true' EXIT
 if [ -n "${OUT:-}" ]; then
   (while :; do
-     for _ in $(seq 15); do [ ! -e "$models/.stop-packing" ] || exit 0; sleep 1; done
+     for _ in $(seq "${GPU_SESSION_PACK_EVERY:-15}"); do [ ! -e "$models/.stop-packing" ] || exit 0; sleep 1; done
      pack
    done) &
   packer=$!
