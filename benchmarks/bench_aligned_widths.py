@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from bench_patch_embed import kernel_bench_device, kernel_bench_parser, seconds
-from ladbench.models.kernels import ALIGNED_WIDTH, PADDED_WIDTH_MULTIPLE, gated_mlp, pad_gated_mlp
+from ladbench.models.kernels import ALIGNED_WIDTH, PADDED_WIDTH_MULTIPLE, gated_mlp, pad_gated_mlp, round_up
 
 #: (hidden, intermediate, bias, activation) of the published vision configs with an unaligned MLP
 MLP_SHAPES = {
@@ -41,10 +41,6 @@ HEAD_SHAPES = {
 HEAD_ROWS = (4, 64)
 #: the multiples the hidden width is padded to: the alignment alone, and what infer pads to
 MULTIPLES = (ALIGNED_WIDTH, PADDED_WIDTH_MULTIPLE)
-
-
-def round_up(width: int, multiple: int) -> int:
-    return -(-width // multiple) * multiple
 
 
 def shipped_mlp(shape: tuple, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:

@@ -165,7 +165,7 @@ def test_a_model_scores_the_same_with_its_mlps_padded(family, tiny_adapter, tiny
     widths = {m.gate_proj.out_features for m in adapter.model.modules() if kernels.gated_mlp(m)}
     padded = kernels.pad_unaligned_mlps(adapter.model, aligned=1024, multiple=96)
     assert padded >= 3 and {m.gate_proj.out_features for m in adapter.model.modules() if kernels.gated_mlp(m)} == {
-        -(-w // 96) * 96 for w in widths} and not widths & {96, 192}
+        kernels.round_up(w, 96) for w in widths} and not widths & {96, 192}
     after = _runner(adapter, tmp_path, 4, family).score_batch([0, 3])
     np.testing.assert_allclose(after["scores"], before["scores"], atol=1e-4, rtol=0)
     np.testing.assert_allclose(after["attn"], before["attn"], atol=1e-5, rtol=0)

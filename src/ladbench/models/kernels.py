@@ -90,11 +90,17 @@ def use_linear_patch_embedding(model: torch.nn.Module) -> int:
 #: a width of a matrix product runs on the GPU's vectorised kernels when a multiple of this many
 #: elements (16 bytes of bfloat16)
 ALIGNED_WIDTH = 8
-#: an unaligned hidden width is padded up to a multiple of this (the K tile of the sm90 kernels
-#: the aligned products run in the trace; 1 % more arithmetic for Qwen2.5-VL's 3,420 -> 3,456)
+#: an unaligned hidden width is padded up to a multiple of this, which leaves no partial step
+#: of the usual 64-deep tensor-core tiles (1% more arithmetic for Qwen2.5-VL's 3,420 -> 3,456;
+#: bench_aligned_widths.py times 8 against 64)
 PADDED_WIDTH_MULTIPLE = 64
 #: the gated MLP's projections, ``down(act(gate(x)) * up(x))`` (LLaMA's and Qwen's names)
 GATED_MLP = ("gate_proj", "up_proj", "down_proj")
+
+
+def round_up(width: int, multiple: int) -> int:
+    """The least multiple of ``multiple`` not below ``width``."""
+    return -(-width // multiple) * multiple
 
 
 def mlp_padding_on(device: torch.device) -> bool:
@@ -127,6 +133,7 @@ def _padded(weight: torch.Tensor | None, rows: int, columns: int) -> torch.nn.Pa
     return torch.nn.Parameter(padded, requires_grad=weight.requires_grad)
 
 
+@torch.no_grad()
 def pad_gated_mlp(gate: torch.nn.Linear, up: torch.nn.Linear, down: torch.nn.Linear, width: int) -> None:
     """Widen the hidden layer to ``width`` units with zero weights and biases in place; the MLP's
     output stays the same in exact arithmetic (module docstring)."""
@@ -147,10 +154,10 @@ def pad_unaligned_mlps(model: torch.nn.Module, aligned: int = ALIGNED_WIDTH,
     padded = 0
     for module in model.modules():
         projections = gated_mlp(module)
-        if projections is None or projections[0].out_features % aligned == 0 \
-                or not mlp_padding_on(projections[0].weight.device):
+        if projections is None:
             continue
-        width = -(-projections[0].out_features // multiple) * multiple
-        pad_gated_mlp(*projections, width)
-        padded += 1
+        width = projections[0].out_features
+        if width % aligned and mlp_padding_on(projections[0].weight.device):
+            pad_gated_mlp(*projections, round_up(width, multiple))
+            padded += 1
     return padded
