@@ -118,19 +118,22 @@ limited() {
     || echo "$name: exit $?" >> "$out/gpu.txt"
 }
 run() { local name=$1 limit=$2; shift 2; limited "$name" "$limit" "${bench[@]}" "$@"; }
+# generation NAME SECONDS ARCH VARIANT ROWS: one variant's generation, the decode loop against plain generate
+generation() {
+  run "$1" "$2" --arch "$3" --generation --gen-variants "$4" --gen-rows "$5" --gen-batch 4 \
+    --gen-samples "$samples" --gen-max-new-tokens "$new_tokens" --trace "$out/traces"
+}
 rates=()
 for part in "${parts[@]}"; do
   case $part in
     attention) limited attention 50 "$python" benchmarks/bench_one_query_attention.py --device "$device" \
                  "${attention_args[@]}" ;;
-    cot|sc) run "generation_$part" "$([ "$part" = cot ] && echo 240 || echo 170)" --arch qwen2_5_vl_3b --generation --gen-variants "$part" \
-              --gen-rows "$([ "$part" = cot ] && echo "$cot_rows" || echo "$sc_rows")" --gen-batch 4 \
-              --gen-samples "$samples" --gen-max-new-tokens "$new_tokens" --trace "$out/traces" ;;
+    cot|sc) generation "generation_$part" "$([ "$part" = cot ] && echo 240 || echo 170)" qwen2_5_vl_3b "$part" \
+              "$([ "$part" = cot ] && echo "$cot_rows" || echo "$sc_rows")" ;;
     internvl_gen)
       for variant in cot sc; do
-        run "generation_internvl_$variant" 150 --arch internvl3_8b --generation --gen-variants "$variant" \
-          --gen-rows "$([ "$variant" = cot ] && echo "$internvl_cot_rows" || echo "$sc_rows")" --gen-batch 4 \
-          --gen-samples "$samples" --gen-max-new-tokens "$new_tokens" --trace "$out/traces"
+        generation "generation_internvl_$variant" 150 internvl3_8b "$variant" \
+          "$([ "$variant" = cot ] && echo "$internvl_cot_rows" || echo "$sc_rows")"
       done ;;
     internvl) run scoring_internvl 300 --arch internvl3_8b --n 4 --gpu-parts throughput split --batches "$internvl_batch" \
                --gpu-rows "$scoring_rows" --trace "$out/traces" --read-back ;;
