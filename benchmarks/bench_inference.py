@@ -69,11 +69,13 @@ in the file's ``failed`` and under the table while the measurements after it go 
 from __future__ import annotations
 
 import argparse
+import atexit
 import collections
 import contextlib
 import json
 import math
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -89,6 +91,19 @@ T = TypeVar("T")
 
 
 # ------------------------------------------------------------------------------ inputs
+_RUN_SCRATCH: list[str] = []       # this process's one folder of throw-away inputs, models and caches
+
+
+def scratch_folder(prefix: str = "") -> str:
+    """A new folder for throw-away inputs, models and caches, inside one folder of this process
+    that goes when the process exits (a run builds hundreds of MB of random models: left in the
+    temporary folder, each run's would stay there until the disk is full)."""
+    if not _RUN_SCRATCH:
+        _RUN_SCRATCH.append(tempfile.mkdtemp(prefix="ladbench-bench-"))
+        atexit.register(shutil.rmtree, _RUN_SCRATCH[0], ignore_errors=True)
+    return tempfile.mkdtemp(prefix=prefix, dir=_RUN_SCRATCH[0])
+
+
 def write_inputs(folder: str, bench: dict, table: list[dict]) -> tuple[str, str]:
     """The benchmark file and the image table (images under ``folder/img``) of a benchmark run."""
     bench_path, images_path = os.path.join(folder, "bench.json"), os.path.join(folder, "images.json")
@@ -149,7 +164,7 @@ def _runner(model_dir: str, n: int, *, attention: str, image_size: int, device: 
     if template:
         kwargs["chat_template"] = template
     adapter = load_adapter(family, model_dir, device=device, attention=attention, **kwargs)
-    tmp = tempfile.mkdtemp(prefix="bench_inputs_")
+    tmp = scratch_folder("inputs_")
     bench_path, images_path = _demo_inputs(tmp, n, n_eval=n_eval)
     settings = InferenceSettings(benchmark=bench_path, images=images_path, out=os.path.join(tmp, "x.h5"),
                                  model_name="bench", family=family, model_path=model_dir, image_size=image_size,
@@ -381,7 +396,7 @@ def arch_model(arch: str, args: argparse.Namespace) -> str:
     parts share one build instead of paying for three)."""
     small = args.arch_scale == "small"
     if not args.arch_dir:
-        return build_architecture(arch, os.path.join(tempfile.mkdtemp(), arch), small=small, device=args.device)
+        return build_architecture(arch, os.path.join(scratch_folder(), arch), small=small, device=args.device)
     from ladbench.atomic import atomic_path
     folder = os.path.join(args.arch_dir, f"{args.arch_scale}-{architecture_dtype(args.device)}", arch)
     if not os.path.isfile(os.path.join(folder, "config.json")):
@@ -470,7 +485,7 @@ def infer_throughput(model_dir: str, n: int, batch: int, rows: int, image_size: 
     ``decide_on_host`` False: transformers reads the padding and the image-token count back
     (``--no-decide-on-host``), the stage's way up to 22e72ef."""
     import h5py
-    folder = tempfile.mkdtemp(prefix="bench_infer_")
+    folder = scratch_folder("infer_")
     bench_path, images_path = _demo_inputs(folder, n, n_eval=rows, n_images=4 * n)
     out = os.path.join(folder, "cache.h5")
     cmd = [sys.executable, "-m", "ladbench", "infer", "--benchmark", bench_path, "--images", images_path, "--out", out,
@@ -1033,7 +1048,7 @@ def architecture_proxies(args: argparse.Namespace) -> list[dict]:
     unknown = sorted(set(names) - set(built))
     if unknown:
         raise SystemExit(f"--architectures: no tiny build of {', '.join(unknown)}; built: {', '.join(built)}")
-    root, rows = tempfile.mkdtemp(), []
+    root, rows = scratch_folder(), []
     for name in names:
         build = build_tiny_architecture if name in BUILDS else build_tiny_model
         model_dir = build(name, os.path.join(root, name))
@@ -1204,7 +1219,7 @@ def main() -> None:
     if args.generation:
         from ladbench.models.tiny import build_tiny_model
         dirs = [arch_model(arch, args) for arch in args.arch] or [args.model_dir or build_tiny_model(
-            "qwen2_5_vl", os.path.join(tempfile.mkdtemp(), "tiny_qwen2_5_vl"), seed=0, preset="tiny")]
+            "qwen2_5_vl", os.path.join(scratch_folder(), "tiny_qwen2_5_vl"), seed=0, preset="tiny")]
         models = [(os.path.basename(os.path.normpath(model_dir)), model_dir) for model_dir in dirs]   # by folder name
         import torch
         torch.set_num_threads(args.threads)
@@ -1221,7 +1236,7 @@ def main() -> None:
         print(gpu_tables(raw["gpu"]))
     else:
         from ladbench.models.tiny import build_tiny_model
-        root = tempfile.mkdtemp()
+        root = scratch_folder()
         model_dir = args.model_dir or build_tiny_model("qwen2_5_vl", os.path.join(root, f"{args.preset}_qwen2_5_vl"),
                                                        seed=0, preset=args.preset)
         raw["timing"] = cpu_timing(args, model_dir)

@@ -15,12 +15,11 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 import time
 import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_inference import _demo_inputs  # noqa: E402
+from bench_inference import _demo_inputs, scratch_folder  # noqa: E402
 
 #: float32 on two devices: reductions in another order, nothing more
 TOLERANCE = {"scores": 1e-3, "attn": 1e-4, "attn_text": 1e-4}
@@ -66,7 +65,7 @@ def main() -> None:
     from ladbench.models.tiny import build_tiny_model
     from ladbench.models.tiny_archs import BUILDS, FAMILY_BUILDS_AUTO_RUNS, build_tiny_architecture
     names = args.architectures or sorted(BUILDS) + list(FAMILY_BUILDS_AUTO_RUNS)
-    root = tempfile.mkdtemp(prefix="auto_device_")
+    root = scratch_folder("auto_device_")
     rows = []
     for name in names:
         folder = os.path.join(root, name)

@@ -2,19 +2,20 @@
 written under $HOME), quiet progress bars."""
 
 import os
-import tempfile
 from pathlib import Path
 
 import pytest
+from session_folders import session_folder
 
 # Before anything imports transformers: never reach a hub, never touch ~/.cache.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-os.environ.setdefault("HF_HOME", tempfile.mkdtemp(prefix="ladbench-hf-home-"))
+if "HF_HOME" not in os.environ:
+    os.environ["HF_HOME"] = session_folder("ladbench-hf-home-")
 # Nothing under $HOME: matplotlib's, Snakemake's and any other library's caches and configs
 # go to folders of this session in the temporary folder.
 for _variable in ("MPLCONFIGDIR", "XDG_CACHE_HOME", "XDG_CONFIG_HOME"):
-    os.environ[_variable] = tempfile.mkdtemp(prefix=f"ladbench-{_variable.lower()}-")
+    os.environ[_variable] = session_folder(f"ladbench-{_variable.lower()}-")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 # Tiny-model fixtures (built once per session), shared by the model and inference tests.

@@ -5,6 +5,7 @@ asserted. Without this, a refactor can break a script that nothing else imports,
 once did, or leave it printing wrong numbers."""
 from __future__ import annotations
 
+import getpass
 import gzip
 import json
 import math
@@ -12,18 +13,26 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 from benchmark_scripts import BENCHMARKS, load_script
 
+# what every run shares and reuses, so that it does not grow run by run: torch's compile cache
+SHARED_CACHES = {f"torchinductor_{getpass.getuser()}"}
 NUMBER = r"(-?[0-9.]+(?:e[+-]?[0-9]+)?|nan)"
 
 
 def run_script(name: str, *args: str, timeout: float = 600) -> str:
-    done = subprocess.run([sys.executable, str(BENCHMARKS / name), *args], capture_output=True, text=True,
-                          timeout=timeout)
-    assert done.returncode == 0, f"{name} failed:\n{done.stderr[-3000:]}"
+    """``benchmarks/<name>`` run with a temporary folder of its own, which it must leave empty:
+    the random models and inputs it builds there take hundreds of MB a run."""
+    with tempfile.TemporaryDirectory(prefix="ladbench-bench-tmp-") as tmp:
+        done = subprocess.run([sys.executable, str(BENCHMARKS / name), *args], capture_output=True, text=True,
+                              timeout=timeout, env=dict(os.environ, TMPDIR=tmp))
+        assert done.returncode == 0, f"{name} failed:\n{done.stderr[-3000:]}"
+        left = sorted(set(os.listdir(tmp)) - SHARED_CACHES)
+        assert not left, f"{name} left {left} in the temporary folder"
     return done.stdout
 
 

@@ -2,28 +2,22 @@
 
 from __future__ import annotations
 
+import json
 import os
-import tempfile
+from pathlib import Path
 
-# Never reach the network; keep any Hugging Face cache private to the test run.
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("HF_HOME", tempfile.mkdtemp(prefix="ladbench-hf-"))
+import h5py
+import numpy as np
+import pytest
+import torch
+from PIL import Image
 
-import json  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-import h5py  # noqa: E402
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-import torch  # noqa: E402
-from PIL import Image  # noqa: E402
-
-from ladbench.atomic import file_digest  # noqa: E402
-from ladbench import features as ft  # noqa: E402
-from ladbench.cli import build_parser  # noqa: E402
-from ladbench.clip import ClipSettings  # noqa: E402
-from ladbench.hdf5 import ResumableFile, attributes, partial_path  # noqa: E402
-from ladbench.data import coco, synthetic  # noqa: E402
+from ladbench.atomic import file_digest
+from ladbench import features as ft
+from ladbench.cli import build_parser
+from ladbench.clip import ClipSettings
+from ladbench.hdf5 import ResumableFile, attributes, partial_path
+from ladbench.data import coco, synthetic
 
 
 @pytest.fixture(scope="module")

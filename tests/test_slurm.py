@@ -46,9 +46,9 @@ def profile() -> dict:
     return load_profile()
 
 
-def workflow_rules() -> set[str]:
+def workflow_rules(workdir: Path) -> set[str]:
     result = subprocess.run(
-        snakemake_command(Path(tempfile.gettempdir()), "--list-rules"),
+        snakemake_command(workdir, "--list-rules"),
         capture_output=True, text=True, env=environment(), timeout=120,
     )
     assert result.returncode == 0, result.stderr[-3000:]
@@ -81,8 +81,8 @@ def test_cpu_rules_stay_small(profile):
     assert all(threads <= 2 for rule, threads in profile["set-threads"].items() if rule not in GPU_RULES)
 
 
-def test_profile_names_only_rules_of_the_workflow(profile):
-    rules = workflow_rules()
+def test_profile_names_only_rules_of_the_workflow(profile, tmp_path):
+    rules = workflow_rules(tmp_path)
     assert GPU_RULES <= rules
     assert set(profile["set-resources"]) <= rules
     assert set(profile["set-threads"]) <= rules

@@ -7,10 +7,10 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import yaml
+from session_folders import session_folder
 
 ROOT = Path(__file__).resolve().parents[1]
 FULL_DEMO_CONFIG = ROOT / "workflow" / "demo" / "config.yaml"
@@ -43,7 +43,7 @@ def mechanics_config(destination: Path) -> Path:
     return path
 
 
-DEMO_CONFIG = mechanics_config(Path(tempfile.mkdtemp(prefix="ladbench-mechanics-config-")))
+DEMO_CONFIG = mechanics_config(Path(session_folder("ladbench-mechanics-config-")))
 
 
 def environment(extra: dict | None = None) -> dict:
