@@ -28,6 +28,9 @@
 #   widths    products of an unaligned width as shipped against the same weights padded: Qwen2.5-VL's
 #             vision MLP (3,420 wide; infer pads it on a GPU) and InternVL3-8B's LM head (151,674
 #             tokens; not padded yet) (bench_aligned_widths.py, 40 s): aligned_widths.json
+#   vision    one vision block of Qwen2.5-VL-3B as infer runs it, eager against torch.compile: does
+#             fusing its elementwise work (a third of the tower's kernel time in the H200 trace)
+#             pay? (bench_vision_block.py, 90 s, most of it compiling): vision_block.json
 # then `ladbench plan` at the rates measured (plan.txt; it runs anywhere: rerun it here with every
 # call's files). Each file is rewritten after every measurement (most wanted first), so a part that
 # runs out of time keeps what it measured; a measurement that fails (a compilation, the profiler)
@@ -54,8 +57,8 @@ parts=("$@")
 [ ${#parts[@]} -gt 0 ] || parts=(widths attention cot sc)
 for part in "${parts[@]}"; do
   case $part in
-    attention|cot|sc|internvl_gen|internvl|scoring|patch|widths) ;;
-    *) echo "gpu_session.sh: unknown part '$part' (attention, cot, sc, internvl_gen, internvl, scoring, patch, widths)" >&2
+    attention|cot|sc|internvl_gen|internvl|scoring|patch|widths|vision) ;;
+    *) echo "gpu_session.sh: unknown part '$part' (attention, cot, sc, internvl_gen, internvl, scoring, patch, widths, vision)" >&2
        exit 2 ;;
   esac
 done
@@ -66,11 +69,12 @@ if [ -n "${GPU_SESSION_SMOKE:-}" ]; then
   device=cpu size=(--arch-scale small --image-size 56 --reps 1 --batch 2)      # --batch: the split's
   scoring_rows=8 scoring_batch=4 internvl_batch=4 cot_rows=4 sc_rows=2 samples=2 new_tokens=4 internvl_cot_rows=2
   patch_args=(--rows 64 --reps 1) widths_args=(--rows 64 --reps 1 --small) attention_args=(--batches 2 --keys 64 --reps 1 --fresh-steps 1)
+  vision_args=(--rows 576 --reps 1 --small --backend eager)
 else
   device=cuda size=()
   scoring_rows=256 scoring_batch=32 internvl_batch=8 cot_rows=64 sc_rows=16 samples=10 new_tokens=64
   internvl_cot_rows=32
-  patch_args=(--reps 5) widths_args=(--reps 10) attention_args=(--reps 10)
+  patch_args=(--reps 5) widths_args=(--reps 10) attention_args=(--reps 10) vision_args=(--rows 18432 2304 --reps 10)
 fi
 if [ "$device" = cuda ] && compgen -G ".whl/*.whl" > /dev/null; then
   "$python" -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
@@ -141,6 +145,7 @@ for part in "${parts[@]}"; do
                --gpu-rows "$scoring_rows" --trace "$out/traces" --one-at-a-time --read-back ;;
     patch) limited patch_embed 30 "$python" benchmarks/bench_patch_embed.py --device "$device" "${patch_args[@]}" ;;
     widths) limited aligned_widths 40 "$python" benchmarks/bench_aligned_widths.py --device "$device" "${widths_args[@]}" ;;
+    vision) limited vision_block 90 "$python" benchmarks/bench_vision_block.py --device "$device" "${vision_args[@]}" ;;
   esac
 done
 # the paper study's GPU hours at the rates measured (the measured models' jobs; the others stay assumed)

@@ -378,7 +378,8 @@ def test_steady_rows_per_s_leaves_out_the_first_half_of_the_rows():
 def test_gpu_session_script_runs_its_commands_on_the_cpu(tmp_path):
     """``GPU_SESSION_SMOKE=1 bash benchmarks/gpu_session.sh PART ...``: every command of the script a
     lent GPU runs (the attention kernels, CoT and SC generation with a decode step's profile, scoring
-    with traces for both architectures, the plan, the patch embedding, the padded widths), on the CPU at the small
+    with traces for both architectures, the plan, the patch embedding, the padded widths, the compiled
+    vision block), on the CPU at the small
     architectures, so that a flag renamed between GPU sessions fails here and not on the GPU. Each
     part writes its file; plan refuses the CPU's rates, naming the first file, which shows it was
     handed them; $OUT (the device tool's folder, 8 files at most) gets them all as one archive,
@@ -395,15 +396,15 @@ def test_gpu_session_script_runs_its_commands_on_the_cpu(tmp_path):
     def session(*parts: str, **changes: str) -> subprocess.CompletedProcess:
         return subprocess.run(["bash", str(BENCHMARKS / "gpu_session.sh"), *parts], cwd=BENCHMARKS.parent,
                               env={**env, **changes}, capture_output=True, text=True, timeout=900)
-    refused = session("scoring", "vision")
-    assert refused.returncode == 2 and "unknown part 'vision'" in refused.stderr and not out.exists()
+    refused = session("scoring", "decoder")
+    assert refused.returncode == 2 and "unknown part 'decoder'" in refused.stderr and not out.exists()
     blocker = tmp_path / "blocker"                       # a python without jsonschema, as a GPU machine's was
     (blocker / "jsonschema").mkdir(parents=True)
     (blocker / "jsonschema" / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'jsonschema'\")\n")
     missing = session("cot", PYTHONPATH=str(blocker), GPU_SESSION_DIR=str(tmp_path / "refused"))
     assert missing.returncode == 3 and "No module named 'jsonschema'" in missing.stderr
     assert "make gpu-wheels" in missing.stderr and not (tmp_path / "refused" / "generation_cot.json").exists()
-    done = session("attention", "scoring", "internvl", "cot", "sc", "internvl_gen", "patch", "widths")
+    done = session("attention", "scoring", "internvl", "cot", "sc", "internvl_gen", "patch", "widths", "vision")
     assert done.returncode == 0, done.stderr[-3000:]
     assert (out / "gpu.txt").read_text().splitlines() == ["no nvidia-smi (cpu)", "plan: exit 2"]
     for name, arch, ns in (("scoring", "qwen2_5_vl_3b", [4, 8]), ("scoring_internvl", "internvl3_8b", [4])):
@@ -433,6 +434,9 @@ def test_gpu_session_script_runs_its_commands_on_the_cpu(tmp_path):
     widths = json.loads((out / "aligned_widths.json").read_text())["results"]
     assert [(r["rows"], r["widths"]["shipped"], r["widths"]["padded_64"], r["max_rel_diff"] < 1e-5) for r in widths] == [
         (64, 3420, 3456, True), (4, 151674, 151680, True), (64, 151674, 151680, True)]
+    # the block's capture only (backend eager): the same operations, so the same bits, in one graph per kind
+    vision = json.loads((out / "vision_block.json").read_text())["results"]
+    assert [(r["layers"], r["rows"], r["max_rel_diff"]) for r in vision] == [("windowed", 576, 0.0), ("full", 576, 0.0)]
     attention = json.loads((out / "attention.json").read_text())["rows"]
     assert {(r["model"], r["masked"]) for r in attention} == {(m, k) for m in ("qwen2_5_vl_3b", "internvl3_8b")
                                                                for k in (True, False)}

@@ -151,24 +151,31 @@ def batch_plan(visual: torch.nn.Module, grids: Sequence[Grid], device: torch.dev
     return plan
 
 
+def vision_block_step(block: torch.nn.Module, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                      groups: AttentionGroups) -> torch.Tensor:
+    """One block of the tower on the batch's patches [S, hidden] in window order, attending within
+    ``groups`` (the batch's windows or its images)."""
+    from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import apply_rotary_pos_emb_vision
+
+    attn = block.attn
+    q, k, v = attn.qkv(block.norm1(hidden)).reshape(hidden.shape[0], 3, attn.num_heads, -1).unbind(1)
+    q, k = apply_rotary_pos_emb_vision(q, k, cos, sin)
+    hidden = hidden + attn.proj(groups.attend(q, k, v, attn.scaling))
+    return hidden + block.mlp(block.norm2(hidden))
+
+
 def batched_vision_forward(visual: torch.nn.Module, hidden_states: torch.Tensor, grid_thw: torch.Tensor,
                            **_: object) -> torch.Tensor:
     """Drop-in for ``Qwen2_5_VisionTransformerPretrainedModel.forward``: merged features [S / 4, out] in
     the native (raster, image after image) order. ``grid_thw`` is best left on the host (no sync)."""
-    from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import apply_rotary_pos_emb_vision
-
     grids = [tuple(g) for g in grid_thw.tolist()]            # the one host read (free when grid_thw is on the host)
     hidden = visual.patch_embed(hidden_states)
     plan = batch_plan(visual, grids, hidden.device)
     hidden = hidden[plan.patch_order]
     full_layers = set(visual.fullatt_block_indexes)
     for layer, block in enumerate(visual.blocks):
-        attn = block.attn
-        q, k, v = attn.qkv(block.norm1(hidden)).reshape(hidden.shape[0], 3, attn.num_heads, -1).unbind(1)
-        q, k = apply_rotary_pos_emb_vision(q, k, plan.cos, plan.sin)
         groups = plan.images if layer in full_layers else plan.windows
-        hidden = hidden + attn.proj(groups.attend(q, k, v, attn.scaling))
-        hidden = hidden + block.mlp(block.norm2(hidden))
+        hidden = vision_block_step(block, hidden, plan.cos, plan.sin, groups)
     return visual.merger(hidden)[plan.restore]
 
 
