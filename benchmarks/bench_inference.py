@@ -477,13 +477,14 @@ def steady_rows_per_s(seconds) -> float:
 
 def infer_throughput(model_dir: str, n: int, batch: int, rows: int, image_size: int, device: str,
                      workers: int | None = None, family: str | None = None, score_ahead: bool = True,
-                     decide_on_host: bool = True) -> dict:
+                     decide_on_host: bool = True, vision_tower: str = "batched") -> dict:
     """``ladbench infer`` end to end (its own process): rows/s from the cache and the mean GPU
     utilisation over the whole process (start and model load included) and over its batches
     alone (between its progress bar's first and last lines: the steady state). ``score_ahead``
     False: one batch at a time (``--no-score-ahead``), the stage's way before 2026-11-27;
     ``decide_on_host`` False: transformers reads the padding and the image-token count back
-    (``--no-decide-on-host``), the stage's way up to 22e72ef."""
+    (``--no-decide-on-host``), the stage's way up to 22e72ef; ``vision_tower``: infer's
+    ``--vision-tower`` (compiled: its blocks under ``torch.compile``)."""
     import h5py
     folder = scratch_folder("infer_")
     bench_path, images_path = _demo_inputs(folder, n, n_eval=rows, n_images=4 * n)
@@ -497,6 +498,8 @@ def infer_throughput(model_dir: str, n: int, batch: int, rows: int, image_size: 
         cmd.append("--no-score-ahead")
     if not decide_on_host:
         cmd.append("--no-decide-on-host")
+    if vision_tower != "batched":
+        cmd += ["--vision-tower", vision_tower]
     with UtilisationSampler() as util:
         t0 = time.monotonic()
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -508,7 +511,7 @@ def infer_throughput(model_dir: str, n: int, batch: int, rows: int, image_size: 
     start, end = bar_window(lines, "infer bench/")
     with h5py.File(out, "r") as f:
         return {"n": n, "batch": batch, "score_ahead": score_ahead, "decide_on_host": decide_on_host,
-                "rows": int(f["done"][()].sum()),
+                "vision_tower": vision_tower, "rows": int(f["done"][()].sum()),
                 "rows_per_s": float(f.attrs["rows_per_s"]),
                 "rows_per_s_steady": steady_rows_per_s(f["seconds"][()]),
                 "wall_s": wall, "batches_wall_s": end - start, "gpu_util_mean": util.mean,
@@ -1088,7 +1091,9 @@ def _gpu_architecture(model_dir: str, args: argparse.Namespace, r: dict, save: C
             measured("throughput", f"infer rows/s at N = {n}, batch {batch}", infer_throughput, model_dir, n, batch,
                      args.gpu_rows, args.image_size, args.device, args.workers, args.family)
             for wanted, what, compared in ((args.one_at_a_time, "one batch at a time", {"score_ahead": False}),
-                                           (args.read_back, "with transformers' read-backs", {"decide_on_host": False})):
+                                           (args.read_back, "with transformers' read-backs", {"decide_on_host": False}),
+                                           (args.compiled_vision, "with the vision blocks compiled",
+                                            {"vision_tower": "compiled"})):
                 if wanted and (n, batch) == (args.n[0], args.batches[0]):                  # the ratio, in this run
                     measured("throughput", f"infer rows/s {what} at N = {n}, batch {batch}", infer_throughput,
                              model_dir, n, batch, args.gpu_rows, args.image_size, args.device, args.workers,
@@ -1102,9 +1107,11 @@ def _gpu_architecture(model_dir: str, args: argparse.Namespace, r: dict, save: C
 
 
 def scoring_way(run: dict) -> str:
-    """How an ``infer`` run of :func:`infer_throughput` scored (files written before 8de17fa lack ``decide_on_host``)."""
+    """How an ``infer`` run of :func:`infer_throughput` scored (files written before 8de17fa lack ``decide_on_host``,
+    older ones ``vision_tower`` too)."""
     way = "one batch ahead" if run.get("score_ahead", True) else "one at a time"
-    return way if run.get("decide_on_host", True) else f"{way}, transformers reads back"
+    way = way if run.get("decide_on_host", True) else f"{way}, transformers reads back"
+    return way if run.get("vision_tower", "batched") == "batched" else f"{way}, vision tower {run['vision_tower']}"
 
 
 def gpu_tables(results: dict) -> str:
@@ -1168,6 +1175,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--read-back", action="store_true",
                    help="GPU part: at the first N and batch, also run infer with transformers reading the padding and "
                         "the image-token count back (--no-decide-on-host)")
+    p.add_argument("--compiled-vision", action="store_true",
+                   help="GPU part: at the first N and batch, also run infer with the vision tower's blocks compiled "
+                        "(--vision-tower compiled)")
     p.add_argument("--gpu-rows", type=int, default=128, help="GPU part: rows per infer run (128)")
     p.add_argument("--generation", action="store_true",
                    help="part 5: CoT and SC through the decode loop against plain generate (tiny model on the CPU, "

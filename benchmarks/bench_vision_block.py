@@ -30,7 +30,7 @@ import torch
 from bench_inference import architecture
 from bench_patch_embed import kernel_bench_device, kernel_bench_parser, seconds
 from ladbench.models.kernels import mlp_padding_on, pad_unaligned_mlps
-from ladbench.models.vision import AttentionGroups, vision_block_step
+from ladbench.models.vision import AttentionGroups, compiled_block_step, vision_block_step
 
 #: patches of one image (336 px: a 24 x 24 grid) and of one attention window (112 px: 8 x 8)
 IMAGE_PATCHES, WINDOW_PATCHES = 576, 64
@@ -64,7 +64,7 @@ def measure(block: torch.nn.Module, rows: int, group: int, args, device: torch.d
     hidden = torch.randn(rows, block.norm1.weight.shape[0], device=device, dtype=dtype)
     cos, sin = rotary_tables(rows, hidden.shape[1] // heads, device)
     groups = AttentionGroups(length=group)
-    compiled = torch.compile(vision_block_step, backend=args.backend, fullgraph=True, dynamic=False)
+    compiled = compiled_block_step(args.backend)           # what --vision-tower compiled runs
     ways = {"eager": lambda: vision_block_step(block, hidden, cos, sin, groups),
             "compiled": lambda: compiled(block, hidden, cos, sin, groups)}
     with torch.no_grad():

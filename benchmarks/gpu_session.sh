@@ -20,9 +20,10 @@
 #             padding and the image-token count back, --no-decide-on-host), and the split with a
 #             trace: scoring_internvl.json (about 5 minutes: a second call when the device budget allows)
 #   scoring   Qwen2.5-VL-3B: infer rows/s and GPU utilisation at N = 4 and 8, batch 32 (at N = 4
-#             also one batch at a time, --no-score-ahead, and with transformers' read-backs,
-#             --no-decide-on-host), and the per-row split at batch 8 with one torch.profiler trace
-#             per N (traces/): scoring.json (measured on an H200 2026-11-27, before the read-backs went)
+#             also one batch at a time, --no-score-ahead, with transformers' read-backs,
+#             --no-decide-on-host, and with the vision blocks compiled, --vision-tower compiled), and
+#             the per-row split at batch 8 with one torch.profiler trace per N (traces/): scoring.json
+#             (measured on an H200 2026-11-27, before the read-backs went; 320 s)
 #   patch     the patch embedding as cuDNN's Conv3d against one matrix product (bench_patch_embed.py,
 #             30 s): patch_embed.json (measured on an H200 2026-11-27)
 #   widths    products of an unaligned width as shipped against the same weights padded: Qwen2.5-VL's
@@ -141,8 +142,8 @@ for part in "${parts[@]}"; do
       done ;;
     internvl) run scoring_internvl 300 --arch internvl3_8b --n 4 --gpu-parts throughput split --batches "$internvl_batch" \
                --gpu-rows "$scoring_rows" --trace "$out/traces" --read-back ;;
-    scoring) run scoring 260 --arch qwen2_5_vl_3b --n 4 8 --gpu-parts throughput split --batches "$scoring_batch" \
-               --gpu-rows "$scoring_rows" --trace "$out/traces" --one-at-a-time --read-back ;;
+    scoring) run scoring 320 --arch qwen2_5_vl_3b --n 4 8 --gpu-parts throughput split --batches "$scoring_batch" \
+               --gpu-rows "$scoring_rows" --trace "$out/traces" --one-at-a-time --read-back --compiled-vision ;;
     patch) limited patch_embed 30 "$python" benchmarks/bench_patch_embed.py --device "$device" "${patch_args[@]}" ;;
     widths) limited aligned_widths 40 "$python" benchmarks/bench_aligned_widths.py --device "$device" "${widths_args[@]}" ;;
     vision) limited vision_block 90 "$python" benchmarks/bench_vision_block.py --device "$device" "${vision_args[@]}" ;;

@@ -410,11 +410,14 @@ def test_gpu_session_script_runs_its_commands_on_the_cpu(tmp_path):
     for name, arch, ns in (("scoring", "qwen2_5_vl_3b", [4, 8]), ("scoring_internvl", "internvl3_8b", [4])):
         scoring = json.loads((out / f"{name}.json").read_text())["gpu"][arch]
         # 8 rows (--gpu-rows) beside the calibration pool's N
-        # at its first N, the Qwen part also runs one batch at a time (--one-at-a-time), and both parts
-        # with transformers' read-backs (--read-back)
-        ways = [(t["n"], t["rows"] - t["n"], t["score_ahead"], t["decide_on_host"]) for t in scoring["throughput"]]
-        assert ways == ([(4, 8, True, True)] + [(4, 8, False, True)] * (name == "scoring") + [(4, 8, True, False)]
-                        + [(n, 8, True, True) for n in ns[1:]])
+        # at its first N, the Qwen part also runs one batch at a time (--one-at-a-time) and with its vision
+        # blocks compiled (--compiled-vision), and both parts with transformers' read-backs (--read-back)
+        ways = [(t["n"], t["rows"] - t["n"], t["score_ahead"], t["decide_on_host"], t["vision_tower"])
+                for t in scoring["throughput"]]
+        qwen = name == "scoring"
+        assert ways == ([(4, 8, True, True, "batched")] + [(4, 8, False, True, "batched")] * qwen
+                        + [(4, 8, True, False, "batched")] + [(4, 8, True, True, "compiled")] * qwen
+                        + [(n, 8, True, True, "batched") for n in ns[1:]])
         assert [s["n"] for s in scoring["split"]] == ns
         assert all(Path(s["trace"]["chrome_trace"]).is_file() for s in scoring["split"])
         assert all(0 < t["batches_wall_s"] < t["wall_s"] for t in scoring["throughput"])     # its bar was read

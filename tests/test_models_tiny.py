@@ -125,30 +125,34 @@ def test_demo_model_cli_is_deterministic_and_offline(hf_offline, tmp_path):
     assert any((tmp_path / "a" / f).exists() for f in ("preprocessor_config.json", "processor_config.json"))
 
 
+def unequal_images(adapter) -> tuple:
+    """Pixels and grids of five images of unequal sizes, larger than the tiny preset's, so that
+    each spans several 8 x 8-patch windows, some partly."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    sizes = [(200, 150), (90, 260), (170, 130), (260, 200), (120, 120)]
+    images = [Image.fromarray(rng.integers(0, 255, (h, w, 3), dtype=np.uint8)) for w, h in sizes]
+    inputs = adapter.processor.image_processor(images, max_pixels=300 * 300, return_tensors="pt")
+    return inputs["pixel_values"], inputs["image_grid_thw"]
+
+
 @paper_lane_only
 @pytest.mark.parametrize("family", ["qwen2_5_vl", "llava_ov15"])
 def test_batched_vision_tower_equals_the_native_joint_encoding(family, tiny_adapter):
     """All images of a batch through the tower together, one attention call per layer (padded
     and masked where windows or images differ in length): the features must equal the native
     joint encoding in float32, on unequal grids with partial edge windows."""
-    import numpy as np
     import torch
-    from PIL import Image
 
     visual = tiny_adapter(family, "sdpa").model.model.visual
     assert "forward" in vars(visual)                                     # the adapter's batched tower
     assert "forward" not in vars(tiny_adapter(family, "eager").model.model.visual)    # reference path: native
-    rng = np.random.default_rng(0)
-    sizes = [(200, 150), (90, 260), (170, 130), (260, 200), (120, 120)]
-    images = [Image.fromarray(rng.integers(0, 255, (h, w, 3), dtype=np.uint8)) for w, h in sizes]
-    # larger than the tiny preset's images, so that each spans several 8 x 8-patch windows
-    inputs = tiny_adapter(family, "sdpa").processor.image_processor(images, max_pixels=300 * 300,
-                                                                    return_tensors="pt")
-    grid = inputs["image_grid_thw"]
+    pixels, grid = unequal_images(tiny_adapter(family, "sdpa"))
     window = visual.window_size // visual.patch_size                    # window side in patches (8)
-    assert len(set(map(tuple, grid.tolist()))) == len(images)            # unequal grids
+    assert len(set(map(tuple, grid.tolist()))) == len(grid)              # unequal grids
     assert bool((grid[:, 1:] % window != 0).any()) and int((grid[:, 1:].amax(-1) > window).sum()) >= 4   # partial edge windows
-    pixels = inputs["pixel_values"]
     with torch.no_grad():
         batched = visual(pixels, grid_thw=grid)
         native = type(visual).forward(visual, pixels, grid_thw=grid)
@@ -158,6 +162,33 @@ def test_batched_vision_tower_equals_the_native_joint_encoding(family, tiny_adap
     torch.testing.assert_close(batched, native, atol=1e-5, rtol=0)
     torch.testing.assert_close(again, batched, atol=0, rtol=0)
     torch.testing.assert_close(single, native[: single.shape[0]], atol=1e-5, rtol=0)
+
+
+@paper_lane_only
+def test_compiled_vision_tower_equals_the_batched_one_and_stops_compiling(tiny_model, tiny_adapter):
+    """``vision_tower: compiled``: each block's step under torch.compile (inductor, here its CPU
+    code) gives the batched tower's features up to rounding, on unequal grids (masked windows)
+    and on equal ones, over batches of three sizes; after the second size the patch count is
+    dynamic, so further sizes do not compile again."""
+    import torch
+    from torch._dynamo.utils import counters
+
+    from ladbench.models import load_adapter
+    torch._dynamo.reset()
+    adapter = load_adapter("qwen2_5_vl", tiny_model("qwen2_5_vl"), device="cpu", dtype="float32", vision="compiled")
+    visual, batched = adapter.model.model.visual, tiny_adapter("qwen2_5_vl", "sdpa").model.model.visual
+    assert adapter.vision == "compiled" and adapter.host_input_keys == ("image_grid_thw",)
+    pixels, grid = unequal_images(adapter)
+    square = grid[4:5].expand(4, 3)                                      # the study's case: one grid
+    square_pixels = pixels[-int(grid[4].prod()):].repeat(4, 1)
+    graphs = []
+    with torch.no_grad():
+        for images, pixel_rows in ((grid, pixels), (square[:2], square_pixels[: 2 * int(grid[4].prod())]),
+                                   (square[:3], square_pixels[: 3 * int(grid[4].prod())]), (square, square_pixels)):
+            torch.testing.assert_close(visual(pixel_rows, grid_thw=images), batched(pixel_rows, grid_thw=images),
+                                       atol=1e-5, rtol=0)
+            graphs.append(counters["stats"]["unique_graphs"])
+    assert graphs[-1] == graphs[-2] > graphs[0] > 0                      # the fourth size compiled nothing
 
 
 @pytest.mark.skipif(not compat.on_current_lane(), reason="current-lane fallback")

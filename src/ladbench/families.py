@@ -16,8 +16,9 @@ REFERENCE_LAYER_RANGE = (21, 35, 36)
 LANES = ("paper", "current")
 
 #: How the vision tower runs (``models/vision.py``): every image of a batch together
-#: (Qwen2.5-VL-style towers), or transformers' own code (for comparison).
-VISION_TOWERS = ("batched", "native")
+#: (Qwen2.5-VL-style towers), the same with each block under ``torch.compile``, or
+#: transformers' own code (for comparison).
+VISION_TOWERS = ("batched", "compiled", "native")
 #: Which features LLaVA-OneVision-1.5's RICE-ViT (hub code) gives each image of a tower call
 #: (``models/llava_ov15.py``): what the hub code computes for each prompt alone, or each image's own.
 RICE_FEATURES = ("per_prompt", "per_image")

@@ -120,7 +120,9 @@ class InferenceSettings(Settings):
         f"main process)", kind=int, minimum=0, group=EXECUTION_GROUP, hashed=False)
     vision_tower: str = setting(
         "batched", "batched: all images of a batch through the vision tower together (Qwen2.5-VL-style towers; "
-        "the same features); native: transformers' own, for comparison", choices=VISION_TOWERS, group=EXECUTION_GROUP,
+        "the same features); compiled: batched, each block under torch.compile (its elementwise work fused; the "
+        "rounding may differ; the first batches pay the compilation); native: transformers' own, for comparison",
+        choices=VISION_TOWERS, group=EXECUTION_GROUP,
         hashed=False)
     score_ahead: bool = setting(
         True, "scoring: queue each batch on the device before reading back the one before, so that a GPU runs the "

@@ -154,7 +154,7 @@ class ModelAdapter:
         self.vision = vision if attention != "eager" and compat.batched_vision_supported() else "native"
         #: input keys kept on the host by ``to_device`` (read on the host by our code, never by a kernel)
         self.host_input_keys: tuple[str, ...] = ()
-        if self.vision == "batched":
+        if self.vision != "native":
             self.host_input_keys = self.use_batched_vision()
         #: patch embeddings run as a matrix product on a GPU (models/kernels.py); the eager path stays the reference's
         self.linear_patch_embeddings = kernels.use_linear_patch_embedding(model) if attention != "eager" else 0
@@ -312,8 +312,9 @@ class ModelAdapter:
         family alone, such as LLaVA-OV-1.5's ``rice_features``. Default: none."""
 
     def use_batched_vision(self) -> tuple[str, ...]:
-        """Family hook: switch the vision tower to a batched implementation if the family has one;
-        returns the input keys that should then stay on the host. Default: native tower."""
+        """Family hook: switch the vision tower to a batched implementation if the family has one
+        (its blocks compiled where :attr:`vision` is ``compiled``); returns the input keys that
+        should then stay on the host. Default: native tower."""
         return ()
 
     # ----------------------------------------------------------------- inputs

@@ -49,7 +49,7 @@ class LlavaOV15Adapter(OneDimRopeMixin, ModelAdapter):
             use_grouped_rice_attention(visual)
         if not is_qwen2_5_vision_tower(visual):
             return ()
-        use_batched_vision(visual)
+        use_batched_vision(visual, compiled=self.vision == "compiled")
         return ("image_grid_thw",)
 
     @classmethod

@@ -30,7 +30,7 @@ class Qwen25VLAdapter(ModelAdapter):
 
     def use_batched_vision(self) -> tuple[str, ...]:
         from .vision import use_batched_vision
-        use_batched_vision(self.model.model.visual)
+        use_batched_vision(self.model.model.visual, compiled=self.vision == "compiled")
         return ("image_grid_thw",)          # the tower and the feature split read it on the host: no sync
 
     def prefill_extras(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -39,7 +39,7 @@ class Qwen25VLAdapter(ModelAdapter):
 
     def image_feature_count(self, inputs: dict[str, torch.Tensor]) -> int | None:
         """With the batched tower: one feature per merge unit of each image's grid."""
-        if self.vision != "batched":
+        if self.vision == "native":
             return None
         return int((inputs["image_grid_thw"].prod(-1) // self.model.model.visual.spatial_merge_size ** 2).sum())
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 import types
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -41,6 +41,7 @@ import torch.nn.functional as F
 from ladbench.families import VISION_TOWERS  # noqa: F401  (the implementations an adapter can run)
 
 _PLANS_ATTR = "_ladbench_batch_plans"
+_STEP_ATTR = "_ladbench_block_step"     # how the batched forward runs a block: eager or compiled
 _MAX_CACHED_PLANS = 64            # distinct batch compositions kept (a study usually has one)
 
 Grid = tuple[int, int, int]
@@ -173,9 +174,10 @@ def batched_vision_forward(visual: torch.nn.Module, hidden_states: torch.Tensor,
     plan = batch_plan(visual, grids, hidden.device)
     hidden = hidden[plan.patch_order]
     full_layers = set(visual.fullatt_block_indexes)
+    step = visual.__dict__.get(_STEP_ATTR, vision_block_step)
     for layer, block in enumerate(visual.blocks):
         groups = plan.images if layer in full_layers else plan.windows
-        hidden = vision_block_step(block, hidden, plan.cos, plan.sin, groups)
+        hidden = step(block, hidden, plan.cos, plan.sin, groups)
     return visual.merger(hidden)[plan.restore]
 
 
@@ -184,8 +186,20 @@ def is_qwen2_5_vision_tower(module: torch.nn.Module) -> bool:
     return isinstance(module, Qwen2_5_VisionTransformerPretrainedModel)
 
 
-def use_batched_vision(visual: torch.nn.Module) -> None:
-    """Make this tower instance run :func:`batched_vision_forward` (its class stays untouched)."""
+def use_batched_vision(visual: torch.nn.Module, *, compiled: bool = False) -> None:
+    """Make this tower instance run :func:`batched_vision_forward` (its class stays untouched);
+    ``compiled``: each block's step under ``torch.compile`` (:func:`compiled_block_step`)."""
     if not is_qwen2_5_vision_tower(visual):
         raise TypeError(f"the batched vision tower needs transformers' Qwen2.5-VL tower; got {type(visual).__name__}")
+    visual.__dict__[_STEP_ATTR] = compiled_block_step() if compiled else vision_block_step
     visual.forward = types.MethodType(batched_vision_forward, visual)
+
+
+def compiled_block_step(backend: str = "inductor") -> Callable[..., torch.Tensor]:
+    """:func:`vision_block_step` under ``torch.compile``: its norms, rotary embedding, residual adds
+    and gating fused into a few kernels, where eagerly each is a pass over the block's activations
+    in memory (on an H200, a third of the tower's kernel time: benchmarks/bench_vision_block.py).
+    One graph serves every block (their weights are its inputs) per layer kind (windowed or
+    full) and batch shape; a second shape makes the patch count dynamic instead of compiling
+    again and again. ``fullgraph``: a step that cannot be captured whole fails at once."""
+    return torch.compile(vision_block_step, fullgraph=True, backend=backend)
