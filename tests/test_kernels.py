@@ -171,6 +171,25 @@ def test_a_model_scores_the_same_with_its_mlps_padded(family, tiny_adapter, tiny
     np.testing.assert_allclose(after["attn"], before["attn"], atol=1e-5, rtol=0)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "llava_ov15"])
+def test_a_model_scores_the_same_with_its_vision_blocks_compiled(family, tiny_adapter, tiny_model, tmp_path):
+    """``vision_tower: compiled`` through a whole scoring batch with the capture (and, for
+    LLaVA-OV-1.5's hub decoder, the capture's routing of its own SDPA calls): scores and attention
+    masses within float32 noise of the batched tower's. Paper lane: the current one runs
+    transformers' tower, compiled or not."""
+    from ladbench.models import compat, load_adapter
+    if not compat.batched_vision_supported():
+        pytest.skip("the current lane runs transformers' own vision tower")
+    before = _runner(tiny_adapter(family), tmp_path, 4, family).score_batch([0, 3])
+    adapter = load_adapter(family, tiny_model(family), device="cpu", dtype="float32", vision="compiled",
+                           trust_remote_code=family == "llava_ov15")
+    after = _runner(adapter, tmp_path, 4, family).score_batch([0, 3])
+    np.testing.assert_allclose(after["scores"], before["scores"], atol=1e-4, rtol=0)
+    np.testing.assert_allclose(after["attn"], before["attn"], atol=1e-5, rtol=0)
+    assert after["greedy_tokens"].tolist() == before["greedy_tokens"].tolist()
+
+
 class _HostReads(TorchDispatchMode):
     """Counts reads of a tensor's value by the host (``.item()``, ``bool()``: aten's local scalar)."""
 
