@@ -12,7 +12,7 @@ from conftest_models import FAMILIES, make_images
 from ladbench.models import ADAPTERS, adapter_class, load_adapter
 from ladbench.cli import build_parser
 from ladbench.families import LaneError
-from ladbench.models import compat, tiny
+from ladbench.models import compat, tiny, vision
 
 pytestmark = [pytest.mark.slow, pytest.mark.lanes]
 
@@ -168,12 +168,11 @@ def test_batched_vision_tower_equals_the_native_joint_encoding(family, tiny_adap
 def test_compiled_vision_tower_equals_the_batched_one_and_stops_compiling(tiny_model, tiny_adapter):
     """``vision_tower: compiled``: each block's step under torch.compile (inductor, here its CPU
     code) gives the batched tower's features up to rounding, on unequal grids (masked windows)
-    and on equal ones, over batches of three sizes; after the second size the patch count is
+    and on equal ones, over batches of four sizes; after the second size the patch count is
     dynamic, so further sizes do not compile again."""
     import torch
     from torch._dynamo.utils import counters
 
-    from ladbench.models import load_adapter
     torch._dynamo.reset()
     adapter = load_adapter("qwen2_5_vl", tiny_model("qwen2_5_vl"), device="cpu", dtype="float32", vision="compiled")
     visual, batched = adapter.model.model.visual, tiny_adapter("qwen2_5_vl", "sdpa").model.model.visual
@@ -189,6 +188,23 @@ def test_compiled_vision_tower_equals_the_batched_one_and_stops_compiling(tiny_m
                                        atol=1e-5, rtol=0)
             graphs.append(counters["stats"]["unique_graphs"])
     assert graphs[-1] == graphs[-2] > graphs[0] > 0                      # the fourth size compiled nothing
+    assert vision.compiled_towers(adapter.model) == 1 and vision.compiled_towers(batched) == 0
+
+
+@pytest.mark.parametrize("family, attention", [("internvl", "sdpa"), ("qwen2_5_vl", "eager")])
+def test_a_compiled_tower_asked_for_where_there_is_none_says_so_in_one_line(family, attention, tiny_model, caplog):
+    """InternVL's tower is not a Qwen2.5-VL-style one; the eager reference runs transformers' tower
+    (and so does the current lane): asked to compile, the adapter says it compiles nothing, why,
+    in one line, and runs as it would without."""
+    from ladbench.models import load_adapter
+    with caplog.at_level("WARNING", logger="ladbench.models.base"):
+        adapter = load_adapter(family, tiny_model(family), device="cpu", dtype="float32", vision="compiled",
+                               attention=attention)
+    (record,) = [r for r in caplog.records if "compiled" in r.getMessage()]
+    why = "the eager reference" if attention == "eager" else "current lane" if not compat.batched_vision_supported() \
+        else "only Qwen2.5-VL-style towers"
+    assert "\n" not in record.getMessage() and why in record.getMessage() and f"this {family} model" in record.getMessage()
+    assert vision.compiled_towers(adapter.model) == 0
 
 
 @pytest.mark.skipif(not compat.on_current_lane(), reason="current-lane fallback")

@@ -14,6 +14,7 @@ The hand-written families use a ChatML-style template (``<|im_start|>`` /
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
 from dataclasses import dataclass
@@ -28,6 +29,9 @@ from .attention import CAPTURE_ATTENTION, register_capture_attention, route_own_
 from . import compat, kernels
 from .folder import chat_template_file, check_model_folder
 from .templates import bounded_template
+from .vision import compiled_towers
+
+log = logging.getLogger(__name__)
 
 
 def not_full_attention(text_config: Any) -> str | None:
@@ -156,6 +160,9 @@ class ModelAdapter:
         self.host_input_keys: tuple[str, ...] = ()
         if self.vision != "native":
             self.host_input_keys = self.use_batched_vision()
+        if vision == "compiled" and not compiled_towers(model):
+            log.warning("vision tower 'compiled': nothing of this %s model is compiled (%s); its tower runs uncompiled",
+                        self.family, self._compiled_vision_missing(attention))
         #: patch embeddings run as a matrix product on a GPU (models/kernels.py); the eager path stays the reference's
         self.linear_patch_embeddings = kernels.use_linear_patch_embedding(model) if attention != "eager" else 0
         #: gated MLPs of an unaligned hidden width, padded on a GPU (models/kernels.py); likewise
@@ -165,6 +172,15 @@ class ModelAdapter:
         self.resolve_tokens()
         tok = self.tokenizer
         self.pad_token_id = tok.pad_token_id if tok.pad_token_id is not None else self.end_of_turn_id
+
+    @staticmethod
+    def _compiled_vision_missing(attention: str) -> str:
+        """Why a tower asked to run compiled does not, for the one-line warning."""
+        if attention == "eager":
+            return "the eager reference runs transformers' tower"
+        if not compat.batched_vision_supported():
+            return "the current lane runs transformers' tower"
+        return "only Qwen2.5-VL-style towers run batched"
 
     def resolve_tokens(self) -> None:
         """Set the ids of the family's tokens (``image_start_id``, ``image_end_id``,

@@ -195,6 +195,11 @@ def use_batched_vision(visual: torch.nn.Module, *, compiled: bool = False) -> No
     visual.forward = types.MethodType(batched_vision_forward, visual)
 
 
+def compiled_towers(model: torch.nn.Module) -> int:
+    """How many of ``model``'s vision towers run their blocks compiled."""
+    return sum(module.__dict__.get(_STEP_ATTR, vision_block_step) is not vision_block_step for module in model.modules())
+
+
 def compiled_block_step(backend: str = "inductor") -> Callable[..., torch.Tensor]:
     """:func:`vision_block_step` under ``torch.compile``: its norms, rotary embedding, residual adds
     and gating fused into a few kernels, where eagerly each is a pass over the block's activations
