@@ -72,6 +72,7 @@ import argparse
 import atexit
 import collections
 import contextlib
+import functools
 import json
 import math
 import os
@@ -91,17 +92,19 @@ T = TypeVar("T")
 
 
 # ------------------------------------------------------------------------------ inputs
-_RUN_SCRATCH: list[str] = []       # this process's one folder of throw-away inputs, models and caches
+@functools.cache
+def _run_scratch() -> str:
+    """This process's one folder of throw-away inputs, models and caches, removed at its exit."""
+    folder = tempfile.mkdtemp(prefix="ladbench-bench-")
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return folder
 
 
 def scratch_folder(prefix: str = "") -> str:
-    """A new folder for throw-away inputs, models and caches, inside one folder of this process
-    that goes when the process exits (a run builds hundreds of MB of random models: left in the
-    temporary folder, each run's would stay there until the disk is full)."""
-    if not _RUN_SCRATCH:
-        _RUN_SCRATCH.append(tempfile.mkdtemp(prefix="ladbench-bench-"))
-        atexit.register(shutil.rmtree, _RUN_SCRATCH[0], ignore_errors=True)
-    return tempfile.mkdtemp(prefix=prefix, dir=_RUN_SCRATCH[0])
+    """A new folder for throw-away inputs, models and caches, inside :func:`_run_scratch` (a run
+    builds hundreds of MB of random models: left in the temporary folder, each run's would stay
+    there until the disk is full)."""
+    return tempfile.mkdtemp(prefix=prefix, dir=_run_scratch())
 
 
 def write_inputs(folder: str, bench: dict, table: list[dict]) -> tuple[str, str]:

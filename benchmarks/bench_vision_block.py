@@ -12,8 +12,8 @@ exact arithmetic is the same, the rounding may differ (a fused multiply-add, ano
 the norm's sum), so the largest difference is reported beside the ratio.
 
 Per number of patches (in the order given) and layer kind (windowed: windows of 64 patches;
-full: an image's 576), alternating repetitions, the minimum of each; the compiled step's first call (its compilation) is timed apart. bfloat16 on
-a GPU, float32 on the CPU. ``--backend eager`` traces the step without compiling it (a smoke
+full: an image's 576), alternating repetitions, the minimum of each; the compiled step's first
+call (its compilation) is timed apart. bfloat16 on a GPU, float32 on the CPU. ``--backend eager`` traces the step without compiling it (a smoke
 test of the capture: one graph per layer kind, ``fullgraph``). Seconds to a minute, no model to
 build, no weights read. ``--json`` is rewritten after every row.
 

@@ -378,15 +378,14 @@ def test_steady_rows_per_s_leaves_out_the_first_half_of_the_rows():
 def test_gpu_session_script_runs_its_commands_on_the_cpu(tmp_path):
     """``GPU_SESSION_SMOKE=1 bash benchmarks/gpu_session.sh PART ...``: every command of the script a
     lent GPU runs (the attention kernels, CoT and SC generation with a decode step's profile, scoring
-    with traces for both architectures, the plan, the patch embedding, the padded widths, the compiled
-    vision block), on the CPU at the small
-    architectures, so that a flag renamed between GPU sessions fails here and not on the GPU. Each
-    part writes its file; plan refuses the CPU's rates, naming the first file, which shows it was
-    handed them; $OUT (the device tool's folder, 8 files at most) gets them all as one archive,
-    packed every second while the parts write (a pack that meets a file being written is no
-    failure: a run on a clean clone here once failed on it). A
-    part it does not know is refused before anything runs, and so is a python that cannot import
-    the benchmark's modules."""
+    with traces for both architectures, the plan, the patch embedding, the padded widths, the
+    compiled vision block), on the CPU at the small architectures, so that a flag renamed between
+    GPU sessions fails here and not on the GPU. Each part writes its file; plan refuses the CPU's
+    rates, naming the first file, which shows it was handed them; $OUT (the device tool's folder,
+    8 files at most) gets them all as one archive, packed every second while the parts write (a
+    pack that meets a file being written is no failure: a run on a clean clone here once failed
+    on it). A part it does not know is refused before anything runs, and so is a python that
+    cannot import the benchmark's modules."""
     import tarfile
     out, device_out = tmp_path / "out", tmp_path / "device-out"
     # packed every second, so that packs meet the parts writing their files (tar's "file changed")

@@ -122,8 +122,7 @@ class InferenceSettings(Settings):
         "batched", "batched: all images of a batch through the vision tower together (Qwen2.5-VL-style towers; "
         "the same features); compiled: batched, each block under torch.compile (its elementwise work fused; the "
         "rounding may differ; the first batches pay the compilation); native: transformers' own, for comparison",
-        choices=VISION_TOWERS, group=EXECUTION_GROUP,
-        hashed=False)
+        choices=VISION_TOWERS, group=EXECUTION_GROUP, hashed=False)
     score_ahead: bool = setting(
         True, "scoring: queue each batch on the device before reading back the one before, so that a GPU runs the "
         "next batch while the host scores and writes one (the same results); false: one batch at a time, for "

@@ -23,7 +23,7 @@ from typing import Any, ClassVar, Iterator, Sequence
 import torch
 from PIL import Image
 
-from ladbench.families import DEVICE_PATTERN, family_lanes
+from ladbench.families import DEVICE_PATTERN, VISION_TOWERS, family_lanes
 from .attention import CAPTURE_ATTENTION, register_capture_attention, route_own_sdpa, sdpa_kernel_mask
 
 from . import compat, kernels
@@ -143,7 +143,6 @@ class ModelAdapter:
     def __init__(self, model: torch.nn.Module, processor: Any, *, model_path: str,
                  revision: str | None = None, attention: str = "sdpa", vision: str = "batched",
                  template_source: str | None = None) -> None:
-        from .vision import VISION_TOWERS
         if vision not in VISION_TOWERS:
             raise ValueError(f"vision tower must be one of {', '.join(VISION_TOWERS)}; got {vision!r}")
         self.model = model
@@ -153,16 +152,15 @@ class ModelAdapter:
         #: where the chat template came from: a file the config gave, else the model's folder
         self.template_source = template_source or chat_template_file(model_path)
         self.attention = attention
-        # the eager path stays the reference's (native tower), for comparisons; the current
-        # lane always runs the native tower (compat.batched_vision_supported)
-        self.vision = vision if attention != "eager" and compat.batched_vision_supported() else "native"
+        native_only = self._native_tower_only(attention)
+        self.vision = "native" if native_only else vision
         #: input keys kept on the host by ``to_device`` (read on the host by our code, never by a kernel)
         self.host_input_keys: tuple[str, ...] = ()
         if self.vision != "native":
             self.host_input_keys = self.use_batched_vision()
         if vision == "compiled" and not compiled_towers(model):
             log.warning("vision tower 'compiled': nothing of this %s model is compiled (%s); its tower runs uncompiled",
-                        self.family, self._compiled_vision_missing(attention))
+                        self.family, native_only or "only Qwen2.5-VL-style towers run batched")
         #: patch embeddings run as a matrix product on a GPU (models/kernels.py); the eager path stays the reference's
         self.linear_patch_embeddings = kernels.use_linear_patch_embedding(model) if attention != "eager" else 0
         #: gated MLPs of an unaligned hidden width, padded on a GPU (models/kernels.py); likewise
@@ -174,13 +172,15 @@ class ModelAdapter:
         self.pad_token_id = tok.pad_token_id if tok.pad_token_id is not None else self.end_of_turn_id
 
     @staticmethod
-    def _compiled_vision_missing(attention: str) -> str:
-        """Why a tower asked to run compiled does not, for the one-line warning."""
+    def _native_tower_only(attention: str) -> str | None:
+        """Why the vision tower must run as transformers ships it whatever was asked, or None:
+        the eager path stays the reference's, for comparisons, and the current lane always runs
+        transformers' tower (``compat.batched_vision_supported``)."""
         if attention == "eager":
             return "the eager reference runs transformers' tower"
         if not compat.batched_vision_supported():
             return "the current lane runs transformers' tower"
-        return "only Qwen2.5-VL-style towers run batched"
+        return None
 
     def resolve_tokens(self) -> None:
         """Set the ids of the family's tokens (``image_start_id``, ``image_end_id``,
