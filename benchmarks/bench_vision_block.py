@@ -1,7 +1,7 @@
 """One block of Qwen2.5-VL-3B's vision tower as ``ladbench infer`` runs it (the batched tower's
-``models/vision.vision_block_step``, the MLP padded on a GPU as infer pads it), eager against the
-same step under ``torch.compile``, at the study's patches per call. Does fusing the block's
-elementwise work pay?
+``models/vision.vision_block_step``; on a GPU the MLP padded and the norms fused, as infer runs
+them), eager against the same step under ``torch.compile``, at the study's patches per call.
+Does fusing the block's elementwise work pay?
 
 Why: the H200 trace of a scoring batch (benchmarks/results/h200-2026-11-27, N = 4, batch 8) spends
 about 57 of the tower's 138 ms of kernels on elementwise work (the float32 rotary embedding, whose
@@ -29,7 +29,7 @@ import torch
 
 from bench_inference import architecture
 from bench_patch_embed import kernel_bench_device, kernel_bench_parser, seconds
-from ladbench.models.kernels import mlp_padding_on, pad_unaligned_mlps
+from ladbench.models.kernels import pad_unaligned_mlps, use_fused_rms_norms
 from ladbench.models.vision import AttentionGroups, compiled_block_step, vision_block_step
 
 #: patches of one image (336 px: a 24 x 24 grid) and of one attention window (112 px: 8 x 8)
@@ -38,7 +38,7 @@ IMAGE_PATCHES, WINDOW_PATCHES = 576, 64
 
 def vision_block(small: bool, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
     """transformers' Qwen2.5-VL vision block at the 3B's sizes (``bench_inference.architecture``),
-    random weights, padded as infer pads it on ``device``."""
+    random weights, with the kernel choices infer makes on ``device`` (none on the CPU)."""
     from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VLVisionBlock
 
     a = architecture("qwen2_5_vl_3b", small)
@@ -46,8 +46,8 @@ def vision_block(small: bool, device: torch.device, dtype: torch.dtype) -> torch
                                    num_heads=a["vision_heads"], hidden_act="silu", _attn_implementation="sdpa")
     torch.manual_seed(0)
     block = Qwen2_5_VLVisionBlock(config).to(device=device, dtype=dtype).eval()
-    if mlp_padding_on(device):
-        pad_unaligned_mlps(block)
+    pad_unaligned_mlps(block)
+    use_fused_rms_norms(block)
     return block
 
 

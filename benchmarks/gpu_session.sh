@@ -32,6 +32,9 @@
 #   vision    one vision block of Qwen2.5-VL-3B as infer runs it, eager against torch.compile: does
 #             fusing its elementwise work (a third of the tower's kernel time in the H200 trace)
 #             pay? (bench_vision_block.py, 90 s, most of it compiling): vision_block.json
+#   norms     transformers' RMSNorm against torch's fused kernel (infer's on a GPU since 2026-11-27,
+#             unmeasured there), the study's shapes: time, kernels a call, bits equal to
+#             transformers' (bench_norms.py, 30 s): norms.json
 # then `ladbench plan` at the rates measured (plan.txt; it runs anywhere: rerun it here with every
 # call's files). Each file is rewritten after every measurement (most wanted first), so a part that
 # runs out of time keeps what it measured; a measurement that fails (a compilation, the profiler)
@@ -39,7 +42,7 @@
 # The parts of a call share one model build per architecture (--arch-dir, outside the results).
 # Replies stop at 64 tokens to fit the time; the paper's run to 512 (SC) and 1,024 (CoT), whose
 # longer KV caches make late decode steps slower, so the generation rates are an upper bound for
-# the study's. The default parts (widths attention cot sc) take under 8.5 minutes by their limits. On an H200
+# the study's. The default parts (norms widths attention cot sc) take under 9 minutes by their limits. On an H200
 # (2026-11-27) the scoring part took about 3 minutes; cot ran out of its 210 s in its last
 # measurement (the chunks) and sc out of its 150 s likewise.
 #   run: bash benchmarks/gpu_session.sh [PART ...]   (carry: .whl, made by `make gpu-wheels`: the
@@ -55,11 +58,11 @@
 #   sessions fails CI instead of a lent GPU's few minutes; its plan.txt is plan's refusal of CPU rates.
 set -euo pipefail
 parts=("$@")
-[ ${#parts[@]} -gt 0 ] || parts=(widths attention cot sc)
+[ ${#parts[@]} -gt 0 ] || parts=(norms widths attention cot sc)
 for part in "${parts[@]}"; do
   case $part in
-    attention|cot|sc|internvl_gen|internvl|scoring|patch|widths|vision) ;;
-    *) echo "gpu_session.sh: unknown part '$part' (attention, cot, sc, internvl_gen, internvl, scoring, patch, widths, vision)" >&2
+    attention|cot|sc|internvl_gen|internvl|scoring|patch|widths|vision|norms) ;;
+    *) echo "gpu_session.sh: unknown part '$part' (attention, cot, sc, internvl_gen, internvl, scoring, patch, widths, vision, norms)" >&2
        exit 2 ;;
   esac
 done
@@ -70,12 +73,13 @@ if [ -n "${GPU_SESSION_SMOKE:-}" ]; then
   device=cpu size=(--arch-scale small --image-size 56 --reps 1 --batch 2)      # --batch: the split's
   scoring_rows=8 scoring_batch=4 internvl_batch=4 cot_rows=4 sc_rows=2 samples=2 new_tokens=4 internvl_cot_rows=2
   patch_args=(--rows 64 --reps 1) widths_args=(--rows 64 --reps 1 --small) attention_args=(--batches 2 --keys 64 --reps 1 --fresh-steps 1)
-  vision_args=(--rows 576 --reps 1 --small --backend eager)
+  vision_args=(--rows 576 --reps 1 --small --backend eager) norms_args=(--reps 1 --small)
 else
   device=cuda size=()
   scoring_rows=256 scoring_batch=32 internvl_batch=8 cot_rows=64 sc_rows=16 samples=10 new_tokens=64
   internvl_cot_rows=32
   patch_args=(--reps 5) widths_args=(--reps 10) attention_args=(--reps 10) vision_args=(--rows 18432 2304 --reps 10)
+  norms_args=(--reps 20)
 fi
 if [ "$device" = cuda ] && compgen -G ".whl/*.whl" > /dev/null; then
   "$python" -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
@@ -147,6 +151,7 @@ for part in "${parts[@]}"; do
     patch) limited patch_embed 30 "$python" benchmarks/bench_patch_embed.py --device "$device" "${patch_args[@]}" ;;
     widths) limited aligned_widths 40 "$python" benchmarks/bench_aligned_widths.py --device "$device" "${widths_args[@]}" ;;
     vision) limited vision_block 90 "$python" benchmarks/bench_vision_block.py --device "$device" "${vision_args[@]}" ;;
+    norms) limited norms 30 "$python" benchmarks/bench_norms.py --device "$device" "${norms_args[@]}" ;;
   esac
 done
 # the paper study's GPU hours at the rates measured (the measured models' jobs; the others stay assumed)

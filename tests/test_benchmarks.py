@@ -379,7 +379,7 @@ def test_gpu_session_script_runs_its_commands_on_the_cpu(tmp_path):
     """``GPU_SESSION_SMOKE=1 bash benchmarks/gpu_session.sh PART ...``: every command of the script a
     lent GPU runs (the attention kernels, CoT and SC generation with a decode step's profile, scoring
     with traces for both architectures, the plan, the patch embedding, the padded widths, the
-    compiled vision block), on the CPU at the small architectures, so that a flag renamed between
+    compiled vision block, the fused norms), on the CPU at the small architectures, so that a flag renamed between
     GPU sessions fails here and not on the GPU. Each part writes its file; plan refuses the CPU's
     rates, naming the first file, which shows it was handed them; $OUT (the device tool's folder,
     8 files at most) gets them all as one archive, packed every second while the parts write (a
@@ -403,7 +403,8 @@ def test_gpu_session_script_runs_its_commands_on_the_cpu(tmp_path):
     missing = session("cot", PYTHONPATH=str(blocker), GPU_SESSION_DIR=str(tmp_path / "refused"))
     assert missing.returncode == 3 and "No module named 'jsonschema'" in missing.stderr
     assert "make gpu-wheels" in missing.stderr and not (tmp_path / "refused" / "generation_cot.json").exists()
-    done = session("attention", "scoring", "internvl", "cot", "sc", "internvl_gen", "patch", "widths", "vision")
+    done = session("attention", "scoring", "internvl", "cot", "sc", "internvl_gen", "patch", "widths", "vision",
+                   "norms")
     assert done.returncode == 0, done.stderr[-3000:]
     assert (out / "gpu.txt").read_text().splitlines() == ["no nvidia-smi (cpu)", "plan: exit 2"]
     for name, arch, ns in (("scoring", "qwen2_5_vl_3b", [4, 8]), ("scoring_internvl", "internvl3_8b", [4])):
@@ -439,6 +440,10 @@ def test_gpu_session_script_runs_its_commands_on_the_cpu(tmp_path):
     # the block's capture only (backend eager): the same operations, so the same bits, in one graph per kind
     vision = json.loads((out / "vision_block.json").read_text())["results"]
     assert [(r["layers"], r["rows"], r["max_rel_diff"]) for r in vision] == [("windowed", 576, 0.0), ("full", 576, 0.0)]
+    # on the CPU in float32 the fused norm gives transformers' bits, from the same six operations
+    norms = json.loads((out / "norms.json").read_text())["results"]
+    assert [(r["rows"], r["equal_bits"], r["operations"]) for r in norms] == [
+        (256, 1.0, {"shipped": 6, "fused": 6})] * 3 + [(64, 1.0, {"shipped": 6, "fused": 6})] * 2
     attention = json.loads((out / "attention.json").read_text())["rows"]
     assert {(r["model"], r["masked"]) for r in attention} == {(m, k) for m in ("qwen2_5_vl_3b", "internvl3_8b")
                                                                for k in (True, False)}

@@ -33,20 +33,25 @@ ROWS = list(range(10))              # 5 groups of 2 rows (batch size 2), prompts
 
 @pytest.fixture(scope="module")
 def ending(tiny_model):
-    """``ending(family)``: the family's tiny model with its end-of-turn logit doubled (its own copy)."""
-    from ladbench.models import load_adapter
+    """``ending(family)``: :func:`ending_adapter`, loaded once per module."""
     loaded = {}
 
     def get(family: str):
         if family not in loaded:
-            folder = tiny_model("qwen2_5_vl" if family == "auto" else family)
-            adapter = load_adapter(family, folder, device="cpu", dtype="float32",
-                                   trust_remote_code=family == "llava_ov15")
-            with torch.no_grad():
-                adapter.model.get_output_embeddings().weight[adapter.end_of_turn_id] *= 2
-            loaded[family] = adapter
+            loaded[family] = ending_adapter(tiny_model, family)
         return loaded[family]
     return get
+
+
+def ending_adapter(tiny_model, family: str):
+    """The family's tiny model with its end-of-turn logit doubled, loaded afresh (replies end at
+    mixed lengths)."""
+    from ladbench.models import load_adapter
+    folder = tiny_model("qwen2_5_vl" if family == "auto" else family)
+    adapter = load_adapter(family, folder, device="cpu", dtype="float32", trust_remote_code=family == "llava_ov15")
+    with torch.no_grad():
+        adapter.model.get_output_embeddings().weight[adapter.end_of_turn_id] *= 2
+    return adapter
 
 
 def generated(adapter, folder, prompt: str, decode: str, batch_size: int = 2, decode_slots: int | None = None,
@@ -379,22 +384,26 @@ def test_on_a_gpu_a_decode_step_attends_on_the_kv_heads_without_copying_them(end
         assert (new[key] == old[key]).all(), key
 
 
-@pytest.mark.parametrize("packed", [False, True], ids=["cpu", "gpu attention"])
+@pytest.mark.parametrize("gpu_kernels", [False, True], ids=["cpu", "gpu kernels"])
 @pytest.mark.parametrize("prompt", sorted(VARIANTS))
-def test_the_static_step_compiles_as_one_graph_and_replies_stay_equal(ending, tmp_path, monkeypatch, prompt, packed):
+def test_the_static_step_compiles_as_one_graph_and_replies_stay_equal(ending, tiny_model, tmp_path, monkeypatch,
+                                                                      prompt, gpu_kernels):
     """``--decode static``: the step traces whole (``fullgraph=True``: no graph break, which CUDA
     graphs need), once per ring shape, and the compiled steps give the eager replies; also with a
-    GPU's one-query attention (``packs_on``: the query heads packed on the KV heads)."""
+    GPU's kernels: its one-query attention (``packs_on``: the query heads packed on the KV heads)
+    and its fused RMSNorms (a model loaded with them)."""
     from ladbench.inference import decode
-    from ladbench.models import attention
-    monkeypatch.setattr(attention, "packs_on", lambda device: packed)
+    from ladbench.models import attention, kernels
+    monkeypatch.setattr(attention, "packs_on", lambda device: gpu_kernels)
+    monkeypatch.setattr(kernels, "fused_rms_norm_on", lambda device: gpu_kernels)
     compiled = []
 
     def options(device):
         compiled.append(device)
         return {"backend": "eager", "fullgraph": True, "dynamic": False}
     monkeypatch.setattr(decode, "static_compile_options", options)
-    adapter = ending(QWEN_BUILDS[0])
+    adapter = ending_adapter(tiny_model, QWEN_BUILDS[0]) if gpu_kernels else ending(QWEN_BUILDS[0])
+    assert bool(adapter.fused_norms) == gpu_kernels
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
     new, loop = generated(adapter, tmp_path / "compiled", prompt, "static")

@@ -1,6 +1,7 @@
 """The GPU's kernel choices (models/kernels.py): the patch embedding as a matrix product equals
-the convolution in float32, and a gated MLP padded to an aligned width its output as shipped;
-each is taken only where it applies, and leaves the CPU's bits alone.
+the convolution in float32, a gated MLP padded to an aligned width its output as shipped, and an
+RMSNorm normalised by torch's fused kernel transformers' norm; each is taken only where it
+applies, and leaves the CPU's bits alone.
 And the attention masks the host decides (``ModelAdapter.kernel_mask``): transformers' own, on
 every device, without reading the padding mask back."""
 from __future__ import annotations
@@ -187,6 +188,103 @@ def test_a_model_scores_the_same_with_its_vision_blocks_compiled(family, tiny_ad
     after = _runner(adapter, tmp_path, 4, family).score_batch([0, 3])
     np.testing.assert_allclose(after["scores"], before["scores"], atol=1e-4, rtol=0)
     np.testing.assert_allclose(after["attn"], before["attn"], atol=1e-5, rtol=0)
+    assert after["greedy_tokens"].tolist() == before["greedy_tokens"].tolist()
+
+
+def _qwen_rms_norm(width: int, dtype: torch.dtype = torch.float32, eps: float = 1e-6) -> torch.nn.Module:
+    """transformers' RMSNorm (Qwen2's: float32, rounded back, then the weight), random weight."""
+    from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm
+
+    norm = Qwen2RMSNorm(width, eps=eps).to(dtype)
+    with torch.no_grad():
+        norm.weight.normal_()
+    return norm
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_fused_rms_norm_gives_transformers_bits_on_the_cpu(dtype):
+    """Normalised in one kernel, in float32, rounded once, then the weight as transformers applies
+    it: on the CPU the very bits of transformers' norm, rows of magnitudes 1e-3 to 1e2 (where the
+    epsilon dominates and where it does not). On a GPU only the sum's order may differ."""
+    torch.manual_seed(0)
+    norm = _qwen_rms_norm(96, dtype)
+    x = (torch.randn(5, 7, 96) * torch.logspace(-3, 2, 7)[:, None]).to(dtype)
+    with torch.no_grad():
+        assert torch.equal(kernels.fused_rms_norm(x, norm.weight, norm.variance_epsilon), norm(x))
+
+
+class _OtherEpsilon(torch.nn.Module):
+    """An RMSNorm whose attribute says one epsilon and whose forward uses another."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(width))
+        self.variance_epsilon = 1e-6
+
+    def forward(self, x):
+        return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5))
+
+
+class _NormWithResidual(torch.nn.Module):
+    """A fused add-and-norm: takes a residual and returns the norm and the sum."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(width))
+        self.eps = 1e-6
+
+    def forward(self, x, residual=None):
+        x = x if residual is None else x + residual
+        return kernels.fused_rms_norm(x, self.weight, self.eps), x
+
+
+def test_only_norms_of_transformers_rms_formula_are_fused_and_only_on_a_gpu(monkeypatch):
+    """The probe, not the name or the shape, decides: Gemma's ``1 + weight``, a centred LayerNorm
+    of one weight and an epsilon, an epsilon other than the attribute's and an add-and-norm that
+    returns two tensors all look like RMSNorms and stay as they are; so does everything on the CPU."""
+    from transformers.models.gemma3.modeling_gemma3 import Gemma3RMSNorm
+
+    torch.manual_seed(0)
+    gemma = Gemma3RMSNorm(16)
+    with torch.no_grad():
+        gemma.weight.normal_()
+    model = torch.nn.ModuleDict({"plain": _qwen_rms_norm(16), "gemma": gemma,
+                                 "centred": torch.nn.LayerNorm(16, bias=False),
+                                 "other_epsilon": _OtherEpsilon(16), "with_residual": _NormWithResidual(16)})
+    assert all(kernels.rms_norm_epsilon(model[name]) is not None for name in model)
+    x = torch.randn(4, 16) * 1e-3
+    with torch.no_grad():
+        before = {name: module(x) for name, module in model.items()}
+        assert kernels.use_fused_rms_norms(model) == 0
+        monkeypatch.setattr(kernels, "fused_rms_norm_on", lambda device: True)
+        assert kernels.use_fused_rms_norms(model) == 1
+        assert [name for name, m in model.items() if "forward" in m.__dict__] == ["plain"]
+        for name, module in model.items():
+            torch.testing.assert_close(module(x), before[name], atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.lanes
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_model_scores_the_same_with_its_rms_norms_fused(family, tiny_model, tmp_path, monkeypatch):
+    """Through a whole scoring batch with the capture: every RMSNorm of a tiny model (its tower's,
+    its decoder's, Qwen3's per-head ones) fused as on a GPU; scores and attention masses equal
+    within float32 noise, the same greedy tokens."""
+    from ladbench.models import load_adapter
+
+    def loaded():
+        return load_adapter(family, tiny_model(family), device="cpu", dtype="float32",
+                            trust_remote_code=family == "llava_ov15")
+    shipped = loaded()
+    assert shipped.fused_norms == 0
+    before = _runner(shipped, tmp_path, 4, family).score_batch([0, 3])
+    monkeypatch.setattr(kernels, "fused_rms_norm_on", lambda device: True)
+    adapter = loaded()
+    norms = [m for m in adapter.model.modules() if kernels.rms_norm_epsilon(m) is not None]
+    assert adapter.fused_norms == len(norms) >= 3
+    after = _runner(adapter, tmp_path, 4, family).score_batch([0, 3])
+    np.testing.assert_allclose(after["scores"], before["scores"], atol=1e-5, rtol=0)
+    np.testing.assert_allclose(after["attn"], before["attn"], atol=1e-6, rtol=0)
     assert after["greedy_tokens"].tolist() == before["greedy_tokens"].tolist()
 
 

@@ -165,6 +165,8 @@ class ModelAdapter:
         self.linear_patch_embeddings = kernels.use_linear_patch_embedding(model) if attention != "eager" else 0
         #: gated MLPs of an unaligned hidden width, padded on a GPU (models/kernels.py); likewise
         self.padded_mlps = kernels.pad_unaligned_mlps(model) if attention != "eager" else 0
+        #: RMSNorms normalised by torch's fused kernel on a GPU (models/kernels.py); likewise
+        self.fused_norms = kernels.use_fused_rms_norms(model) if attention != "eager" else 0
         if attention == "capture" and self.own_attention_table:
             route_own_sdpa(self.attention_modules())
         self.resolve_tokens()

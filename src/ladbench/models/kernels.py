@@ -27,6 +27,17 @@ path anyway (README, "Fidelity on a GPU"), and these choices are tested for equa
   the MLP as shipped against padded widths. Zero units added to the hidden layer change nothing
   in exact arithmetic: their gate and up outputs are 0 (zero weights and biases), ``act(0) * 0``
   is 0, and the down projection's columns for them are 0.
+* RMSNorms normalised by torch's fused kernel (:func:`use_fused_rms_norms`): transformers' RMSNorm
+  is six to eight operations, each a pass over the activations (the cast to float32, the square,
+  the mean, the epsilon, the reciprocal root, the product, the cast back; then the weight). In the
+  H200 trace of a scoring batch (N = 4, batch 8) casts, products, squares and means (the norms',
+  and the rotary embedding's products) are 25 of the decoder's 35 ms of elementwise kernels,
+  beside its 42 ms of matrix products, and a Qwen2.5-VL-3B forward runs 138 norms (two in each of
+  36 decoder layers and 32 vision blocks, the merger's and the final one). ``torch.rms_norm``
+  normalises in one kernel, in float32, and rounds once to the input's dtype, as transformers'
+  cast back does; the weight is then applied as transformers applies it, so the result differs
+  from transformers' only by the order of the float32 sum of squares (on the CPU, in float32 and
+  in bfloat16, not at all: tests/test_kernels.py). ``benchmarks/bench_norms.py`` times the two.
 """
 from __future__ import annotations
 
@@ -161,3 +172,78 @@ def pad_unaligned_mlps(model: torch.nn.Module, aligned: int = ALIGNED_WIDTH,
             pad_gated_mlp(*projections, round_up(width, multiple))
             padded += 1
     return padded
+
+
+#: the attributes an RMSNorm keeps its epsilon in (transformers' names, and hub code's)
+RMS_NORM_EPSILON_ATTRS = ("variance_epsilon", "eps")
+#: the magnitudes of the probe's rows: where the epsilon dominates the mean square, where it is
+#: small against it, and where it is negligible (a wrong epsilon fails the first)
+_PROBE_SCALES = (1e-3, 1.0, 1e2)
+
+
+def fused_rms_norm_on(device: torch.device) -> bool:
+    """The devices an RMSNorm is normalised by torch's fused kernel on (tests set it for the CPU)."""
+    return on_gpu_kernels(device)
+
+
+def rms_norm_epsilon(module: torch.nn.Module) -> float | None:
+    """The epsilon of a module shaped like an RMSNorm (one 1-D ``weight``, no other parameter, no
+    buffer, a float epsilon under :data:`RMS_NORM_EPSILON_ATTRS`), else None. The shape alone
+    decides nothing: :func:`is_rms_norm` checks what the module computes."""
+    params = dict(module.named_parameters())
+    if list(params) != ["weight"] or params["weight"].dim() != 1 or any(True for _ in module.buffers()):
+        return None
+    eps = next((getattr(module, a) for a in RMS_NORM_EPSILON_ATTRS if hasattr(module, a)), None)
+    return float(eps) if isinstance(eps, float) else None
+
+
+def fused_rms_norm(hidden: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """transformers' RMSNorm (normalised in float32, rounded to the input's dtype, then scaled by
+    ``weight``) with the normalisation as one fused kernel."""
+    return weight * torch.rms_norm(hidden, (hidden.shape[-1],), None, eps)
+
+
+@torch.no_grad()
+def is_rms_norm(module: torch.nn.Module) -> bool:
+    """Whether ``module`` computes :func:`fused_rms_norm` with its own weight and epsilon: probed
+    on rows of several magnitudes in its own dtype and on its own device. A norm of another
+    formula (Gemma's ``1 + weight``, a centred LayerNorm, another epsilon than the attribute says)
+    fails it; so does one that needs more than the hidden states or returns more than a tensor."""
+    eps = rms_norm_epsilon(module)
+    if eps is None:
+        return False
+    weight = module.weight
+    generator = torch.Generator().manual_seed(0)
+    rows = torch.randn(len(_PROBE_SCALES), weight.shape[0], generator=generator, dtype=torch.float64)
+    probe = (rows * torch.tensor(_PROBE_SCALES, dtype=torch.float64)[:, None]).to(weight.device, weight.dtype)
+    try:
+        own = module(probe)
+    except Exception:                                            # noqa: BLE001 - not a plain norm, whatever it is
+        return False
+    if not isinstance(own, torch.Tensor) or own.shape != probe.shape:
+        return False
+    want = fused_rms_norm(probe, weight, eps).double()
+    tolerance = 1e-5 if weight.dtype in (torch.float32, torch.float64) else 2e-2
+    return bool(torch.allclose(own.double(), want, rtol=tolerance, atol=tolerance * want.abs().max().item()))
+
+
+def _fused_rms_norm_forward(norm: torch.nn.Module, hidden: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+    if args or kwargs:                                           # a call the probe did not see
+        return type(norm).forward(norm, hidden, *args, **kwargs)
+    return fused_rms_norm(hidden, norm.weight, norm.__dict__["_ladbench_eps"])
+
+
+def use_fused_rms_norms(model: torch.nn.Module) -> int:
+    """Make every RMSNorm of ``model`` (:func:`is_rms_norm`) whose weight lies on a device that
+    fuses (:func:`fused_rms_norm_on`: a GPU; the CPU's bits stay the reference's) normalise with
+    :func:`fused_rms_norm`. The instances change, not their classes. Returns how many changed."""
+    changed = 0
+    for module in model.modules():
+        eps = rms_norm_epsilon(module)
+        if eps is None or not fused_rms_norm_on(module.weight.device) or not is_rms_norm(module):
+            continue
+        module.__dict__["_ladbench_eps"] = eps
+        module.forward = types.MethodType(_fused_rms_norm_forward, module)
+        changed += 1
+    return changed
+
