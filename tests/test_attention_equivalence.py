@@ -162,6 +162,27 @@ def test_one_query_on_the_kv_heads_equals_sdpa_with_repeated_kv(groups, mask_kin
     torch.testing.assert_close(packed, expected, rtol=0, atol=1e-6)
 
 
+@pytest.mark.parametrize("mask_kind", ["none", "bool", "per head float", "2-D padding"])
+def test_the_captured_row_on_the_kv_heads_equals_it_with_repeated_keys(mask_kind, monkeypatch):
+    """The capture's last row on a GPU (``packs_on``: each group's query heads as rows of their KV
+    head, no key copied per head) against the CPU's (the keys repeated per query head, transformers'
+    head order): the same attention in float32, for every kind of mask the kernel may get."""
+    from ladbench.models import attention
+    gen = torch.Generator().manual_seed(1)
+    batch, kv_heads, groups, queries, keys, dim = 3, 2, 4, 5, 37, 16
+    query = torch.randn(batch, kv_heads * groups, queries, dim, generator=gen)
+    key = torch.randn(batch, kv_heads, keys, dim, generator=gen)
+    mask = {"none": None, "bool": torch.rand(batch, 1, queries, keys, generator=gen) > 0.3,
+            "per head float": torch.randn(batch, kv_heads * groups, queries, keys, generator=gen),
+            "2-D padding": (torch.rand(batch, keys, generator=gen) > 0.3).long()}[mask_kind]
+    repeated = attention.last_row_attention(query, key, mask, 0.3)
+    monkeypatch.setattr(attention, "packs_on", lambda device: True)
+    monkeypatch.setattr(torch.Tensor, "repeat_interleave", None)             # no key copied per head
+    packed = attention.last_row_attention(query, key, mask, 0.3)
+    assert packed.shape == repeated.shape == (batch, kv_heads * groups, keys)
+    torch.testing.assert_close(packed, repeated, rtol=0, atol=1e-6)
+
+
 def test_one_query_attention_is_taken_only_where_it_applies(monkeypatch):
     """One query position, grouped KV heads, a mask the heads can share or pack, on a GPU; the CPU
     keeps transformers' path (its float32 bits are the reference)."""

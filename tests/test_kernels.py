@@ -266,11 +266,13 @@ def test_only_norms_of_transformers_rms_formula_are_fused_and_only_on_a_gpu(monk
 @pytest.mark.slow
 @pytest.mark.lanes
 @pytest.mark.parametrize("family", FAMILIES)
-def test_a_model_scores_the_same_with_its_rms_norms_fused(family, tiny_model, tmp_path, monkeypatch):
-    """Through a whole scoring batch with the capture: every RMSNorm of a tiny model (its tower's,
-    its decoder's, Qwen3's per-head ones) fused as on a GPU; scores and attention masses equal
-    within float32 noise, the same greedy tokens."""
-    from ladbench.models import load_adapter
+def test_a_model_scores_the_same_with_its_rms_norms_fused_and_its_last_row_on_the_kv_heads(
+        family, tiny_model, tmp_path, monkeypatch):
+    """Through a whole scoring batch with the capture, two of a GPU's kernel choices forced on the
+    CPU: every RMSNorm of a tiny model (its tower's, its decoder's, Qwen3's per-head ones) fused,
+    and the captured last row (and the one-token continuations) with the query packed on the KV
+    heads. Scores and attention masses equal within float32 noise, the same greedy tokens."""
+    from ladbench.models import attention, load_adapter
 
     def loaded():
         return load_adapter(family, tiny_model(family), device="cpu", dtype="float32",
@@ -279,6 +281,7 @@ def test_a_model_scores_the_same_with_its_rms_norms_fused(family, tiny_model, tm
     assert shipped.fused_norms == 0
     before = _runner(shipped, tmp_path, 4, family).score_batch([0, 3])
     monkeypatch.setattr(kernels, "fused_rms_norm_on", lambda device: True)
+    monkeypatch.setattr(attention, "packs_on", lambda device: True)
     adapter = loaded()
     norms = [m for m in adapter.model.modules() if kernels.rms_norm_epsilon(m) is not None]
     assert adapter.fused_norms == len(norms) >= 3

@@ -3,8 +3,8 @@
 The model runs with SDPA (the fused kernel; no T x T attention matrix is kept). For every
 captured decoder layer, a registered attention function additionally computes the ONE
 attention row the method needs, that of the last query position (METHOD §3), from the
-same post-rotary query/key states, grouped KV heads expanded, the same mask and scaling
-the kernel sees, and reduces it at once to the attention mass per token segment (one
+same post-rotary query/key states, grouped KV heads expanded (on a GPU the query heads packed
+on them instead), the same mask and scaling the kernel sees, and reduces it at once to the attention mass per token segment (one
 segment per image span, one for all other text tokens, one for padding). Cost per layer:
 H x T dot products, against H x T x T for the kernel; memory: L x H x (N + 2) numbers.
 
@@ -56,16 +56,24 @@ def last_row_attention(query: torch.Tensor, key: torch.Tensor, attention_mask: t
     gets: None (pure causal, no padding: the last row sees every key), a 4-D boolean
     (True = attend) or additive float mask [B, 1, Tq, Tk'], or a 2-D padding mask [B, Tk].
     """
-    n_heads, n_kv = query.shape[1], key.shape[1]
+    batch, n_heads, _, dim = query.shape
+    n_kv = key.shape[1]
     q = query[:, :, -1:, :].float()
-    k = key.float().repeat_interleave(n_heads // n_kv, dim=1)          # same head order as repeat_kv
-    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-    scores = (q @ k.transpose(-1, -2)) * scale                         # [B, H, 1, Tk]
+    scale = scaling if scaling is not None else dim ** -0.5
+    if packs_on(query.device):
+        # a GPU's kernel choice (models/kernels.py): each group's query heads as rows of their KV
+        # head, so no key is copied per query head; the CPU keeps the copy, its float32 bits
+        # being the pinned caches' (the products' order differs in the last place)
+        grouped = q.reshape(batch, n_kv, n_heads // n_kv, dim) @ key.float().transpose(-1, -2)
+        scores = grouped.reshape(batch, n_heads, 1, key.shape[-2]) * scale
+    else:
+        k = key.float().repeat_interleave(n_heads // n_kv, dim=1)      # same head order as repeat_kv
+        scores = (q @ k.transpose(-1, -2)) * scale                     # [B, H, 1, Tk]
     if attention_mask is not None:
         if attention_mask.dim() == 2:                                   # flash-style padding mask
             scores = scores.masked_fill(attention_mask[:, None, None, :] == 0, float("-inf"))
         else:
-            m = attention_mask[:, :, -1:, : k.shape[-2]]
+            m = attention_mask[:, :, -1:, : key.shape[-2]]
             scores = scores.masked_fill(~m, float("-inf")) if m.dtype == torch.bool else scores + m.float()
     return scores.softmax(dim=-1)[:, :, 0]
 

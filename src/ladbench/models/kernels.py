@@ -2,14 +2,14 @@
 that is equal in exact arithmetic and cheaper there.
 
 On the CPU transformers' own operations run: the paper lane's float32 bits are the reference
-(pinned scoring caches, CoT and SC replies equal to earlier runs), and every choice here
-changes them in the last place. On a GPU, bfloat16 kernels differ from the reference's eager
+(pinned scoring caches, CoT and SC replies equal to earlier runs), and a choice here may
+change them in the last place. On a GPU, bfloat16 kernels differ from the reference's eager
 path anyway (README, "Fidelity on a GPU"), and these choices are tested for equality in float32.
 
 * :func:`on_gpu_kernels`: the devices they are made on (one rule; each choice has its own
   switch below, which tests set to run the GPU's path on the CPU).
-* The one query position on the KV heads (decode steps): ``models/attention.py``,
-  ``packs_on``.
+* The one query position on the KV heads (decode steps, the capture's last row):
+  ``models/attention.py``, ``packs_on``.
 * The patch embedding as a matrix product (:func:`use_linear_patch_embedding`): a ``Conv3d``
   whose stride is its kernel (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, GLM-4V and others cut the images
   into patches on the host and hand the tower one patch per row, [patches, C, T, P, P]) computes
