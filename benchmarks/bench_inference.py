@@ -541,6 +541,8 @@ def split_worker(n: int, model_dir: str, batch: int, image_size: int, device: st
             best = min(best, time.perf_counter() - t0)
         return best / batch
     prepared = runner.prepare(rows)
+    if device.startswith("cuda"):        # page-locked, as infer's DataLoader hands a GPU run its batches
+        prepared = prepared.pin_memory()
     inputs = adapter.to_device(prepared.inputs, for_prefill=True)
     base = adapter.model.model
     with torch.no_grad():
