@@ -57,7 +57,7 @@ in the file's ``failed`` and under the table while the measurements after it go 
    model's attention function, so on a GPU both attend one query on the KV heads), tokens/s and
    rows/s first, then the loop with only the prefill group's sequences in flight, with the other
    attention for one query position (transformers' ``repeat_kv`` on a GPU, the query packed on
-   the KV heads on the CPU), its static shapes, replies equal, host syncs per decode step and
+   the KV heads on the CPU), without cuDNN's attention (``--no-cudnn-attention``), its static shapes, replies equal, host syncs per decode step and
    decode steps over the cache's chunks.
 
     python benchmarks/bench_inference.py --n 4 8 9 12 --reps 5 --proxies --baseline-src /tmp/old/src
@@ -478,16 +478,42 @@ def steady_rows_per_s(seconds) -> float:
     return throughput(timed[len(timed) // 2:])["rows_per_s"]
 
 
+#: the inference settings an ``infer`` run of :func:`infer_throughput` records: the stage's defaults
+#: unless a comparison sets them
+COMPARED_SETTINGS = ("score_ahead", "decide_on_host", "vision_tower", "cudnn_attention")
+
+
+def compared_defaults() -> dict:
+    """:data:`COMPARED_SETTINGS` at infer's defaults (``InferenceSettings``)."""
+    import dataclasses
+
+    from ladbench.inference.runner import InferenceSettings
+    defaults = {f.name: f.default for f in dataclasses.fields(InferenceSettings)}
+    return {name: defaults[name] for name in COMPARED_SETTINGS}
+
+
+def setting_flags(settings: dict) -> list[str]:
+    """infer's flags for inference settings: ``--x`` / ``--no-x`` for a switch, ``--x value`` else."""
+    flags = []
+    for name, value in settings.items():
+        option = name.replace("_", "-")
+        flags += ([f"--{option}"] if value else [f"--no-{option}"]) if isinstance(value, bool) else [f"--{option}", str(value)]
+    return flags
+
+
 def infer_throughput(model_dir: str, n: int, batch: int, rows: int, image_size: int, device: str,
-                     workers: int | None = None, family: str | None = None, score_ahead: bool = True,
-                     decide_on_host: bool = True, vision_tower: str = "batched") -> dict:
+                     workers: int | None = None, family: str | None = None, **compared) -> dict:
     """``ladbench infer`` end to end (its own process): rows/s from the cache and the mean GPU
     utilisation over the whole process (start and model load included) and over its batches
-    alone (between its progress bar's first and last lines: the steady state). ``score_ahead``
-    False: one batch at a time (``--no-score-ahead``), the stage's way before 2026-11-27;
-    ``decide_on_host`` False: transformers reads the padding and the image-token count back
-    (``--no-decide-on-host``), the stage's way up to 22e72ef; ``vision_tower``: infer's
-    ``--vision-tower`` (compiled: its blocks under ``torch.compile``)."""
+    alone (between its progress bar's first and last lines: the steady state). ``compared``: any
+    of :data:`COMPARED_SETTINGS` other than infer's default, the way compared with the stage's
+    (``score_ahead=False``: one batch at a time, the stage's way before 2026-11-27;
+    ``decide_on_host=False``: transformers reads the padding and the image-token count back, its
+    way up to 22e72ef; ``vision_tower="compiled"``: the tower's blocks under ``torch.compile``;
+    ``cudnn_attention=False``: SDPA without cuDNN's attention); every one is recorded."""
+    unknown = set(compared) - set(COMPARED_SETTINGS)
+    if unknown:
+        raise ValueError(f"infer_throughput compares {', '.join(COMPARED_SETTINGS)}, not {', '.join(sorted(unknown))}")
     import h5py
     folder = scratch_folder("infer_")
     bench_path, images_path = _demo_inputs(folder, n, n_eval=rows, n_images=4 * n)
@@ -497,12 +523,7 @@ def infer_throughput(model_dir: str, n: int, batch: int, rows: int, image_size: 
            "--image-size", str(image_size), "--batch-size", str(batch), "--chunk-size", str(max(64, batch))]
     if workers is not None:
         cmd += ["--workers", str(workers)]
-    if not score_ahead:
-        cmd.append("--no-score-ahead")
-    if not decide_on_host:
-        cmd.append("--no-decide-on-host")
-    if vision_tower != "batched":
-        cmd += ["--vision-tower", vision_tower]
+    cmd += setting_flags(compared)
     with UtilisationSampler() as util:
         t0 = time.monotonic()
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -513,8 +534,7 @@ def infer_throughput(model_dir: str, n: int, batch: int, rows: int, image_size: 
         raise RuntimeError(f"ladbench infer failed:\n{''.join(line for _, line in lines)[-2000:]}")
     start, end = bar_window(lines, "infer bench/")
     with h5py.File(out, "r") as f:
-        return {"n": n, "batch": batch, "score_ahead": score_ahead, "decide_on_host": decide_on_host,
-                "vision_tower": vision_tower, "rows": int(f["done"][()].sum()),
+        return {"n": n, "batch": batch, **compared_defaults(), **compared, "rows": int(f["done"][()].sum()),
                 "rows_per_s": float(f.attrs["rows_per_s"]),
                 "rows_per_s_steady": steady_rows_per_s(f["seconds"][()]),
                 "wall_s": wall, "batches_wall_s": end - start, "gpu_util_mean": util.mean,
@@ -711,6 +731,7 @@ def _generation_variant(r: dict, model_dir: str, args: argparse.Namespace, save:
         save()
     measured("attention on the KV heads", attention_counts, runner, prepared, rows, ours, (ours_s, second_s),
              args.device)
+    measured("without cuDNN's attention", without_cudnn_counts, runner, prepared, rows, ours, args.device)
     if args.trace:
         measured("a decode step's profile", decode_step_trace, runner, prepared, args.device,
                  os.path.join(args.trace, f"{r['model']}-{r['variant']}-decode-step"))
@@ -860,6 +881,19 @@ def attention_counts(runner, prepared, rows: list[int], ours: dict, ours_s: tupl
             "attentions_same_replies": bool((out["text"] == ours["text"]).all())}
 
 
+def without_cudnn_counts(runner, prepared, rows: list[int], ours: dict, device: str) -> dict:
+    """The loop with cuDNN's attention left out of SDPA's choice (``inference.cudnn_attention:
+    false``): tokens/s in its first run over the rows and in its second, and whether its replies
+    equal the loop's. cuDNN builds a graph per new shape, and every decode step brings a new KV
+    length: a first run pays that, a second (the same lengths again) does not. On the CPU, which
+    has no cuDNN attention, the mechanics only."""
+    tokens = int(ours["n_generated"].sum())
+    out, first, _ = _timed_decode(runner, prepared, rows, device, decode="slots", cudnn_attention=False)
+    _, second, _ = _timed_decode(runner, prepared, rows, device, warm_up=False, decode="slots", cudnn_attention=False)
+    return {"no_cudnn_tokens_per_s": tokens / first, "no_cudnn_second_run_tokens_per_s": tokens / second,
+            "no_cudnn_same_replies": bool((out["text"] == ours["text"]).all())}
+
+
 def decode_step_trace(runner, prepared, device: str, stem: str) -> dict:
     """One decode step of a run of the loop over ``prepared`` under ``torch.profiler``: the 8th (its
     sequences in flight by then), or the middle one of the longest reply if shorter;
@@ -925,6 +959,9 @@ GENERATION_COLUMNS: tuple[tuple[str, Callable[[dict], str]], ...] = (
      lambda r: f"{r['repeat_kv_tokens_per_s']:.1f} / {r['packed_tokens_per_s']:.1f}; "
                f"{r['repeat_kv_second_run_tokens_per_s']:.1f} / {r['packed_second_run_tokens_per_s']:.1f} "
                f"({r['attentions_same_replies']})"),
+    ("without cuDNN's attention, tokens/s: first run; second (replies equal)",
+     lambda r: f"{r['no_cudnn_tokens_per_s']:.1f}; {r['no_cudnn_second_run_tokens_per_s']:.1f} "
+               f"({r['no_cudnn_same_replies']})"),
     ("KV positions copied per token: ours / static",
      lambda r: f"{r['ours_kv_copies_per_token']:.0f} / {r['static_kv_copies_per_token']:.0f}"),
 )
@@ -1098,7 +1135,8 @@ def _gpu_architecture(model_dir: str, args: argparse.Namespace, r: dict, save: C
             for wanted, what, compared in ((args.one_at_a_time, "one batch at a time", {"score_ahead": False}),
                                            (args.read_back, "with transformers' read-backs", {"decide_on_host": False}),
                                            (args.compiled_vision, "with the vision blocks compiled",
-                                            {"vision_tower": "compiled"})):
+                                            {"vision_tower": "compiled"}),
+                                           (args.no_cudnn, "without cuDNN's attention", {"cudnn_attention": False})):
                 if wanted and (n, batch) == (args.n[0], args.batches[0]):                  # the ratio, in this run
                     measured("throughput", f"infer rows/s {what} at N = {n}, batch {batch}", infer_throughput,
                              model_dir, n, batch, args.gpu_rows, args.image_size, args.device, args.workers,
@@ -1113,10 +1151,11 @@ def _gpu_architecture(model_dir: str, args: argparse.Namespace, r: dict, save: C
 
 def scoring_way(run: dict) -> str:
     """How an ``infer`` run of :func:`infer_throughput` scored (files written before 8de17fa lack ``decide_on_host``,
-    older ones ``vision_tower`` too)."""
+    older ones ``vision_tower`` and ``cudnn_attention`` too)."""
     way = "one batch ahead" if run.get("score_ahead", True) else "one at a time"
     way = way if run.get("decide_on_host", True) else f"{way}, transformers reads back"
-    return way if run.get("vision_tower", "batched") == "batched" else f"{way}, vision tower {run['vision_tower']}"
+    way = way if run.get("vision_tower", "batched") == "batched" else f"{way}, vision tower {run['vision_tower']}"
+    return way if run.get("cudnn_attention", True) else f"{way}, no cuDNN attention"
 
 
 def gpu_tables(results: dict) -> str:
@@ -1183,6 +1222,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--compiled-vision", action="store_true",
                    help="GPU part: at the first N and batch, also run infer with the vision tower's blocks compiled "
                         "(--vision-tower compiled)")
+    p.add_argument("--no-cudnn", action="store_true",
+                   help="GPU part: at the first N and batch, also run infer with cuDNN's attention left out of SDPA's "
+                        "choice (--no-cudnn-attention)")
     p.add_argument("--gpu-rows", type=int, default=128, help="GPU part: rows per infer run (128)")
     p.add_argument("--generation", action="store_true",
                    help="part 5: CoT and SC through the decode loop against plain generate (tiny model on the CPU, "

@@ -10,9 +10,10 @@ study reply of 1,024 tokens ends near 1,900 positions), with the decode loop's b
 mask [B, 1, 1, Tk] and without one. Each timing is one step: the call once per layer (36 for
 Qwen2.5-VL-3B, 28 for InternVL3-8B's Qwen2.5-7B), alternating the ways, the minimum of the
 repetitions; the ratio repeat_kv / packed (above 1: packing wins). Each way also runs with cuDNN's
-attention left out of SDPA's choice (``sdpa_kernel``), and, with the mask, over fresh shapes: a
-decode loop meets a KV length it has not seen at every step, and cuDNN builds a graph per new shape
-(public reports: hundreds of ms each), a cost the warm timings never see; ``--fresh-steps`` steps
+attention left out of SDPA's choice (``models/kernels.attention_backends``: infer's
+``--no-cudnn-attention``), and, with the mask, over fresh shapes: a decode loop meets a KV
+length it has not seen at every step, and cuDNN builds a graph per new shape (public reports:
+hundreds of ms each), a cost the warm timings never see; ``--fresh-steps`` steps
 of lengths just past each timed one, each step once, their mean. bfloat16 on a GPU, float32 on the
 CPU (where cuDNN is not in the choice). Seconds, no model to build.
 
@@ -25,10 +26,10 @@ import json
 import time
 
 import torch
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from bench_patch_embed import seconds
 from ladbench.models.attention import one_query_attention
+from ladbench.models.kernels import attention_backends
 
 #: (layers, query heads, KV heads, head dim) of the language models
 SHAPES = {
@@ -37,8 +38,6 @@ SHAPES = {
 }
 BATCHES = (4, 16, 64)
 KEYS = (512, 1024, 2048, 4096)
-#: SDPA's backends but cuDNN's attention
-NOT_CUDNN = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 class _Attention(torch.nn.Module):
@@ -73,7 +72,7 @@ def ways(shape: tuple, query, key, value, mask) -> dict:
 
     def without_cudnn(call):
         def run():
-            with sdpa_kernel(NOT_CUDNN):
+            with attention_backends(cudnn=False):            # what --no-cudnn-attention runs
                 return call()
         return run
     return {**calls, **{f"{name}_no_cudnn": without_cudnn(call) for name, call in calls.items()}}

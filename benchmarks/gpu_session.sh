@@ -7,11 +7,12 @@
 #   cot, sc   Qwen2.5-VL-3B at the paper's batch size 4 (CoT 64 rows; SC 16 rows x 10 samples):
 #             the decode loop at its GPU default of 64 sequences in flight, its first run over the
 #             rows (shapes new to the kernels) and its second, against plain generate on the same
-#             rows (tokens/s, rows/s), then the loop with only the prefill group's 4 x S in flight,
-#             with transformers' repeat_kv attention instead of the one query packed on the KV
-#             heads, its static shapes, replies equal, one decode step's profile (traces/), host
-#             syncs, KV copies, and the rows in chunks of 8 one chunk at a time against one loop
-#             across them: generation_cot.json, generation_sc.json
+#             rows (tokens/s, rows/s), then the loop with transformers' repeat_kv attention instead
+#             of the one query packed on the KV heads, without cuDNN's attention (each a first run
+#             and a second), one decode step's profile (traces/), the loop with only the prefill
+#             group's 4 x S in flight, its static shapes, replies equal, host syncs, KV copies, and
+#             the rows in chunks of 8 one chunk at a time against one loop across them:
+#             generation_cot.json, generation_sc.json
 #   internvl_gen  InternVL3-8B (an 8B decoder, as the study's other two models have): CoT (32 rows)
 #             and SC (16 rows x 10 samples), each with 150 s, through the decode loop against plain
 #             generate: the measurements of cot and sc in their order, each file rewritten as they
@@ -21,9 +22,10 @@
 #             trace: scoring_internvl.json (about 5 minutes: a second call when the device budget allows)
 #   scoring   Qwen2.5-VL-3B: infer rows/s and GPU utilisation at N = 4 and 8, batch 32 (at N = 4
 #             also one batch at a time, --no-score-ahead, with transformers' read-backs,
-#             --no-decide-on-host, and with the vision blocks compiled, --vision-tower compiled), and
-#             the per-row split at batch 8 with one torch.profiler trace per N (traces/): scoring.json
-#             (measured on an H200 2026-11-27, before the read-backs went; 320 s)
+#             --no-decide-on-host, with the vision blocks compiled, --vision-tower compiled, and
+#             without cuDNN's attention, --no-cudnn-attention), and the per-row split at batch 8 with
+#             one torch.profiler trace per N (traces/): scoring.json (measured on an H200 2026-11-27,
+#             before the read-backs went; 380 s)
 #   patch     the patch embedding as cuDNN's Conv3d against one matrix product (bench_patch_embed.py,
 #             30 s): patch_embed.json (measured on an H200 2026-11-27)
 #   widths    products of an unaligned width as shipped against the same weights padded: Qwen2.5-VL's
@@ -146,8 +148,8 @@ for part in "${parts[@]}"; do
       done ;;
     internvl) run scoring_internvl 300 --arch internvl3_8b --n 4 --gpu-parts throughput split --batches "$internvl_batch" \
                --gpu-rows "$scoring_rows" --trace "$out/traces" --read-back ;;
-    scoring) run scoring 320 --arch qwen2_5_vl_3b --n 4 8 --gpu-parts throughput split --batches "$scoring_batch" \
-               --gpu-rows "$scoring_rows" --trace "$out/traces" --one-at-a-time --read-back --compiled-vision ;;
+    scoring) run scoring 380 --arch qwen2_5_vl_3b --n 4 8 --gpu-parts throughput split --batches "$scoring_batch" \
+               --gpu-rows "$scoring_rows" --trace "$out/traces" --one-at-a-time --read-back --compiled-vision --no-cudnn ;;
     patch) limited patch_embed 30 "$python" benchmarks/bench_patch_embed.py --device "$device" "${patch_args[@]}" ;;
     widths) limited aligned_widths 40 "$python" benchmarks/bench_aligned_widths.py --device "$device" "${widths_args[@]}" ;;
     vision) limited vision_block 90 "$python" benchmarks/bench_vision_block.py --device "$device" "${vision_args[@]}" ;;

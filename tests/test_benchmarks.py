@@ -205,6 +205,8 @@ def test_bench_inference_generation_counts_the_decode_loop_against_generate(tmp_
         assert r["group_decode_steps"] > 0 and r["group_tokens_per_s"] > 0
         # the other attention for one query position (here the GPU's, packed on the KV heads)
         assert r["packed_tokens_per_s"] > 0 and r["repeat_kv_tokens_per_s"] == r["ours_tokens_per_s"]
+        # without cuDNN's attention (the CPU has none: the same kernels, the same replies)
+        assert r["no_cudnn_same_replies"] and r["no_cudnn_second_run_tokens_per_s"] > 0
     assert rows["sc"]["plain_prefilled_rows_per_row"] == 2 and rows["cot"]["plain_prefilled_rows_per_row"] == 1
     assert [cells[:3] for cells in table_rows(out, "sc")] == [["sc", "8 x 2", "cpu"]]
 
@@ -227,7 +229,7 @@ def test_bench_inference_generation_saves_the_ratio_to_generate_first(tiny_model
     """A lent GPU's minutes are few and a part may run out of time: the generation benchmark saves
     after each measurement, the loop against plain ``generate`` first (the issue's ratio; the loop
     run twice, its first run and its second), then the other one-query attention (twice too), the
-    prefill group's width, the static shapes, the replies' equality, the host syncs, the chunks;
+    loop without cuDNN's attention (twice too), the prefill group's width, the static shapes, the replies' equality, the host syncs, the chunks;
     each save holds everything the earlier ones did."""
     bench = load_script("bench_inference")
     args = bench.parser().parse_args(["--generation", "--n", "4", "--image-size", "56", "--threads", "1",
@@ -241,9 +243,10 @@ def test_bench_inference_generation_saves_the_ratio_to_generate_first(tiny_model
             "ours_second_run_tokens_per_s"} <= first
     assert not first & {"group_tokens_per_s", "packed_tokens_per_s", "static_tokens_per_s", "same_replies",
                         "syncs_per_step_max", "streamed_decode_steps", "decode_step_trace"}   # no --trace
-    assert all(earlier < later for earlier, later in zip(saved, saved[1:])) and len(saved) == 7
-    assert {"packed_tokens_per_s", "repeat_kv_second_run_tokens_per_s"} <= saved[1] and "group_tokens_per_s" in saved[2]
-    assert "static_tokens_per_s" in saved[3] and "same_replies" in saved[4]
+    assert all(earlier < later for earlier, later in zip(saved, saved[1:])) and len(saved) == 8
+    assert {"packed_tokens_per_s", "repeat_kv_second_run_tokens_per_s"} <= saved[1]
+    assert {"no_cudnn_tokens_per_s", "no_cudnn_second_run_tokens_per_s"} <= saved[2] and "group_tokens_per_s" in saved[3]
+    assert "static_tokens_per_s" in saved[4] and "same_replies" in saved[5]
     assert results[0]["model"] == "tiny" and results[0]["same_replies"] and results[0]["group_same_replies"]
     # what ladbench plan reads of a run stopped after its first save: the loop's rate at its width
     from ladbench.plan import _generation_rates
@@ -410,14 +413,16 @@ def test_gpu_session_script_runs_its_commands_on_the_cpu(tmp_path):
     for name, arch, ns in (("scoring", "qwen2_5_vl_3b", [4, 8]), ("scoring_internvl", "internvl3_8b", [4])):
         scoring = json.loads((out / f"{name}.json").read_text())["gpu"][arch]
         # 8 rows (--gpu-rows) beside the calibration pool's N
-        # at its first N, the Qwen part also runs one batch at a time (--one-at-a-time) and with its vision
-        # blocks compiled (--compiled-vision), and both parts with transformers' read-backs (--read-back)
-        ways = [(t["n"], t["rows"] - t["n"], t["score_ahead"], t["decide_on_host"], t["vision_tower"])
-                for t in scoring["throughput"]]
+        # at its first N, the Qwen part also runs one batch at a time (--one-at-a-time), with its vision
+        # blocks compiled (--compiled-vision) and without cuDNN's attention (--no-cudnn), and both parts
+        # with transformers' read-backs (--read-back)
+        ways = [(t["n"], t["rows"] - t["n"], t["score_ahead"], t["decide_on_host"], t["vision_tower"],
+                 t["cudnn_attention"]) for t in scoring["throughput"]]
         qwen = name == "scoring"
-        assert ways == ([(4, 8, True, True, "batched")] + [(4, 8, False, True, "batched")] * qwen
-                        + [(4, 8, True, False, "batched")] + [(4, 8, True, True, "compiled")] * qwen
-                        + [(n, 8, True, True, "batched") for n in ns[1:]])
+        assert ways == ([(4, 8, True, True, "batched", True)] + [(4, 8, False, True, "batched", True)] * qwen
+                        + [(4, 8, True, False, "batched", True)] + [(4, 8, True, True, "compiled", True)] * qwen
+                        + [(4, 8, True, True, "batched", False)] * qwen
+                        + [(n, 8, True, True, "batched", True) for n in ns[1:]])
         assert [s["n"] for s in scoring["split"]] == ns
         assert all(Path(s["trace"]["chrome_trace"]).is_file() for s in scoring["split"])
         assert all(0 < t["batches_wall_s"] < t["wall_s"] for t in scoring["throughput"])     # its bar was read

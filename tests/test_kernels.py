@@ -291,6 +291,48 @@ def test_a_model_scores_the_same_with_its_rms_norms_fused_and_its_last_row_on_th
     assert after["greedy_tokens"].tolist() == before["greedy_tokens"].tolist()
 
 
+def test_sdpa_without_cudnn_is_every_backend_but_cudnns_for_the_block():
+    """``attention_backends(cudnn=False)``: cuDNN's attention off inside the block, the others as
+    they were, and everything as before after it; ``cudnn=True`` touches nothing."""
+    cuda = torch.backends.cuda
+    flags = (cuda.cudnn_sdp_enabled, cuda.flash_sdp_enabled, cuda.mem_efficient_sdp_enabled, cuda.math_sdp_enabled)
+    before = [flag() for flag in flags]
+    assert before[0]                                            # torch's default: cuDNN in the choice
+    with kernels.attention_backends(cudnn=True):
+        assert [flag() for flag in flags] == before
+    with kernels.attention_backends(cudnn=False):
+        assert [flag() for flag in flags] == [False, *before[1:]]
+    assert [flag() for flag in flags] == before
+
+
+@pytest.mark.parametrize("prompt", ["vanilla", "cot"])
+def test_the_runner_leaves_cudnn_out_of_the_models_work_when_asked(prompt, tiny_adapter, tmp_path):
+    """``inference.cudnn_attention: false``: every decoder forward of a scoring batch (prefill and
+    continuations) and of the decode loop runs with cuDNN's attention out of SDPA's choice, and only
+    those; on the CPU (no cuDNN attention) the results are the same."""
+    import dataclasses
+
+    from conftest_models import demo_runner
+    from ladbench.variants import variant
+    adapter = tiny_adapter("qwen2_5_vl")
+    options = dataclasses.replace(variant(prompt).options(), max_new_tokens=6) if prompt == "cot" else None
+    seen: dict[bool, set[bool]] = {True: set(), False: set()}
+    results = {}
+    for cudnn in (True, False):
+        hook = adapter.decoder_layers()[0].register_forward_pre_hook(
+            lambda module, args, cudnn=cudnn: seen[cudnn].add(torch.backends.cuda.cudnn_sdp_enabled()))
+        try:
+            runner = demo_runner(adapter, tmp_path / str(cudnn), 4, prompt=prompt, options=options,
+                                 cudnn_attention=cudnn)
+            prepared = runner.prepare([0, 3])
+            results[cudnn] = runner.score_batch(prepared) if prompt == "vanilla" else runner.generate_batch(prepared)
+        finally:
+            hook.remove()
+    assert seen == {True: {True}, False: {False}} and torch.backends.cuda.cudnn_sdp_enabled()
+    for key, value in results[True].items():
+        np.testing.assert_array_equal(results[False][key], value, err_msg=key)
+
+
 class _HostReads(TorchDispatchMode):
     """Counts reads of a tensor's value by the host (``.item()``, ``bool()``: aten's local scalar)."""
 

@@ -133,10 +133,18 @@ def read_bench_rates(spec: str) -> tuple[str, BenchRates]:
     gpu = document.get("gpu_name")
     return model, BenchRates(
         f"{path}#{arch}" + (f" ({gpu})" if isinstance(gpu, str) and gpu else ""),
-        tuple(rate for e in scoring.get(arch, []) if e.get("score_ahead", True) and e.get("decide_on_host", True)
-              # the stage's own way, not the ways it is compared with
-              for rate in _scoring_rates(e)),
+        tuple(rate for e in scoring.get(arch, []) if _stage_way(e) for rate in _scoring_rates(e)),
         tuple(rate for e in generation if e.get("model") == arch for rate in _generation_rates(e)))
+
+
+def _stage_way(entry: dict) -> bool:
+    """Whether a benchmark's ``infer`` run ran the stage's own way, not a way it is compared with:
+    every inference setting it records (``score_ahead``, ``vision_tower``...) at its default."""
+    from dataclasses import MISSING, fields
+
+    from ladbench.inference.runner import InferenceSettings
+    defaults = {f.name: f.default for f in fields(InferenceSettings) if f.default is not MISSING}
+    return all(entry[name] == default for name, default in defaults.items() if name in entry)
 
 
 def _scoring_rates(entry: dict) -> list[tuple[int, int, float, str]]:

@@ -123,6 +123,11 @@ class InferenceSettings(Settings):
         "the same features); compiled: batched, each block under torch.compile (its elementwise work fused; the "
         "rounding may differ; the first batches pay the compilation); native: transformers' own, for comparison",
         choices=VISION_TOWERS, group=EXECUTION_GROUP, hashed=False)
+    cudnn_attention: bool = setting(
+        True, "on a GPU, whether torch's SDPA may choose cuDNN's attention kernel (torch's own choice); false leaves "
+        "it out (flash, memory-efficient or math kernels), for comparison: cuDNN builds a graph for every new shape, "
+        "and a decode loop meets a new KV length at every step (the same arithmetic; the rounding may differ)",
+        group=EXECUTION_GROUP, hashed=False)
     score_ahead: bool = setting(
         True, "scoring: queue each batch on the device before reading back the one before, so that a GPU runs the "
         "next batch while the host scores and writes one (the same results); false: one batch at a time, for "
@@ -440,19 +445,25 @@ class RowRunner:
         modules = ad.attention_modules()
         hook = self.s.variant.prefill_hook           # e.g. SoFA's attention masks
         prefill_ctx = hook(ad, inputs, modules, self.s.options) if hook else contextlib.nullcontext()
-        with LastRowCapture(modules, seg, n + 2) as cap, prefill_ctx:
-            logits, state = ad.prefill(inputs, use_cache=len(self.nodes) > 1 or self.s.greedy_reply)
-        on_device = {"mass": cap.masses()}                               # [B, L, H, N + 2]
-        if cap.applied_windows() != ad.attention_windows():    # the cache's attention_windows is what ran
-            raise RuntimeError(f"the attention kernels applied sliding windows {cap.applied_windows()}, not the "
-                               f"{ad.attention_windows()} the model's adapter states")
-        columns, paths = self.node_tensors(logits.device)
-        for i, node in enumerate(self.nodes):
-            node_logits = logits if i == 0 else ad.continue_logits(state, paths[node].repeat(len(logits), 1))
-            on_device[node] = node_logits[:, columns[node]]
-        if self.s.greedy_reply:       # the reference's Vanilla readout (greedy.py); ids are exact in float32
-            on_device["greedy"] = greedy_reply_tokens(ad, logits, state, inputs)
+        with self.attention_backends():
+            with LastRowCapture(modules, seg, n + 2) as cap, prefill_ctx:
+                logits, state = ad.prefill(inputs, use_cache=len(self.nodes) > 1 or self.s.greedy_reply)
+            on_device = {"mass": cap.masses()}                               # [B, L, H, N + 2]
+            if cap.applied_windows() != ad.attention_windows():    # the cache's attention_windows is what ran
+                raise RuntimeError(f"the attention kernels applied sliding windows {cap.applied_windows()}, not the "
+                                   f"{ad.attention_windows()} the model's adapter states")
+            columns, paths = self.node_tensors(logits.device)
+            for i, node in enumerate(self.nodes):
+                node_logits = logits if i == 0 else ad.continue_logits(state, paths[node].repeat(len(logits), 1))
+                on_device[node] = node_logits[:, columns[node]]
+            if self.s.greedy_reply:       # the reference's Vanilla readout (greedy.py); ids are exact in float32
+                on_device["greedy"] = greedy_reply_tokens(ad, logits, state, inputs)
         return LaunchedScores(len(batch.rows), int(logits.shape[-1]), HostCopy(on_device))
+
+    def attention_backends(self) -> contextlib.AbstractContextManager:
+        """SDPA's kernels for the model's work (``cudnn_attention``: models/kernels.attention_backends)."""
+        from ladbench.models.kernels import attention_backends
+        return attention_backends(self.s.cudnn_attention)
 
     def node_tensors(self, device) -> tuple[dict, dict]:
         """The trie nodes' logit columns and token paths ([1, k]) as tensors on ``device``, made
@@ -509,13 +520,15 @@ class RowRunner:
         if self.s.decode != "generate" and self.generate_reason is None:
             skipped = unreproduced_options(self.adapter)
             self.generate_reason = f"its generation config sets {', '.join(skipped)}" if skipped else None
-        if self.s.decode != "generate" and self.generate_reason is None:
-            unfinished = yield from self._decode_chunks(batches)
-            if self.generate_reason:
-                log.warning("generating through transformers' generate: %s", self.generate_reason)
-            batches = itertools.chain(unfinished, batches)
-        for batch in batches:
-            yield batch, self._generated(batch.rows, *self._generate_groups(batch.rows, batch.group_size))
+        # (held across the yields: the stage writes the replies between them, on the host)
+        with self.attention_backends():
+            if self.s.decode != "generate" and self.generate_reason is None:
+                unfinished = yield from self._decode_chunks(batches)
+                if self.generate_reason:
+                    log.warning("generating through transformers' generate: %s", self.generate_reason)
+                batches = itertools.chain(unfinished, batches)
+            for batch in batches:
+                yield batch, self._generated(batch.rows, *self._generate_groups(batch.rows, batch.group_size))
 
     def _sequence_keys(self, rows: Sequence[int]):
         """The sampling keys of the rows' sequences, row-major (None: a greedy variant)."""

@@ -41,10 +41,12 @@ path anyway (README, "Fidelity on a GPU"), and these choices are tested for equa
 """
 from __future__ import annotations
 
+import contextlib
 import types
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 #: the device types the choices are made on (CUDA GPUs)
 GPU_KERNEL_DEVICES = ("cuda",)
@@ -246,4 +248,18 @@ def use_fused_rms_norms(model: torch.nn.Module) -> int:
         module.forward = types.MethodType(_fused_rms_norm_forward, module)
         changed += 1
     return changed
+
+
+#: SDPA's backends but cuDNN's attention (``inference.cudnn_attention: false``)
+SDPA_BUT_CUDNN = (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)
+
+
+def attention_backends(cudnn: bool) -> contextlib.AbstractContextManager:
+    """SDPA's choice of kernel for a block: torch's own (``cudnn``), or every backend but cuDNN's
+    attention, which builds a graph per new shape of its inputs (public reports: up to hundreds
+    of ms each), where a decode loop meets a new KV length at every step and a scoring pass a new
+    padded length at every batch. Not a kernel choice of the GPU's (no GPU has yet shown which
+    pays): the setting ``inference.cudnn_attention`` asks for it. The CPU has no cuDNN attention:
+    nothing changes there."""
+    return contextlib.nullcontext() if cudnn else sdpa_kernel(list(SDPA_BUT_CUDNN))
 
