@@ -263,6 +263,32 @@ def test_only_norms_of_transformers_rms_formula_are_fused_and_only_on_a_gpu(monk
             torch.testing.assert_close(module(x), before[name], atol=1e-6, rtol=1e-6)
 
 
+def test_a_norm_accelerate_hooked_keeps_its_hook_when_fused(monkeypatch):
+    """A model spread over several GPUs (``device_map="auto"``) has accelerate's hooks on some
+    modules, which move the inputs to the module's device before its forward: the fused norm runs
+    under the hook, not instead of it (likewise the patch embedding: ``replace_forward``)."""
+    from accelerate.hooks import ModelHook, add_hook_to_module
+
+    class Counting(ModelHook):
+        calls = 0
+
+        def pre_forward(self, module, *args, **kwargs):
+            Counting.calls += 1
+            return args, kwargs
+    torch.manual_seed(0)
+    norm = _qwen_rms_norm(16)
+    add_hook_to_module(norm, Counting())
+    x = torch.randn(3, 16)
+    fused, formula = [], kernels.fused_rms_norm
+    monkeypatch.setattr(kernels, "fused_rms_norm", lambda *args: fused.append(1) or formula(*args))
+    monkeypatch.setattr(kernels, "fused_rms_norm_on", lambda device: True)
+    assert kernels.use_fused_rms_norms(norm) == 1
+    Counting.calls, fused[:] = 0, []
+    with torch.no_grad():
+        norm(x)
+    assert Counting.calls == 1 and fused == [1]
+
+
 @pytest.mark.slow
 @pytest.mark.lanes
 @pytest.mark.parametrize("family", FAMILIES)

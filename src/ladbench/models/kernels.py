@@ -90,13 +90,25 @@ def _patch_embedding_forward(conv: torch.nn.Conv3d, pixels: torch.Tensor) -> tor
     return type(conv).forward(conv, pixels)            # the CPU, and inputs of several patches a row
 
 
+def replace_forward(module: torch.nn.Module, forward) -> None:
+    """Make ``module`` run ``forward(module, ...)``: the instance's ``forward``, or, where accelerate
+    has hooked the module (``device_map="auto"`` over several GPUs: its hook moves the inputs to
+    the module's device, then calls ``_old_forward``), the forward the hook calls, so that the hook
+    stays. The class is left alone."""
+    bound = types.MethodType(forward, module)
+    if getattr(module, "_hf_hook", None) is not None and hasattr(module, "_old_forward"):
+        module._old_forward = bound
+    else:
+        module.forward = bound
+
+
 def use_linear_patch_embedding(model: torch.nn.Module) -> int:
     """Make every patch embedding of ``model`` (:func:`is_patch_embedding`) run as a matrix product
     on a GPU whenever it is handed one patch per row; elsewhere it stays the convolution. The
     instances change, not their classes; the weights stay as loaded. Returns how many changed."""
     convs = [m for m in model.modules() if is_patch_embedding(m)]
     for conv in convs:
-        conv.forward = types.MethodType(_patch_embedding_forward, conv)
+        replace_forward(conv, _patch_embedding_forward)
     return len(convs)
 
 
@@ -245,7 +257,7 @@ def use_fused_rms_norms(model: torch.nn.Module) -> int:
         if eps is None or not fused_rms_norm_on(module.weight.device) or not is_rms_norm(module):
             continue
         module.__dict__["_ladbench_eps"] = eps
-        module.forward = types.MethodType(_fused_rms_norm_forward, module)
+        replace_forward(module, _fused_rms_norm_forward)
         changed += 1
     return changed
 
