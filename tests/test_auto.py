@@ -162,6 +162,32 @@ def test_architecture_passes_what_every_family_passes(arch, auto_adapter, tmp_pa
     _check_spans(adapter, BUILDS[arch].span_ends)
 
 
+#: architectures whose norms compute another formula than transformers' RMSNorm (Gemma's and
+#: Qwen3.5's ``1 + weight``, Cohere's LayerNorm): the probe leaves them as they are
+OTHER_NORMS = {"aya_vision", "cohere2_vision", "gemma3", "paligemma", "qwen3_5", "qwen3_5_moe", "qwen4_exp"}
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_architecture_scores_the_same_with_the_gpus_norms_and_last_row(arch, auto_adapter, tiny_arch_model, tmp_path,
+                                                                       monkeypatch):
+    """Two of a GPU's kernel choices forced on the CPU (models/kernels.py), on every architecture:
+    the RMSNorms the probe finds fused (all of an architecture's norms, or none where their formula
+    is another) and the captured last row with the query packed on the KV heads; the scores within
+    1e-5 and the attention masses within 1e-6 of the same model's without them."""
+    from ladbench.models import attention, kernels, load_adapter
+    from ladbench.models.tiny_archs import given_chat_template
+    before = demo_runner(auto_adapter(arch), tmp_path / "shipped", 4).score_batch([0, 3])
+    monkeypatch.setattr(kernels, "fused_rms_norm_on", lambda device: True)
+    monkeypatch.setattr(attention, "packs_on", lambda device: True)
+    folder = tiny_arch_model(arch)
+    adapter = load_adapter("auto", folder, device="cpu", dtype="float32", chat_template=given_chat_template(folder))
+    norms = [m for m in adapter.model.modules() if kernels.rms_norm_epsilon(m) is not None]
+    assert adapter.fused_norms == (0 if arch in OTHER_NORMS else len(norms)) and norms
+    after = demo_runner(adapter, tmp_path / "gpu", 4).score_batch([0, 3])
+    np.testing.assert_allclose(after["scores"], before["scores"], atol=1e-5, rtol=0)
+    np.testing.assert_allclose(after["attn"], before["attn"], atol=1e-6, rtol=0)
+
+
 @pytest.mark.parametrize("family", FAMILY_BUILDS_AUTO_RUNS)
 def test_auto_writes_the_family_adapters_cache(family, tiny_adapter, auto_adapter, tmp_path):
     """On a hand-written family's tiny build, ``family: auto`` writes the family adapter's
