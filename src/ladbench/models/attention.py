@@ -3,10 +3,11 @@
 The model runs with SDPA (the fused kernel; no T x T attention matrix is kept). For every
 captured decoder layer, a registered attention function additionally computes the ONE
 attention row the method needs, that of the last query position (METHOD §3), from the
-same post-rotary query/key states, grouped KV heads expanded (on a GPU the query heads packed
-on them instead), the same mask and scaling the kernel sees, and reduces it at once to the attention mass per token segment (one
-segment per image span, one for all other text tokens, one for padding). Cost per layer:
-H x T dot products, against H x T x T for the kernel; memory: L x H x (N + 2) numbers.
+same post-rotary query/key states, grouped KV heads expanded (on a GPU the query heads
+packed on them instead), the same mask and scaling the kernel sees, and reduces it at once
+to the attention mass per token segment (one segment per image span, one for all other
+text tokens, one for padding). Cost per layer: H x T dot products, against H x T x T for
+the kernel; memory: L x H x (N + 2) numbers.
 
 The function is registered under :data:`CAPTURE_ATTENTION` in transformers'
 ``AttentionInterface`` AND ``AttentionMaskInterface`` (without the latter, transformers
