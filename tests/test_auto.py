@@ -162,17 +162,22 @@ def test_architecture_passes_what_every_family_passes(arch, auto_adapter, tmp_pa
     _check_spans(adapter, BUILDS[arch].span_ends)
 
 
-#: architectures whose norms compute another formula than transformers' RMSNorm (Gemma's and
-#: Qwen3.5's ``1 + weight``, Cohere's LayerNorm): the probe leaves them as they are
-OTHER_NORMS = {"aya_vision", "cohere2_vision", "gemma3", "paligemma", "qwen3_5", "qwen3_5_moe", "qwen4_exp"}
+#: norms of one weight and an epsilon that are not RMSNorms of the whole width: Cohere's centred
+#: LayerNorm, Qwen3.5's gated norms (they need the gate) and a norm over groups of the width (Qwen4's
+#: hyper-connection norm, ``group_size``); the probe leaves them as they are
+NOT_RMS_NORMS = {"Cohere2LayerNorm", "Qwen3_5RMSNormGated", "Qwen3_5MoeRMSNormGated", "Qwen4ExpTextRMSNormGated"}
+
+
+def _an_rms_norm(module) -> bool:
+    return type(module).__name__ not in NOT_RMS_NORMS and getattr(module, "group_size", None) is None
 
 
 @pytest.mark.parametrize("arch", ARCHITECTURES)
 def test_architecture_scores_the_same_with_the_gpus_norms_and_last_row(arch, auto_adapter, tiny_arch_model, tmp_path,
                                                                        monkeypatch):
     """Two of a GPU's kernel choices forced on the CPU (models/kernels.py), on every architecture:
-    the RMSNorms the probe finds fused (all of an architecture's norms, or none where their formula
-    is another) and the captured last row with the query packed on the KV heads; the scores within
+    every RMSNorm fused in its own formula (Gemma's and Qwen3.5's ``1 + weight`` included; a centred
+    LayerNorm, a gated norm and a grouped one left as they are) and the captured last row with the query packed on the KV heads; the scores within
     1e-5 and the attention masses within 1e-6 of the same model's without them."""
     from ladbench.models import attention, kernels, load_adapter
     from ladbench.models.tiny_archs import given_chat_template
@@ -182,7 +187,7 @@ def test_architecture_scores_the_same_with_the_gpus_norms_and_last_row(arch, aut
     folder = tiny_arch_model(arch)
     adapter = load_adapter("auto", folder, device="cpu", dtype="float32", chat_template=given_chat_template(folder))
     norms = [m for m in adapter.model.modules() if kernels.rms_norm_epsilon(m) is not None]
-    assert adapter.fused_norms == (0 if arch in OTHER_NORMS else len(norms)) and norms
+    assert adapter.fused_norms == sum(map(_an_rms_norm, norms)) and norms
     after = demo_runner(adapter, tmp_path / "gpu", 4).score_batch([0, 3])
     np.testing.assert_allclose(after["scores"], before["scores"], atol=1e-5, rtol=0)
     np.testing.assert_allclose(after["attn"], before["attn"], atol=1e-6, rtol=0)

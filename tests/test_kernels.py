@@ -201,16 +201,53 @@ def _qwen_rms_norm(width: int, dtype: torch.dtype = torch.float32, eps: float = 
     return norm
 
 
+def _gemma_rms_norm(width: int, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    """transformers' Gemma 3 RMSNorm (``1 + weight`` in float32, then one rounding), random weight."""
+    from transformers.models.gemma3.modeling_gemma3 import Gemma3RMSNorm
+
+    norm = Gemma3RMSNorm(width).to(dtype)
+    with torch.no_grad():
+        norm.weight.normal_()
+    return norm
+
+
+class _ScaledInFloat32(torch.nn.Module):
+    """Gemma 4's RMSNorm (transformers 5.x only): the weight applied in float32, then one rounding."""
+
+    def __init__(self, width: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(width).to(dtype))
+        self.eps = 1e-6
+
+    def forward(self, x):
+        normed = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + self.eps)
+        return (normed * self.weight.float()).type_as(x)
+
+
+#: a norm of each formula (``kernels.RMS_NORM_FORMULAS``) and the offset the probe must find
+NORMS_BY_FORMULA = {"qwen": (_qwen_rms_norm, None), "gemma": (_gemma_rms_norm, 1.0),
+                    "weight in float32": (_ScaledInFloat32, 0.0)}
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_the_fused_rms_norm_gives_transformers_bits_on_the_cpu(dtype):
-    """Normalised in one kernel, in float32, rounded once, then the weight as transformers applies
-    it: on the CPU the very bits of transformers' norm, rows of magnitudes 1e-3 to 1e2 (where the
-    epsilon dominates and where it does not). On a GPU only the sum's order may differ."""
+@pytest.mark.parametrize("kind", NORMS_BY_FORMULA)
+def test_each_norm_is_fused_in_its_own_formula_with_its_bits_on_the_cpu(kind, dtype, monkeypatch):
+    """Normalised in one kernel, in float32, then the weight as the module applies it (after the
+    rounding, or in float32 before it, Gemma's ``1 + weight`` included): on the CPU the very bits
+    of the module's own forward, rows of magnitudes 1e-3 to 1e2 (where the epsilon dominates and
+    where it does not). In bfloat16 the probe tells the two roundings apart (in float32 they are
+    one: the first formula). On a GPU only the order of the sum of squares may differ."""
     torch.manual_seed(0)
-    norm = _qwen_rms_norm(96, dtype)
+    build, offset = NORMS_BY_FORMULA[kind]
+    norm = build(96, dtype)
     x = (torch.randn(5, 7, 96) * torch.logspace(-3, 2, 7)[:, None]).to(dtype)
     with torch.no_grad():
-        assert torch.equal(kernels.fused_rms_norm(x, norm.weight, norm.variance_epsilon), norm(x))
+        want = norm(x)
+        found = kernels.rms_norm_formula(norm)
+        assert found.offset == (None if dtype == torch.float32 and offset == 0.0 else offset)
+        monkeypatch.setattr(kernels, "fused_rms_norm_on", lambda device: True)
+        assert kernels.use_fused_rms_norms(norm) == 1
+        assert torch.equal(norm(x), want)
 
 
 class _OtherEpsilon(torch.nn.Module):
@@ -238,17 +275,12 @@ class _NormWithResidual(torch.nn.Module):
         return kernels.fused_rms_norm(x, self.weight, self.eps), x
 
 
-def test_only_norms_of_transformers_rms_formula_are_fused_and_only_on_a_gpu(monkeypatch):
-    """The probe, not the name or the shape, decides: Gemma's ``1 + weight``, a centred LayerNorm
-    of one weight and an epsilon, an epsilon other than the attribute's and an add-and-norm that
-    returns two tensors all look like RMSNorms and stay as they are; so does everything on the CPU."""
-    from transformers.models.gemma3.modeling_gemma3 import Gemma3RMSNorm
-
+def test_only_rms_norms_are_fused_and_only_on_a_gpu(monkeypatch):
+    """The probe, not the name or the shape, decides: a centred LayerNorm of one weight and an
+    epsilon, an epsilon other than the attribute's and an add-and-norm that returns two tensors all
+    look like RMSNorms and stay as they are; so does everything on the CPU."""
     torch.manual_seed(0)
-    gemma = Gemma3RMSNorm(16)
-    with torch.no_grad():
-        gemma.weight.normal_()
-    model = torch.nn.ModuleDict({"plain": _qwen_rms_norm(16), "gemma": gemma,
+    model = torch.nn.ModuleDict({"qwen": _qwen_rms_norm(16), "gemma": _gemma_rms_norm(16),
                                  "centred": torch.nn.LayerNorm(16, bias=False),
                                  "other_epsilon": _OtherEpsilon(16), "with_residual": _NormWithResidual(16)})
     assert all(kernels.rms_norm_epsilon(model[name]) is not None for name in model)
@@ -257,8 +289,8 @@ def test_only_norms_of_transformers_rms_formula_are_fused_and_only_on_a_gpu(monk
         before = {name: module(x) for name, module in model.items()}
         assert kernels.use_fused_rms_norms(model) == 0
         monkeypatch.setattr(kernels, "fused_rms_norm_on", lambda device: True)
-        assert kernels.use_fused_rms_norms(model) == 1
-        assert [name for name, m in model.items() if "forward" in m.__dict__] == ["plain"]
+        assert kernels.use_fused_rms_norms(model) == 2
+        assert [name for name, m in model.items() if "forward" in m.__dict__] == ["qwen", "gemma"]
         for name, module in model.items():
             torch.testing.assert_close(module(x), before[name], atol=1e-6, rtol=1e-6)
 
@@ -278,15 +310,12 @@ def test_a_norm_accelerate_hooked_keeps_its_hook_when_fused(monkeypatch):
     torch.manual_seed(0)
     norm = _qwen_rms_norm(16)
     add_hook_to_module(norm, Counting())
-    x = torch.randn(3, 16)
-    fused, formula = [], kernels.fused_rms_norm
-    monkeypatch.setattr(kernels, "fused_rms_norm", lambda *args: fused.append(1) or formula(*args))
     monkeypatch.setattr(kernels, "fused_rms_norm_on", lambda device: True)
     assert kernels.use_fused_rms_norms(norm) == 1
-    Counting.calls, fused[:] = 0, []
+    Counting.calls = 0
     with torch.no_grad():
-        norm(x)
-    assert Counting.calls == 1 and fused == [1]
+        norm(torch.randn(3, 16))
+    assert Counting.calls == 1 and norm._old_forward.__func__ is kernels._fused_rms_norm_forward
 
 
 @pytest.mark.slow

@@ -35,14 +35,16 @@ path anyway (README, "Fidelity on a GPU"), and these choices are tested for equa
   beside its 42 ms of matrix products, and a Qwen2.5-VL-3B forward runs 138 norms (two in each of
   36 decoder layers and 32 vision blocks, the merger's and the final one). ``torch.rms_norm``
   normalises in one kernel, in float32, and rounds once to the input's dtype, as transformers'
-  cast back does; the weight is then applied as transformers applies it, so the result differs
-  from transformers' only by the order of the float32 sum of squares (on the CPU, in float32 and
-  in bfloat16, not at all: tests/test_kernels.py). ``benchmarks/bench_norms.py`` times the two.
+  cast back does; the weight is then applied as the module applies it (:class:`RmsNormFormula`:
+  after the rounding, or Gemma's ``1 + weight`` in float32 before it), so the result differs from
+  the module's only by the order of the float32 sum of squares (on the CPU, in float32 and in
+  bfloat16, not at all: tests/test_kernels.py). ``benchmarks/bench_norms.py`` times the two.
 """
 from __future__ import annotations
 
 import contextlib
 import types
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -195,6 +197,32 @@ RMS_NORM_EPSILON_ATTRS = ("variance_epsilon", "eps")
 _PROBE_SCALES = (1e-3, 1.0, 1e2)
 
 
+@dataclass(frozen=True)
+class RmsNormFormula:
+    """How an RMSNorm applies its weight to the states it normalised in float32. ``offset`` None:
+    ``weight * normed.to(dtype)``, the weight after the rounding (Llama's, Qwen's, most
+    transformers classes'); a number: ``(normed * (offset + weight)).to(dtype)``, the weight in
+    float32 and one rounding after it (Gemma's, PaliGemma's and Qwen3.5's 1; Gemma 4's 0)."""
+
+    offset: float | None
+
+    def scale(self, weight: torch.Tensor) -> torch.Tensor:
+        """What multiplies the normalised states: the weight itself, or ``offset + weight`` in float32."""
+        return weight if self.offset is None else self.offset + weight.float()
+
+    def __call__(self, hidden: torch.Tensor, scale: torch.Tensor, eps: float) -> torch.Tensor:
+        """The norm of ``hidden`` with the normalisation one fused kernel (``torch.rms_norm``, in float32)."""
+        width = (hidden.shape[-1],)
+        if self.offset is None:
+            return scale * torch.rms_norm(hidden, width, None, eps)
+        return torch.rms_norm(hidden.float(), width, scale, eps).to(hidden.dtype)
+
+
+#: the formulas a module is probed for; where two fit (in float32 Gemma 4's is Llama's), the one
+#: that gives most of the module's own bits
+RMS_NORM_FORMULAS = (RmsNormFormula(None), RmsNormFormula(0.0), RmsNormFormula(1.0))
+
+
 def fused_rms_norm_on(device: torch.device) -> bool:
     """The devices an RMSNorm is normalised by torch's fused kernel on (tests set it for the CPU)."""
     return on_gpu_kernels(device)
@@ -203,7 +231,7 @@ def fused_rms_norm_on(device: torch.device) -> bool:
 def rms_norm_epsilon(module: torch.nn.Module) -> float | None:
     """The epsilon of a module shaped like an RMSNorm (one 1-D ``weight``, no other parameter, no
     buffer, a float epsilon under :data:`RMS_NORM_EPSILON_ATTRS`), else None. The shape alone
-    decides nothing: :func:`is_rms_norm` checks what the module computes."""
+    decides nothing: :func:`rms_norm_formula` checks what the module computes."""
     params = dict(module.named_parameters())
     if list(params) != ["weight"] or params["weight"].dim() != 1 or any(True for _ in module.buffers()):
         return None
@@ -212,20 +240,20 @@ def rms_norm_epsilon(module: torch.nn.Module) -> float | None:
 
 
 def fused_rms_norm(hidden: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """transformers' RMSNorm (normalised in float32, rounded to the input's dtype, then scaled by
-    ``weight``) with the normalisation as one fused kernel."""
-    return weight * torch.rms_norm(hidden, (hidden.shape[-1],), None, eps)
+    """transformers' usual RMSNorm (normalised in float32, rounded to the input's dtype, then scaled
+    by ``weight``) with the normalisation as one fused kernel."""
+    return RMS_NORM_FORMULAS[0](hidden, weight, eps)
 
 
 @torch.no_grad()
-def is_rms_norm(module: torch.nn.Module) -> bool:
-    """Whether ``module`` computes :func:`fused_rms_norm` with its own weight and epsilon: probed
-    on rows of several magnitudes in its own dtype and on its own device. A norm of another
-    formula (Gemma's ``1 + weight``, a centred LayerNorm, another epsilon than the attribute says)
-    fails it; so does one that needs more than the hidden states or returns more than a tensor."""
+def rms_norm_formula(module: torch.nn.Module) -> RmsNormFormula | None:
+    """The formula of :data:`RMS_NORM_FORMULAS` that ``module`` computes with its own weight and
+    epsilon, probed on rows of several magnitudes in its own dtype and on its own device; None
+    where none does (a centred LayerNorm, another epsilon than the attribute says, a norm that
+    needs more than the hidden states or returns more than a tensor)."""
     eps = rms_norm_epsilon(module)
     if eps is None:
-        return False
+        return None
     weight = module.weight
     generator = torch.Generator().manual_seed(0)
     rows = torch.randn(len(_PROBE_SCALES), weight.shape[0], generator=generator, dtype=torch.float64)
@@ -233,30 +261,39 @@ def is_rms_norm(module: torch.nn.Module) -> bool:
     try:
         own = module(probe)
     except Exception:                                            # noqa: BLE001 - not a plain norm, whatever it is
-        return False
-    if not isinstance(own, torch.Tensor) or own.shape != probe.shape:
-        return False
-    want = fused_rms_norm(probe, weight, eps).double()
+        return None
+    if not isinstance(own, torch.Tensor) or own.shape != probe.shape or own.dtype != probe.dtype:
+        return None
     tolerance = 1e-5 if weight.dtype in (torch.float32, torch.float64) else 2e-2
-    return bool(torch.allclose(own.double(), want, rtol=tolerance, atol=tolerance * want.abs().max().item()))
+    fits = []
+    for formula in RMS_NORM_FORMULAS:
+        want = formula(probe, formula.scale(weight), eps)
+        if torch.allclose(own.double(), want.double(), rtol=tolerance, atol=tolerance * want.abs().max().item()):
+            fits.append((int((own == want).sum()), formula))
+    return max(fits, key=lambda fit: fit[0])[1] if fits else None   # max keeps the first of equals
 
 
 def _fused_rms_norm_forward(norm: torch.nn.Module, hidden: torch.Tensor, *args, **kwargs) -> torch.Tensor:
     if args or kwargs:                                           # a call the probe did not see
         return type(norm).forward(norm, hidden, *args, **kwargs)
-    return fused_rms_norm(hidden, norm.weight, norm.__dict__["_ladbench_eps"])
+    formula, scale, eps = norm.__dict__["_ladbench_norm"]
+    return formula(hidden, scale, eps)
 
 
 def use_fused_rms_norms(model: torch.nn.Module) -> int:
-    """Make every RMSNorm of ``model`` (:func:`is_rms_norm`) whose weight lies on a device that
+    """Make every RMSNorm of ``model`` (:func:`rms_norm_formula`) whose weight lies on a device that
     fuses (:func:`fused_rms_norm_on`: a GPU; the CPU's bits stay the reference's) normalise with
-    :func:`fused_rms_norm`. The instances change, not their classes. Returns how many changed."""
+    torch's fused kernel, in its own formula. The instances change, not their classes; a formula
+    with an offset keeps ``offset + weight`` in float32, made once. Returns how many changed."""
     changed = 0
     for module in model.modules():
         eps = rms_norm_epsilon(module)
-        if eps is None or not fused_rms_norm_on(module.weight.device) or not is_rms_norm(module):
+        if eps is None or not fused_rms_norm_on(module.weight.device):
             continue
-        module.__dict__["_ladbench_eps"] = eps
+        formula = rms_norm_formula(module)
+        if formula is None:
+            continue
+        module.__dict__["_ladbench_norm"] = (formula, formula.scale(module.weight), eps)
         replace_forward(module, _fused_rms_norm_forward)
         changed += 1
     return changed
