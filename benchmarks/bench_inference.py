@@ -57,8 +57,8 @@ in the file's ``failed`` and under the table while the measurements after it go 
    model's attention function, so on a GPU both attend one query on the KV heads), tokens/s and
    rows/s first, then the loop with only the prefill group's sequences in flight, with the other
    attention for one query position (transformers' ``repeat_kv`` on a GPU, the query packed on
-   the KV heads on the CPU), without cuDNN's attention (``--no-cudnn-attention``), its static shapes, replies equal, host syncs per decode step and
-   decode steps over the cache's chunks.
+   the KV heads on the CPU), without cuDNN's attention (``--no-cudnn-attention``), its static
+   shapes, replies equal, host syncs per decode step and decode steps over the cache's chunks.
 
     python benchmarks/bench_inference.py --n 4 8 9 12 --reps 5 --proxies --baseline-src /tmp/old/src
     python benchmarks/bench_inference.py --device cuda --arch qwen2_5_vl_3b internvl3_8b --n 4 8 12
@@ -485,20 +485,21 @@ COMPARED_SETTINGS = ("score_ahead", "decide_on_host", "vision_tower", "cudnn_att
 
 def compared_defaults() -> dict:
     """:data:`COMPARED_SETTINGS` at infer's defaults (``InferenceSettings``)."""
-    import dataclasses
-
     from ladbench.inference.runner import InferenceSettings
-    defaults = {f.name: f.default for f in dataclasses.fields(InferenceSettings)}
+    from ladbench.settings import setting_defaults
+    defaults = setting_defaults(InferenceSettings)
     return {name: defaults[name] for name in COMPARED_SETTINGS}
 
 
 def setting_flags(settings: dict) -> list[str]:
-    """infer's flags for inference settings: ``--x`` / ``--no-x`` for a switch, ``--x value`` else."""
-    flags = []
-    for name, value in settings.items():
-        option = name.replace("_", "-")
-        flags += ([f"--{option}"] if value else [f"--no-{option}"]) if isinstance(value, bool) else [f"--{option}", str(value)]
-    return flags
+    """infer's flags for inference settings, as the workflow writes them (``--no-x`` for a switch
+    set false)."""
+    import shlex
+
+    from ladbench.inference.runner import InferenceSettings
+    from ladbench.settings import command_options
+    from ladbench.workflow import flags
+    return shlex.split(flags(**command_options(InferenceSettings, settings)))
 
 
 def infer_throughput(model_dir: str, n: int, batch: int, rows: int, image_size: int, device: str,
@@ -705,8 +706,7 @@ def _generation_variant(r: dict, model_dir: str, args: argparse.Namespace, save:
     runner, rows = _generation_runner(model_dir, r["variant"], args)
     prepared = runner.prepare(rows)
     r.update({"rows": len(rows), "samples": runner.samples, "batch": args.gen_batch, "device": args.device})
-    ours, ours_s, stats = _timed_decode(runner, prepared, rows, args.device, decode="slots")
-    _, second_s, _ = _timed_decode(runner, prepared, rows, args.device, warm_up=False, decode="slots")
+    ours, (ours_s, second_s), stats = _first_and_second_run(runner, prepared, rows, args.device, decode="slots")
     t0 = time.perf_counter()
     plain_counts, plain_slots = plain_generate(runner, prepared)
     _sync(args.device)
@@ -872,10 +872,9 @@ def attention_counts(runner, prepared, rows: list[int], ours: dict, ours_s: tupl
     from ladbench.models import attention
     packed_here = attention.packs_on(torch.device(device))
     with mock.patch.object(attention, "packs_on", lambda _device: not packed_here):
-        out, seconds, _ = _timed_decode(runner, prepared, rows, device, decode="slots")
-        _, second, _ = _timed_decode(runner, prepared, rows, device, warm_up=False, decode="slots")
+        out, seconds, _ = _first_and_second_run(runner, prepared, rows, device, decode="slots")
     tokens = int(ours["n_generated"].sum())
-    rates = {packed_here: [tokens / t for t in ours_s], not packed_here: [tokens / seconds, tokens / second]}
+    rates = {packed_here: [tokens / t for t in ours_s], not packed_here: [tokens / t for t in seconds]}
     return {"packed_tokens_per_s": rates[True][0], "repeat_kv_tokens_per_s": rates[False][0],
             "packed_second_run_tokens_per_s": rates[True][1], "repeat_kv_second_run_tokens_per_s": rates[False][1],
             "attentions_same_replies": bool((out["text"] == ours["text"]).all())}
@@ -888,8 +887,8 @@ def without_cudnn_counts(runner, prepared, rows: list[int], ours: dict, device: 
     length: a first run pays that, a second (the same lengths again) does not. On the CPU, which
     has no cuDNN attention, the mechanics only."""
     tokens = int(ours["n_generated"].sum())
-    out, first, _ = _timed_decode(runner, prepared, rows, device, decode="slots", cudnn_attention=False)
-    _, second, _ = _timed_decode(runner, prepared, rows, device, warm_up=False, decode="slots", cudnn_attention=False)
+    out, (first, second), _ = _first_and_second_run(runner, prepared, rows, device, decode="slots",
+                                                    cudnn_attention=False)
     return {"no_cudnn_tokens_per_s": tokens / first, "no_cudnn_second_run_tokens_per_s": tokens / second,
             "no_cudnn_same_replies": bool((out["text"] == ours["text"]).all())}
 
@@ -931,6 +930,15 @@ def _timed_decode(runner, prepared, rows: list[int], device: str, warm_up: bool 
         out = runner.generate_batch(prepared)
         _sync(device)
         return out, time.perf_counter() - t0, dataclasses.replace(runner.decode_stats)
+
+
+def _first_and_second_run(runner, prepared, rows: list[int], device: str, **settings):
+    """:func:`_timed_decode` twice with these ``settings``: the loop's first run over the rows
+    (after the warm-up, whose shapes are not the rows') and its second, which meets every shape
+    again. The first run's results, (first seconds, second seconds), the first run's counts."""
+    out, first, stats = _timed_decode(runner, prepared, rows, device, **settings)
+    _, second, _ = _timed_decode(runner, prepared, rows, device, warm_up=False, **settings)
+    return out, (first, second), stats
 
 
 #: the generation table's columns: header, and the cell of a variant's results

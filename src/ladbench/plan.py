@@ -140,11 +140,9 @@ def read_bench_rates(spec: str) -> tuple[str, BenchRates]:
 def _stage_way(entry: dict) -> bool:
     """Whether a benchmark's ``infer`` run ran the stage's own way, not a way it is compared with:
     every inference setting it records (``score_ahead``, ``vision_tower``...) at its default."""
-    from dataclasses import MISSING, fields
-
     from ladbench.inference.runner import InferenceSettings
-    defaults = {f.name: f.default for f in fields(InferenceSettings) if f.default is not MISSING}
-    return all(entry[name] == default for name, default in defaults.items() if name in entry)
+    from ladbench.settings import setting_defaults
+    return all(entry[name] == default for name, default in setting_defaults(InferenceSettings).items() if name in entry)
 
 
 def _scoring_rates(entry: dict) -> list[tuple[int, int, float, str]]:

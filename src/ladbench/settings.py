@@ -26,7 +26,7 @@ from dataclasses import MISSING, field, fields
 from typing import Any, ClassVar, Iterator, Mapping
 
 __all__ = ["Settings", "carrier_name", "check_section", "command_options", "config_key", "is_sequence", "kind",
-           "option_name", "plain", "schema_properties", "setting", "setting_fields"]
+           "option_name", "plain", "schema_properties", "setting", "setting_defaults", "setting_fields"]
 
 _JSON_TYPES = {bool: "boolean", int: "integer", float: "number", str: "string"}
 
@@ -71,6 +71,12 @@ def plain(value: Any) -> Any:
 def setting_fields(cls: type) -> Iterator[dataclasses.Field]:
     """The fields of ``cls`` made by :func:`setting`."""
     return (f for f in fields(cls) if "help" in f.metadata)
+
+
+def setting_defaults(cls: type) -> dict[str, Any]:
+    """The defaults of ``cls``'s settings (fields made by :func:`setting`), by field name; a
+    field without one is left out."""
+    return {f.name: f.default for f in setting_fields(cls) if f.default is not MISSING}
 
 
 def config_key(f: dataclasses.Field) -> str:
