@@ -705,8 +705,10 @@ def _generation_variant(r: dict, model_dir: str, args: argparse.Namespace, save:
     """:func:`generation_worker`'s measurements of one variant into ``r`` (returned)."""
     runner, rows = _generation_runner(model_dir, r["variant"], args)
     prepared = runner.prepare(rows)
-    r.update({"rows": len(rows), "samples": runner.samples, "batch": args.gen_batch, "device": args.device})
-    ours, (ours_s, second_s), stats = _first_and_second_run(runner, prepared, rows, args.device, decode="slots")
+    r.update({"rows": len(rows), "n": args.n[0], "samples": runner.samples, "batch": args.gen_batch,
+              "device": args.device})
+    ours, (ours_s, second_s), (stats, second) = _first_and_second_run(runner, prepared, rows, args.device,
+                                                                      decode="slots")
     t0 = time.perf_counter()
     plain_counts, plain_slots = plain_generate(runner, prepared)
     _sync(args.device)
@@ -723,7 +725,8 @@ def _generation_variant(r: dict, model_dir: str, args: argparse.Namespace, save:
         "ours_s": ours_s, "plain_s": plain_s, "ours_tokens_per_s": tokens / ours_s,
         "plain_tokens_per_s": sum(plain_counts) / plain_s, "ours_rows_per_s": len(rows) / ours_s,
         "plain_rows_per_s": len(rows) / plain_s,
-        "ours_second_run_s": second_s, "ours_second_run_tokens_per_s": tokens / second_s})
+        "ours_second_run_s": second_s, "ours_second_run_tokens_per_s": tokens / second_s,
+        **decode_split("ours", ours_s, stats, len(rows)), **decode_split("ours_second_run", second_s, second, len(rows))})
     save()
 
     def measured(what: str, measure: Callable[..., dict], *margs) -> None:
@@ -831,7 +834,8 @@ def group_counts(runner, prepared, rows: list[int], stats, ours: dict, device: s
     out, seconds, narrow = _timed_decode(runner, prepared, rows, device, decode="slots", decode_slots=group)
     return {"group_slots": group, "group_s": seconds, "group_decode_steps": narrow.decode_steps,
             "group_tokens_per_s": int(out["n_generated"].sum()) / seconds,
-            "group_same_replies": bool((out["text"] == ours["text"]).all())}
+            "group_same_replies": bool((out["text"] == ours["text"]).all()),
+            **decode_split("group", seconds, narrow, len(rows))}
 
 
 def static_counts(runner, prepared, rows: list[int], tokens: int, device: str) -> tuple[dict, dict]:
@@ -840,7 +844,8 @@ def static_counts(runner, prepared, rows: list[int], tokens: int, device: str) -
     out, seconds, stats = _timed_decode(runner, prepared, rows, device, decode="static")
     return out, {"static_useful_fraction": stats.useful_fraction(), "static_ring_columns": stats.ring_columns,
                  "static_s": seconds, "static_kv_copies_per_token": stats.kv_copies_per_token(),
-                 "static_tokens_per_s": tokens / seconds, "static_rows_per_s": len(rows) / seconds}
+                 "static_tokens_per_s": tokens / seconds, "static_rows_per_s": len(rows) / seconds,
+                 "static_decode_steps": stats.decode_steps, **decode_split("static", seconds, stats, len(rows))}
 
 
 @contextlib.contextmanager
@@ -935,10 +940,21 @@ def _timed_decode(runner, prepared, rows: list[int], device: str, warm_up: bool 
 def _first_and_second_run(runner, prepared, rows: list[int], device: str, **settings):
     """:func:`_timed_decode` twice with these ``settings``: the loop's first run over the rows
     (after the warm-up, whose shapes are not the rows') and its second, which meets every shape
-    again. The first run's results, (first seconds, second seconds), the first run's counts."""
+    again. The first run's results, (first seconds, second seconds), (first counts, second counts)."""
     out, first, stats = _timed_decode(runner, prepared, rows, device, **settings)
-    _, second, _ = _timed_decode(runner, prepared, rows, device, warm_up=False, **settings)
-    return out, (first, second), stats
+    _, second, second_stats = _timed_decode(runner, prepared, rows, device, warm_up=False, **settings)
+    return out, (first, second), (stats, second_stats)
+
+
+def decode_split(name: str, seconds: float, stats, rows: int) -> dict:
+    """A timed decode run's ``seconds`` apart (``name_...``): its prefills' (vision included) per row,
+    and the rest per decode step (drawing, cutting, joining and the forward pass of one token per
+    sequence in flight). The benchmark's replies are short (64 tokens on a GPU), a study's up to
+    1,024: ``ladbench plan`` prices a job as its rows' prefills plus a step per token of each
+    sequence in flight, not at the run's tokens/s, which the short replies' prefills weigh down."""
+    decode = seconds - stats.prefill_seconds
+    return {f"{name}_prefill_s": stats.prefill_seconds, f"{name}_prefill_s_per_row": stats.prefill_seconds / rows,
+            f"{name}_decode_step_s": decode / max(stats.decode_steps, 1)}
 
 
 #: the generation table's columns: header, and the cell of a variant's results
@@ -956,8 +972,11 @@ GENERATION_COLUMNS: tuple[tuple[str, Callable[[dict], str]], ...] = (
     ("tokens/s: plain / ours, its first run (second)",
      lambda r: f"{r['plain_tokens_per_s']:.1f} / {r['ours_tokens_per_s']:.1f} ({r['ours_second_run_tokens_per_s']:.1f})"),
     ("rows/s: plain / ours", lambda r: f"{r['plain_rows_per_s']:.2f} / {r['ours_rows_per_s']:.2f}"),
-    ("static shapes: replies equal, useful / token slots, tokens/s",
-     lambda r: f"{r['static_same_replies']}, {r['static_useful_fraction']:.2f}, {r['static_tokens_per_s']:.1f}"),
+    ("ours, second run: prefill s / row, ms / decode step",
+     lambda r: f"{r['ours_second_run_prefill_s_per_row']:.3f}, {1e3 * r['ours_second_run_decode_step_s']:.1f}"),
+    ("static shapes: replies equal, useful / token slots, tokens/s, ms / decode step",
+     lambda r: f"{r['static_same_replies']}, {r['static_useful_fraction']:.2f}, {r['static_tokens_per_s']:.1f}, "
+               f"{1e3 * r['static_decode_step_s']:.1f}"),
     ("decode steps over chunks: one at a time / streamed (occupancy)",
      lambda r: f"{r['chunks']} x {r['chunk_rows']} rows: {r['alone_decode_steps']} ({r['alone_occupancy']:.2f}) / "
                f"{r['streamed_decode_steps']} ({r['streamed_occupancy']:.2f}), replies equal: "

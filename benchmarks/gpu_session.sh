@@ -11,8 +11,9 @@
 #             of the one query packed on the KV heads, without cuDNN's attention (each a first run
 #             and a second), one decode step's profile (traces/), the loop with only the prefill
 #             group's 4 x S in flight, its static shapes, replies equal, host syncs, KV copies, and
-#             the rows in chunks of 8 one chunk at a time against one loop across them:
-#             generation_cot.json, generation_sc.json
+#             the rows in chunks of 8 one chunk at a time against one loop across them; each run's
+#             prefills' seconds (CUDA events) apart from its decode steps', which `ladbench plan`
+#             prices the study's longer replies with: generation_cot.json, generation_sc.json
 #   internvl_gen  InternVL3-8B (an 8B decoder, as the study's other two models have): CoT (32 rows)
 #             and SC (16 rows x 10 samples), each with 150 s, through the decode loop against plain
 #             generate: the measurements of cot and sc in their order, each file rewritten as they

@@ -207,6 +207,12 @@ def test_bench_inference_generation_counts_the_decode_loop_against_generate(tmp_
         assert r["packed_tokens_per_s"] > 0 and r["repeat_kv_tokens_per_s"] == r["ours_tokens_per_s"]
         # without cuDNN's attention (the CPU has none: the same kernels, the same replies)
         assert r["no_cudnn_same_replies"] and r["no_cudnn_second_run_tokens_per_s"] > 0
+        # each run's seconds apart: its prefills' per row and the rest per decode step, which add up to it
+        for run, seconds, steps in (("ours", "ours_s", "decode_steps"), ("ours_second_run", "ours_second_run_s",
+                                    "decode_steps"), ("static", "static_s", "static_decode_steps")):
+            prefill, step = r[f"{run}_prefill_s_per_row"], r[f"{run}_decode_step_s"]
+            assert prefill > 0 and step > 0 and r[f"{run}_prefill_s"] == pytest.approx(prefill * r["rows"])
+            assert r[f"{run}_prefill_s"] + step * r[steps] == pytest.approx(r[seconds])
     assert rows["sc"]["plain_prefilled_rows_per_row"] == 2 and rows["cot"]["plain_prefilled_rows_per_row"] == 1
     assert [cells[:3] for cells in table_rows(out, "sc")] == [["sc", "8 x 2", "cpu"]]
 
@@ -251,7 +257,12 @@ def test_bench_inference_generation_saves_the_ratio_to_generate_first(tiny_model
     # what ladbench plan reads of a run stopped after its first save: the loop's rate at its width
     from ladbench.plan import _generation_rates
     stopped = {key: results[0][key] for key in first}
-    assert _generation_rates(stopped) == [("sc", 6, results[0]["ours_tokens_per_s"])]
+    (rate, plain) = _generation_rates(stopped)
+    assert (rate.prompt, rate.way, rate.slots, rate.tokens_per_s) == ("sc", "slots", 6, results[0]["ours_tokens_per_s"])
+    assert rate.run == "second run" and rate.n == 4
+    assert (rate.prefill_s_per_row, rate.decode_step_s) == (results[0]["ours_second_run_prefill_s_per_row"],
+                                                           results[0]["ours_second_run_decode_step_s"])
+    assert (plain.way, plain.slots, plain.split()) == ("generate", 2 * 2, False)   # generate: the group's, whole runs
 
 
 def test_bench_inference_generation_goes_on_past_a_failed_measurement(tiny_model, tmp_path, monkeypatch):
@@ -279,7 +290,7 @@ def test_bench_inference_generation_goes_on_past_a_failed_measurement(tiny_model
     table = bench.generation_table(results)
     (cells,) = table_rows(table, "cot")
     static_column = [header for header, _ in bench.GENERATION_COLUMNS].index(
-        "static shapes: replies equal, useful / token slots, tokens/s")
+        "static shapes: replies equal, useful / token slots, tokens/s, ms / decode step")
     assert cells[static_column] == "-" and cells[3] == "True"
     assert "- failed (cot): static shapes: RuntimeError: BackendCompilerFailed: no CUDA graphs here" in table
 

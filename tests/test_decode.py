@@ -469,3 +469,27 @@ def test_kv_cache_copies_are_counted_as_worked_out_by_hand(ending, tmp_path, mon
     assert ring.decode_stats.kv_positions_copied == repeat + len(lengths) * width
     # per reply token: the loop's grows with the replies' length (here at most 12 tokens), the ring's does not
     assert ring.decode_stats.kv_copies_per_token() < stats.kv_copies_per_token() / 4
+
+
+@pytest.mark.parametrize("decode", ["slots", "static"])
+def test_the_prefills_seconds_are_counted_apart_from_the_decode_steps(ending, tmp_path, monkeypatch, decode):
+    """``DecodeStats.prefill_seconds`` (what ``ladbench plan`` prices a study's longer replies with):
+    the time inside the prefills on the host's clock, here one that each prefill moves by 1 s and
+    each decode step by 100 s: exactly 1 s a prefill, none of the steps' time."""
+    from ladbench.inference import decode as decoding
+    now = [0.0]
+    adapter = ending("qwen2_5_vl")
+
+    def moving(method, seconds):
+        def moved(*args, **kwargs):
+            now[0] += seconds
+            return method(*args, **kwargs)
+        return moved
+    monkeypatch.setattr(adapter, "prefill", moving(adapter.prefill, 1.0))
+    monkeypatch.setattr(adapter, "decode_logits", moving(adapter.decode_logits, 100.0))
+    clock = decoding.PrefillClock
+    monkeypatch.setattr(decoding, "PrefillClock", lambda device: clock(device, clock=lambda: now[0]))
+    _, runner = generated(adapter, tmp_path, "sc", decode)
+    stats = runner.decode_stats
+    assert stats.prefills == len(ROWS) // 2 and stats.decode_steps > 0 and now[0] > 100 * stats.decode_steps
+    assert stats.prefill_seconds == stats.prefills * 1.0

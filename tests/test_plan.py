@@ -183,7 +183,8 @@ def test_a_models_rates_files_are_merged(tmp_path):
         {"variant": "sc", "model": "qwen2_5_vl_3b", "batch": 4, "samples": 10, "slots": 64,
          "ours_tokens_per_s": 2500.0}]}))
     rates = bench_rates([f"qwen2_5_vl_3b={scoring}", f"qwen2_5_vl_3b={generation}"])
-    assert sorted(rates["qwen2_5_vl_3b"].generation) == [("cot", 8, 800.0), ("sc", 64, 2500.0)]   # the later file's
+    assert sorted((e.prompt, e.slots, e.tokens_per_s) for e in rates["qwen2_5_vl_3b"].generation) == [
+        ("cot", 8, 800.0), ("sc", 64, 2500.0)]                                                  # the later file's
     assert rates["qwen2_5_vl_3b"].source == f"{scoring}#qwen2_5_vl_3b + {generation}#qwen2_5_vl_3b"
     jobs = {(j.model, j.benchmark, j.variant): j for j in plan_jobs(paper(tmp_path), rates)}
     assert [jobs["qwen2_5_vl_3b", "coco_random_N4", v].rate for v in ("vanilla", "cot", "sc")] == [
@@ -200,7 +201,8 @@ def test_a_generation_rate_is_taken_at_the_sequences_in_flight_nearest_the_jobs(
         {"variant": "cot", "model": "a", "batch": 4, "samples": 1, "slots": 64, "ours_tokens_per_s": 3200.0,
          "group_slots": 4, "group_tokens_per_s": 400.0}]}))
     _, rates = read_bench_rates(f"qwen2_5_vl_3b={path}")
-    assert rates.generation == (("cot", 64, 3200.0), ("cot", 4, 400.0))
+    assert [(e.prompt, e.way, e.slots, e.tokens_per_s) for e in rates.generation] == [
+        ("cot", "slots", 64, 3200.0), ("cot", "slots", 4, 400.0)]
     config = paper(tmp_path)
     cot = {(j.model, j.benchmark, j.variant): j for j in plan_jobs(config, {"qwen2_5_vl_3b": rates})}[
         "qwen2_5_vl_3b", "coco_random_N4", "cot"]
@@ -209,3 +211,51 @@ def test_a_generation_rate_is_taken_at_the_sequences_in_flight_nearest_the_jobs(
     cot = {(j.model, j.benchmark, j.variant): j for j in plan_jobs(config, {"qwen2_5_vl_3b": rates})}[
         "qwen2_5_vl_3b", "coco_random_N4", "cot"]
     assert cot.rate == "benchmark (4 sequences in flight)" and cot.seconds == pytest.approx(cot.generated_tokens / 400)
+
+
+def split_generation_file(tmp_path):
+    """A generation measurement of 2026-11-28 on: each run's seconds apart (the loop's second run,
+    static shapes) beside its tokens/s, at N = 4, 64 sequences in flight, and plain generate."""
+    import json
+    path = tmp_path / "generation.json"
+    path.write_text(json.dumps({"device": "cuda", "generation": [
+        {"variant": "cot", "model": "a", "n": 4, "batch": 4, "samples": 1, "slots": 64, "ours_tokens_per_s": 400.0,
+         "ours_prefill_s_per_row": 0.2, "ours_decode_step_s": 0.05,             # the first run's: not the one priced
+         "ours_second_run_prefill_s_per_row": 0.15, "ours_second_run_decode_step_s": 0.025,
+         "static_tokens_per_s": 450.0, "static_prefill_s_per_row": 0.14, "static_decode_step_s": 0.005,
+         "plain_tokens_per_s": 80.0}]}))
+    return read_bench_rates(f"qwen2_5_vl_3b={path}")[1]
+
+
+def test_a_generation_job_is_priced_as_its_prefills_and_a_step_per_token_in_flight(tmp_path):
+    """A benchmark's replies stop at 64 tokens, the paper's CoT at 1,024: its whole-run tokens/s is
+    mostly the prefills'. Where the file has the run's seconds apart, a job costs its rows'
+    prefills (scaled by N / 4 at N = 8) and a decode step per token of each of the 64 sequences in
+    flight, every reply at its limit (by hand: 5,400 rows x 0.15 s + ceil(5,400 x 1,024 / 64) x 25 ms)."""
+    rates, config = split_generation_file(tmp_path), paper(tmp_path)
+    jobs = {(j.model, j.benchmark, j.variant): j for j in plan_jobs(config, {"qwen2_5_vl_3b": rates})}
+    n4, n8 = jobs["qwen2_5_vl_3b", "coco_random_N4", "cot"], jobs["qwen2_5_vl_3b", "coco_random_N8", "cot"]
+    assert n4.rows == 5400 and n4.generated_tokens == 5400 * 1024
+    assert n4.seconds == pytest.approx(5400 * 0.15 + 86400 * 0.025) == 810 + 2160
+    assert n4.rate == "benchmark (64 sequences in flight, second run: prefill 0.150 s/row + 25.0 ms/step)"
+    assert n8.seconds == pytest.approx(5800 * 0.15 * 8 / 4 + 5800 * 1024 / 64 * 0.025)
+    assert n8.rate == "benchmark (64 sequences in flight, second run: prefill 0.150 s/row x 8/4 + 25.0 ms/step)"
+    # the whole run's 400 tokens/s would have priced it at 5,400 x 1,024 / 400 s: 4.7 times more here
+    assert 5400 * 1024 / 400 / n4.seconds == pytest.approx(4.66, abs=0.01)
+    assert jobs["qwen2_5_vl_3b", "coco_random_N4", "sc"].rate == "assumed"        # no SC measured
+
+
+def test_a_generation_job_is_priced_the_way_its_config_decodes(tmp_path):
+    """``inference.decode: static`` takes the static shapes' measurement, ``generate`` plain
+    generate's (its whole run: at the prefill group's batch x S sequences, with no split)."""
+    rates, config = split_generation_file(tmp_path), paper(tmp_path)
+
+    def cot(decode):
+        config["inference"]["decode"] = decode
+        return {(j.model, j.benchmark, j.variant): j for j in plan_jobs(config, {"qwen2_5_vl_3b": rates})}[
+            "qwen2_5_vl_3b", "coco_random_N4", "cot"]
+    static, plain = cot("static"), cot("generate")
+    assert static.rate == "benchmark (static, 64 sequences in flight: prefill 0.140 s/row + 5.0 ms/step)"
+    assert static.seconds == pytest.approx(5400 * 0.14 + 86400 * 0.005)
+    assert plain.rate == "benchmark (generate, 4 sequences in flight)"
+    assert plain.seconds == pytest.approx(5400 * 1024 / 80.0)

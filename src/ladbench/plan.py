@@ -9,7 +9,9 @@ generating); else, for a model given a benchmark's rates (``--rates MODEL=FILE``
 ``benchmarks/bench_inference.py --device cuda`` measured on the model's architecture at full
 size with random weights), those; else the conservative defaults below, marked "assumed".
 Generated tokens without a measurement from a cache are the upper bound (every reply runs to
-its length limit). No torch, no model: it reads the config, benchmark files where they exist,
+its length limit). A benchmark's generation is its own run's, with short replies: where the
+file keeps its seconds apart, a job costs its rows' prefills and a decode step per token of each
+sequence in flight (:class:`GenerationRate`), else the run's tokens/s. No torch, no model: it reads the config, benchmark files where they exist,
 cache attributes and the benchmark JSON files given.
 """
 
@@ -58,7 +60,7 @@ class BenchRates:
 
     source: str                                              # FILE#ARCH, and the GPU's name where the file has it
     scoring: tuple[tuple[int, int, float, str], ...] = ()    # (N, batch, rows/s of `ladbench infer`, over what)
-    generation: tuple[tuple[str, int, float], ...] = ()     # (prompt, sequences in flight, generated tokens/s)
+    generation: tuple["GenerationRate", ...] = ()
 
     def rows_per_s(self, n: int, batch: int) -> tuple[float, str] | None:
         """Scoring rows/s at N = ``n`` and the measured batch nearest ``batch`` (on a log scale,
@@ -70,27 +72,65 @@ class BenchRates:
         m, b, rate, over = _nearest_on_log_scale([e for e in self.scoring if e[0] == measured_n], batch)
         return rate * m / n, f"N = {m}{f' x {m}/{n}' if m != n else ''}, batch {b}{over}"
 
-    def tokens_per_s(self, prompt: str, slots: int) -> tuple[float, str] | None:
-        """Generated tokens/s of ``prompt`` at the measured number of sequences in flight nearest
-        ``slots`` (on a log scale, the smaller on a tie), and how it was taken."""
-        entries = [e for e in self.generation if e[0] == prompt]
-        if not entries:
-            return None
-        _, measured, rate = _nearest_on_log_scale(entries, slots)
-        return rate, f"{measured} sequences in flight"
+    def generation_rate(self, prompt: str, way: str, slots: int) -> "GenerationRate | None":
+        """The generation of ``prompt`` the ``way`` it decodes (``inference.decode``) measured at the
+        sequences in flight nearest ``slots`` (on a log scale, the smaller on a tie); None where
+        that way was not measured."""
+        entries = [e for e in self.generation if e.prompt == prompt and e.way == way]
+        return _nearest_on_log_scale(entries, slots, size_of=lambda e: e.slots) if entries else None
 
     def merged(self, other: "BenchRates") -> "BenchRates":
         """Both files' rates for one model (a GPU session writes scoring and generation apart);
-        the later file's generation rate of a prompt at a number of sequences wins."""
-        later = {(prompt, slots) for prompt, slots, _ in other.generation}
-        kept = tuple(e for e in self.generation if e[:2] not in later)
+        the later file's generation of a prompt, a way and a number of sequences wins."""
+        later = {e.key for e in other.generation}
+        kept = tuple(e for e in self.generation if e.key not in later)
         return BenchRates(f"{self.source} + {other.source}", self.scoring + other.scoring, kept + other.generation)
 
 
-def _nearest_on_log_scale(entries: list[tuple], size: int) -> tuple:
-    """The measurement whose size (a batch, sequences in flight: each entry's second field) is
-    nearest ``size`` on a log scale, the smaller on a tie."""
-    return min(entries, key=lambda e: (abs(math.log(e[1] / size)), e[1]))
+@dataclass(frozen=True)
+class GenerationRate:
+    """One generation run of a benchmark file (``bench_inference.py --generation``): the way it
+    decoded, the sequences it kept in flight, its generated tokens/s over the whole run and, in
+    files since 2026-11-28, its seconds apart: the prefills' per row (at N = ``n``) and the rest
+    per decode step. A benchmark's replies are short (64 tokens on a GPU), so its tokens/s is
+    mostly its prefills'; a study's replies run to 512 or 1,024 tokens, which the split prices."""
+
+    prompt: str
+    way: str                                    # inference.decode: slots, static or generate
+    slots: int                                  # sequences in flight
+    tokens_per_s: float
+    prefill_s_per_row: float | None = None
+    decode_step_s: float | None = None
+    n: int | None = None                        # the candidates of the rows measured
+    run: str = ""                               # which run the split is of ("second run": shapes met before)
+
+    @property
+    def key(self) -> tuple[str, str, int]:
+        return self.prompt, self.way, self.slots
+
+    def split(self) -> bool:
+        return self.prefill_s_per_row is not None and self.decode_step_s is not None
+
+    def attrs(self, n: int) -> tuple[dict, str]:
+        """Cache-like attributes of a job at N = ``n`` (:func:`job_seconds`), and their label. The
+        prefill per row scales by N / the measured N (a row's prompt grows with N, as the scoring
+        rates' do); a step's time is the benchmark's, at its short replies' KV lengths."""
+        way = "" if self.way == DEFAULT_DECODE else f"{self.way}, "
+        label = f"{way}{self.slots} sequences in flight"
+        if not self.split():
+            return {"generated_tokens_per_s": self.tokens_per_s}, f"benchmark ({label})"
+        scale = n / self.n if self.n else 1.0
+        scaled = f" x {n}/{self.n}" if self.n and self.n != n else ""
+        return ({"prefill_s_per_row": self.prefill_s_per_row * scale, "decode_step_s": self.decode_step_s,
+                 "decode_slots": self.slots},
+                f"benchmark ({label}{f', {self.run}' if self.run else ''}: prefill {self.prefill_s_per_row:.3f} s/row"
+                f"{scaled} + {1e3 * self.decode_step_s:.1f} ms/step)")
+
+
+def _nearest_on_log_scale(entries: list, size: int, size_of=lambda e: e[1]):
+    """The measurement whose size (a batch, sequences in flight: ``size_of`` it; a scoring entry's
+    second field) is nearest ``size`` on a log scale, the smaller on a tie."""
+    return min(entries, key=lambda e: (abs(math.log(size_of(e) / size)), size_of(e)))
 
 
 def bench_rates(specs: list[str]) -> dict[str, BenchRates]:
@@ -154,14 +194,34 @@ def _scoring_rates(entry: dict) -> list[tuple[int, int, float, str]]:
     return [(int(entry["n"]), int(entry["batch"]), rate, over)] if rate > 0 else []
 
 
-def _generation_rates(entry: dict) -> list[tuple[str, int, float]]:
-    """(prompt, sequences in flight, tokens/s) of one generation measurement: the decode loop's at
-    its ``slots`` (a run before they were recorded had its prefill group's, batch x samples) and,
-    where it also ran with the prefill group's alone, that one."""
+#: the decode way of a config that names none (InferenceSettings.decode unset: the loop's slots)
+DEFAULT_DECODE = "slots"
+
+
+def _generation_rates(entry: dict) -> list[GenerationRate]:
+    """The generation runs of one measurement: the decode loop's at its ``slots`` (a run before
+    they were recorded had its prefill group's, batch x samples) with the split of its second run
+    where the file has it (of its first, else), at the prefill group's alone where it also ran
+    so, with static shapes, and plain ``generate`` (the prefill group's sequences)."""
     group = int(entry.get("batch", 1)) * int(entry.get("samples", 1))
-    measured = [(entry.get("slots") or group, entry.get("ours_tokens_per_s", 0)),
-                (entry.get("group_slots"), entry.get("group_tokens_per_s", 0))]
-    return [(str(entry["variant"]), int(slots), float(rate)) for slots, rate in measured if slots and float(rate) > 0]
+    slots = entry.get("slots") or group
+    run = "second run" if entry.get("ours_second_run_decode_step_s") is not None else ""
+    measured = [("slots", slots, "ours", "ours_second_run" if run else "ours", run),
+                ("slots", entry.get("group_slots"), "group", "group", ""),
+                ("static", slots, "static", "static", ""),
+                ("generate", group, "plain", None, "")]
+    n = entry.get("n")
+    rates = []
+    for way, size, rate_name, split_name, split_run in measured:
+        rate = float(entry.get(f"{rate_name}_tokens_per_s", 0) or 0)
+        if not size or rate <= 0:
+            continue
+        prefill, step = (entry.get(f"{split_name}_prefill_s_per_row"), entry.get(f"{split_name}_decode_step_s")) \
+            if split_name else (None, None)
+        rates.append(GenerationRate(str(entry["variant"]), way, int(size), rate,
+                                    None if prefill is None else float(prefill), None if step is None else float(step),
+                                    int(n) if n else None, split_run if step is not None else ""))
+    return rates
 
 
 def cache_path(config: dict, model: str, benchmark: str, variant: str) -> str:
@@ -195,6 +255,11 @@ def max_generated_per_row(config: dict, prompt: str) -> int:
 def prompt_options(config: dict, prompt: str):
     """The settings of a prompt variant in this config (its defaults where it gives none)."""
     return prompt_variant(prompt).options(config["inference"]["prompt_settings"].get(prompt))
+
+
+def decode_way(config: dict) -> str:
+    """How a config's generative jobs decode (``inference.decode``)."""
+    return config["inference"].get("decode") or DEFAULT_DECODE
 
 
 def decode_slots(config: dict, prompt: str, batch: int) -> int:
@@ -233,6 +298,9 @@ def job_seconds(config: dict, rows: int, prompt: str, n: int, attrs: dict | None
         rate = attrs["rows_per_s"] if attrs else ASSUMED_ROWS_PER_S_N4 * 4 / n
         return rows / rate, 0
     tokens = rows * max_generated_per_row(config, prompt)          # unless a cache measured them
+    if attrs and attrs.get("decode_step_s") is not None:              # a benchmark's seconds apart
+        steps = math.ceil(tokens / attrs["decode_slots"])             # every sequence in flight to its limit
+        return rows * attrs["prefill_s_per_row"] + steps * attrs["decode_step_s"], tokens
     if attrs and attrs.get("generated_tokens_per_s", 0) > 0:
         if attrs.get("timed_rows", 0) > 0 and "generated_tokens" in attrs:
             tokens = round(rows * attrs["generated_tokens"] / attrs["timed_rows"])
@@ -245,8 +313,11 @@ def benchmark_attrs(config: dict, model: str, prompt: str, n: int, rates: BenchR
     where the benchmark did not measure that kind of job."""
     batch = config["models"][model].get("batch_size") or config["inference"]["batch_size"]
     if _generating(prompt):
-        taken = rates.tokens_per_s(prompt, decode_slots(config, prompt, batch))
-        return None if taken is None else ({"generated_tokens_per_s": taken[0]}, f"benchmark ({taken[1]})")
+        way = decode_way(config)
+        slots = decode_slots(config, prompt, batch) if way != "generate" else (
+            batch * prompt_variant(prompt).samples_per_row(prompt_options(config, prompt)))
+        taken = rates.generation_rate(prompt, way, slots)
+        return None if taken is None else taken.attrs(n)
     taken = rates.rows_per_s(n, batch)
     return None if taken is None else ({"rows_per_s": taken[0]}, f"benchmark ({taken[1]})")
 

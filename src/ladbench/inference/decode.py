@@ -42,13 +42,16 @@ mask is explicit, so where in the ring a key sits changes nothing; a step's inpu
 is compiled (``torch.compile``, CUDA graphs through its ``reduce-overhead`` mode on a GPU). No
 cache is cut or joined: a sequence that ends frees its slot, the next one's prompt is copied into
 it. C grows (the ring unrolled into a longer one, a new compilation) only when a prompt longer
-than any before does not fit. Joinable caches only; the others keep the padded path. Measured
-against ``slots`` on a GPU: not yet (no GPU in the session that wrote it), hence not the default.
+than any before does not fit. Joinable caches only; the others keep the padded path. On an H200
+(README) faster than ``slots``' first run, but its sampled bfloat16 replies are not ``generate``'s
+where ``slots``' are, and which is faster in a long job is not settled: not the default.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
+import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
@@ -93,6 +96,40 @@ def padded_path_reason(text_config: Any, positions: torch.Tensor | None, cache: 
     return None
 
 
+class PrefillClock:
+    """The seconds a decode run spends in its prefills. On a GPU, CUDA events recorded around each
+    prefill in stream order (no host sync) and read once the run has ended: a prefill's span is the
+    stream's, from its first kernel's turn to its last one's end, gaps while the host launches
+    included. Elsewhere the host's ``clock`` (a CPU's work is done when its call returns)."""
+
+    def __init__(self, device: Any, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.on_gpu, self.clock = torch.device(device).type == "cuda", clock
+        self.spans: list[tuple[Any, Any]] = []      # the GPU's (start, end) events not read yet
+        self.seconds = 0.0                          # the spans read, and the host's
+
+    @contextlib.contextmanager
+    def span(self) -> Iterator[None]:
+        if not self.on_gpu:
+            start = self.clock()
+            yield
+            self.seconds += self.clock() - start
+            return
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        yield
+        end.record()
+        self.spans.append((start, end))
+
+    def total(self) -> float:
+        """Every span's seconds so far (on a GPU, waiting for the last span's end: called when the
+        run's last step has been read back, by then long past)."""
+        for start, end in self.spans:
+            end.synchronize()
+            self.seconds += start.elapsed_time(end) / 1000.0
+        self.spans = []
+        return self.seconds
+
+
 class UnrepeatableCache(ValueError):
     """A cache whose layers transformers cannot repeat per sample (5.x linear-attention layers):
     self-consistency then generates through ``generate`` (``RowRunner``)."""
@@ -116,6 +153,10 @@ class DecodeStats:
     # each step), cutting the sequences that ended, joining new ones, repeating a row per sample,
     # admitting a prompt into a ring slot, growing the ring; the token a step computes not counted
     kv_positions_copied: int = 0
+    # seconds of the prefills (vision included), on the device's clock (:class:`PrefillClock`): the
+    # part of a run that grows with its rows, the rest with its decode steps (``ladbench plan``
+    # prices a study's longer replies from the two apart)
+    prefill_seconds: float = 0.0
 
     def useful_fraction(self) -> float:
         return self.useful_tokens / max(self.token_slots, 1)
@@ -252,6 +293,7 @@ class SlotDecoder:
         self.ends = torch.tensor(sorted(self.end_ids), device=adapter.device)
         self.penalty = repetition_penalty(adapter)
         self.stats = DecodeStats(slots=self.slots)
+        self.prefill_clock = PrefillClock(adapter.device)
         self.padded_reason: str | None = None      # decided by the first prefill (padded_path_reason)
 
     @property
@@ -263,8 +305,9 @@ class SlotDecoder:
     def prefill(self, inputs: dict[str, torch.Tensor], first_row: int) -> Flight:
         """One prefill of a group of rows (sequence ids: its rows' first samples)."""
         ad = self.adapter
-        inputs = ad.to_device(inputs)
-        logits, state = ad.prefill(inputs, use_cache=True)
+        with self.prefill_clock.span():
+            inputs = ad.to_device(inputs)
+            logits, state = ad.prefill(inputs, use_cache=True)
         positions = ad.decode_positions(state)
         rows = inputs["input_ids"].shape[0]
         if self.joinable and (reason := padded_path_reason(ad.text_config, positions, state.past_key_values)):
@@ -289,7 +332,11 @@ class SlotDecoder:
         """Each row's replies (its samples' tokens, end token included) as soon as all of them have
         ended, rows numbered in the order ``groups`` hold them. Groups are read only as slots free
         up, so a caller may stream rows of any number of groups through one full batch; the batch
-        drains once, at the end of the stream."""
+        drains once, at the end of the stream; the prefills' seconds are added to the counts then."""
+        yield from self._stream(groups)
+        self.stats.prefill_seconds += self.prefill_clock.total()
+
+    def _stream(self, groups: Iterable[dict[str, torch.Tensor]]) -> Iterator[tuple[int, list[list[int]]]]:
         self._pending, self._parked, self._next_sample, self._rows_seen = iter(groups), None, [], 0
         self._replies: dict[int, list[int]] = {}        # sequence -> its tokens so far (rows in flight)
         self._unended: dict[int, int] = {}              # row in flight -> its samples still decoding
