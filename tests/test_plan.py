@@ -140,11 +140,16 @@ def test_a_gpu_benchmarks_rates_price_the_jobs_no_cache_measured(tmp_path):
 def test_rates_files_are_refused_in_one_line_naming_them(tmp_path):
     cpu, two = bench_file(tmp_path, device="cpu", name="cpu.json"), bench_file(tmp_path, archs=("a", "b"), name="two.json")
     (tmp_path / "text.json").write_text("not json")
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"device": "cuda", "generation": [{"variant": "cot", "model": "a", "slots": 64, '
+                   '"ours_tokens_per_s": 1.0, "ours_decode_step_s": "fast", "ours_prefill_s_per_row": 0.1}]}')
     for spec, message in [("qwen", "expected MODEL=FILE"), (f"m={tmp_path / 'missing.json'}", "missing.json: No such file"),
                           (f"m={tmp_path / 'text.json'}", "text.json: not a JSON file of benchmarks/bench_inference.py"),
                           (f"m={cpu}", "cpu.json: measured on 'cpu', not a GPU"),
                           (f"m={two}", "two.json holds the rates of a, b: name one, m=FILE#ARCH"),
-                          (f"m={two}#c", "two.json holds no rates of 'c'")]:
+                          (f"m={two}#c", "two.json holds no rates of 'c'"),
+                          (f"m={bad}", r"bad.json: a measurement of 'a' is not as bench_inference.py writes it "
+                                       r"\(ValueError: could not convert string to float: 'fast'\)")]:
         with pytest.raises(ValueError, match=message):
             read_bench_rates(spec)
     assert read_bench_rates(f"m={two}#b")[1].source == f"{two}#b"

@@ -171,10 +171,14 @@ def read_bench_rates(spec: str) -> tuple[str, BenchRates]:
     if arch not in archs:
         raise ValueError(f"--rates: {path} holds no rates of {arch!r} (it has {', '.join(archs) or 'none'})")
     gpu = document.get("gpu_name")
-    return model, BenchRates(
-        f"{path}#{arch}" + (f" ({gpu})" if isinstance(gpu, str) and gpu else ""),
-        tuple(rate for e in scoring.get(arch, []) if _stage_way(e) for rate in _scoring_rates(e)),
-        tuple(rate for e in generation if e.get("model") == arch for rate in _generation_rates(e)))
+    try:
+        return model, BenchRates(
+            f"{path}#{arch}" + (f" ({gpu})" if isinstance(gpu, str) and gpu else ""),
+            tuple(rate for e in scoring.get(arch, []) if _stage_way(e) for rate in _scoring_rates(e)),
+            tuple(rate for e in generation if e.get("model") == arch for rate in _generation_rates(e)))
+    except (KeyError, TypeError, ValueError) as exc:          # a field missing, or not a number
+        raise ValueError(f"--rates: {path}: a measurement of {arch!r} is not as bench_inference.py writes it "
+                         f"({type(exc).__name__}: {exc})") from None
 
 
 def _stage_way(entry: dict) -> bool:
