@@ -689,8 +689,8 @@ def generation_worker(model_dir: str, name: str, args: argparse.Namespace, resul
     kernels that build a plan per new shape pay it in a first run); then the loop with the other
     attention for one query position (:func:`attention_counts`, both runs); with ``--trace``, one
     decode step's profile (:func:`decode_step_trace`); only the prefill group's sequences in
-    flight; static shapes (``--decode static``; its compilation in its warm-up run); replies
-    equal; host syncs per decode step (a separate, untimed run); decode steps over chunks. Most wanted first,
+    flight; static shapes (``--decode static``; its compilation in its warm-up run); every
+    sequence in flight at once (:func:`wide_counts`); replies equal; host syncs per decode step (a separate, untimed run); decode steps over chunks. Most wanted first,
     ``save()`` after each: a run its time limit stops keeps what it measured. A measurement that
     fails is listed in the variant's ``failed`` (:func:`attempt`) and the others go on."""
     for prompt in args.gen_variants:
@@ -746,6 +746,7 @@ def _generation_variant(r: dict, model_dir: str, args: argparse.Namespace, save:
         replies["static_same_replies"] = out["text"]
         return counts
     measured("static shapes", static)
+    measured("every sequence in flight", wide_counts, runner, prepared, rows, stats, ours, args.device)
 
     def replies_equal() -> dict:
         with _settings(runner, decode="generate"):
@@ -826,16 +827,27 @@ def chunk_counts(runner, rows: list[int], chunk: int, device: str) -> dict:
 def group_counts(runner, prepared, rows: list[int], stats, ours: dict, device: str) -> dict:
     """Where the loop keeps more sequences in flight than a prefill group holds (``decode_slots``,
     by default at least 64 on a GPU): the same rows with only the group's batch_size x S in flight
-    (the stage until 2026-11-27), its seconds and decode steps; replies equal. Empty where they are
-    the same number."""
+    (the stage until 2026-11-27). Empty where they are the same number."""
     group = runner.samples * runner.s.batch_size
-    if stats.slots == group:
-        return {}
-    out, seconds, narrow = _timed_decode(runner, prepared, rows, device, decode="slots", decode_slots=group)
-    return {"group_slots": group, "group_s": seconds, "group_decode_steps": narrow.decode_steps,
-            "group_tokens_per_s": int(out["n_generated"].sum()) / seconds,
-            "group_same_replies": bool((out["text"] == ours["text"]).all()),
-            **decode_split("group", seconds, narrow, len(rows))}
+    return {} if stats.slots == group else in_flight_counts(runner, prepared, rows, ours, device, "group", group)
+
+
+def wide_counts(runner, prepared, rows: list[int], stats, ours: dict, device: str) -> dict:
+    """Where the rows have more sequences than the loop keeps in flight: every one of them in flight
+    at once. Whether a decode step costs the same with more sequences (a step bound by the host's
+    launches, not the GPU's work) says whether a wider default pays. Empty where they fit."""
+    every = len(rows) * runner.samples
+    return {} if every <= stats.slots else in_flight_counts(runner, prepared, rows, ours, device, "wide", every)
+
+
+def in_flight_counts(runner, prepared, rows: list[int], ours: dict, device: str, name: str, slots: int) -> dict:
+    """The same rows with ``slots`` sequences in flight (``name_...``): seconds, decode steps,
+    tokens/s, the seconds apart (:func:`decode_split`) and whether the replies equal the loop's."""
+    out, seconds, counts = _timed_decode(runner, prepared, rows, device, decode="slots", decode_slots=slots)
+    return {f"{name}_slots": slots, f"{name}_s": seconds, f"{name}_decode_steps": counts.decode_steps,
+            f"{name}_tokens_per_s": int(out["n_generated"].sum()) / seconds,
+            f"{name}_same_replies": bool((out["text"] == ours["text"]).all()),
+            **decode_split(name, seconds, counts, len(rows))}
 
 
 def static_counts(runner, prepared, rows: list[int], tokens: int, device: str) -> tuple[dict, dict]:
@@ -982,6 +994,9 @@ GENERATION_COLUMNS: tuple[tuple[str, Callable[[dict], str]], ...] = (
                f"{r['streamed_decode_steps']} ({r['streamed_occupancy']:.2f}), replies equal: "
                f"{r['streamed_same_replies']}"),
     ("sequences in flight: batch x S / ours, decode steps, tokens/s", lambda r: _in_flight(r)),
+    ("every sequence in flight: how many, ms / decode step (ours), tokens/s (replies equal)",
+     lambda r: f"{r['wide_slots']}, {1e3 * r['wide_decode_step_s']:.1f} ({1e3 * r['ours_decode_step_s']:.1f}), "
+               f"{r['wide_tokens_per_s']:.1f} ({r['wide_same_replies']})"),
     ("one-query attention, tokens/s: repeat_kv / packed on the KV heads, first run; second (replies equal)",
      lambda r: f"{r['repeat_kv_tokens_per_s']:.1f} / {r['packed_tokens_per_s']:.1f}; "
                f"{r['repeat_kv_second_run_tokens_per_s']:.1f} / {r['packed_second_run_tokens_per_s']:.1f} "

@@ -10,7 +10,8 @@
 #             rows (tokens/s, rows/s), then the loop with transformers' repeat_kv attention instead
 #             of the one query packed on the KV heads, without cuDNN's attention (each a first run
 #             and a second), one decode step's profile (traces/), the loop with only the prefill
-#             group's 4 x S in flight, its static shapes, replies equal, host syncs, KV copies, and
+#             group's 4 x S in flight, its static shapes, every sequence in flight at once (SC: 160),
+#             replies equal, host syncs, KV copies, and
 #             the rows in chunks of 8 one chunk at a time against one loop across them; each run's
 #             prefills' seconds (CUDA events) apart from its decode steps', which `ladbench plan`
 #             prices the study's longer replies with: generation_cot.json, generation_sc.json

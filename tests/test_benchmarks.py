@@ -203,6 +203,9 @@ def test_bench_inference_generation_counts_the_decode_loop_against_generate(tmp_
         # 6 sequences in flight (--gen-slots), beside the prefill group's 2 x S alone: the same replies
         assert r["slots"] == 6 and r["group_slots"] == 2 * r["samples"] and r["group_same_replies"]
         assert r["group_decode_steps"] > 0 and r["group_tokens_per_s"] > 0
+        # every sequence in flight at once (8 rows x S, more than the 6 slots): the same replies, fewer steps
+        assert r["wide_slots"] == 8 * r["samples"] and r["wide_same_replies"]
+        assert 0 < r["wide_decode_steps"] < r["decode_steps"] and r["wide_decode_step_s"] > 0
         # the other attention for one query position (here the GPU's, packed on the KV heads)
         assert r["packed_tokens_per_s"] > 0 and r["repeat_kv_tokens_per_s"] == r["ours_tokens_per_s"]
         # without cuDNN's attention (the CPU has none: the same kernels, the same replies)
@@ -235,7 +238,8 @@ def test_bench_inference_generation_saves_the_ratio_to_generate_first(tiny_model
     """A lent GPU's minutes are few and a part may run out of time: the generation benchmark saves
     after each measurement, the loop against plain ``generate`` first (the issue's ratio; the loop
     run twice, its first run and its second), then the other one-query attention (twice too), the
-    loop without cuDNN's attention (twice too), the prefill group's width, the static shapes, the replies' equality, the host syncs, the chunks;
+    loop without cuDNN's attention (twice too), the prefill group's width, the static shapes, every
+    sequence in flight (here 4 rows x 2 samples against 6 slots), the replies' equality, the host syncs, the chunks;
     each save holds everything the earlier ones did."""
     bench = load_script("bench_inference")
     args = bench.parser().parse_args(["--generation", "--n", "4", "--image-size", "56", "--threads", "1",
@@ -249,10 +253,10 @@ def test_bench_inference_generation_saves_the_ratio_to_generate_first(tiny_model
             "ours_second_run_tokens_per_s"} <= first
     assert not first & {"group_tokens_per_s", "packed_tokens_per_s", "static_tokens_per_s", "same_replies",
                         "syncs_per_step_max", "streamed_decode_steps", "decode_step_trace"}   # no --trace
-    assert all(earlier < later for earlier, later in zip(saved, saved[1:])) and len(saved) == 8
+    assert all(earlier < later for earlier, later in zip(saved, saved[1:])) and len(saved) == 9
     assert {"packed_tokens_per_s", "repeat_kv_second_run_tokens_per_s"} <= saved[1]
     assert {"no_cudnn_tokens_per_s", "no_cudnn_second_run_tokens_per_s"} <= saved[2] and "group_tokens_per_s" in saved[3]
-    assert "static_tokens_per_s" in saved[4] and "same_replies" in saved[5]
+    assert "static_tokens_per_s" in saved[4] and "wide_tokens_per_s" in saved[5] and "same_replies" in saved[6]
     assert results[0]["model"] == "tiny" and results[0]["same_replies"] and results[0]["group_same_replies"]
     # what ladbench plan reads of a run stopped after its first save: the loop's rate at its width
     from ladbench.plan import _generation_rates

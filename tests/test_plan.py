@@ -198,16 +198,16 @@ def test_a_models_rates_files_are_merged(tmp_path):
 
 def test_a_generation_rate_is_taken_at_the_sequences_in_flight_nearest_the_jobs(tmp_path):
     """The paper's config on a GPU keeps 64 sequences in flight (batch 4: CoT 4 x 1, SC 4 x 10, both
-    below 64); with ``decode_slots`` set, that many. A benchmark that measured the loop at 64 and at
-    its prefill group's alone gives each job the rate nearest its own."""
+    below 64); with ``decode_slots`` set, that many. A benchmark that measured the loop at 64, at
+    its prefill group's alone and with every sequence in flight gives each job the rate nearest its own."""
     import json
     path = tmp_path / "generation.json"
     path.write_text(json.dumps({"device": "cuda", "generation": [
         {"variant": "cot", "model": "a", "batch": 4, "samples": 1, "slots": 64, "ours_tokens_per_s": 3200.0,
-         "group_slots": 4, "group_tokens_per_s": 400.0}]}))
+         "group_slots": 4, "group_tokens_per_s": 400.0, "wide_slots": 160, "wide_tokens_per_s": 6000.0}]}))
     _, rates = read_bench_rates(f"qwen2_5_vl_3b={path}")
     assert [(e.prompt, e.way, e.slots, e.tokens_per_s) for e in rates.generation] == [
-        ("cot", "slots", 64, 3200.0), ("cot", "slots", 4, 400.0)]
+        ("cot", "slots", 64, 3200.0), ("cot", "slots", 4, 400.0), ("cot", "slots", 160, 6000.0)]
     config = paper(tmp_path)
     cot = {(j.model, j.benchmark, j.variant): j for j in plan_jobs(config, {"qwen2_5_vl_3b": rates})}[
         "qwen2_5_vl_3b", "coco_random_N4", "cot"]
@@ -216,6 +216,10 @@ def test_a_generation_rate_is_taken_at_the_sequences_in_flight_nearest_the_jobs(
     cot = {(j.model, j.benchmark, j.variant): j for j in plan_jobs(config, {"qwen2_5_vl_3b": rates})}[
         "qwen2_5_vl_3b", "coco_random_N4", "cot"]
     assert cot.rate == "benchmark (4 sequences in flight)" and cot.seconds == pytest.approx(cot.generated_tokens / 400)
+    config["inference"]["decode_slots"] = 256
+    cot = {(j.model, j.benchmark, j.variant): j for j in plan_jobs(config, {"qwen2_5_vl_3b": rates})}[
+        "qwen2_5_vl_3b", "coco_random_N4", "cot"]
+    assert cot.rate == "benchmark (160 sequences in flight)" and cot.seconds == pytest.approx(cot.generated_tokens / 6000)
 
 
 def split_generation_file(tmp_path):
