@@ -690,9 +690,11 @@ def generation_worker(model_dir: str, name: str, args: argparse.Namespace, resul
     attention for one query position (:func:`attention_counts`, both runs); with ``--trace``, one
     decode step's profile (:func:`decode_step_trace`); only the prefill group's sequences in
     flight; static shapes (``--decode static``; its compilation in its warm-up run); every
-    sequence in flight at once (:func:`wide_counts`); replies equal; host syncs per decode step (a separate, untimed run); decode steps over chunks. Most wanted first,
-    ``save()`` after each: a run its time limit stops keeps what it measured. A measurement that
-    fails is listed in the variant's ``failed`` (:func:`attempt`) and the others go on."""
+    sequence in flight at once (:func:`wide_counts`); replies equal; host syncs per decode step (a
+    separate, untimed run); decode steps over chunks. Each timed run's prefills apart from its
+    decode steps (:func:`decode_split`). Most wanted first, ``save()`` after each: a run its time
+    limit stops keeps what it measured. A measurement that fails is listed in the variant's
+    ``failed`` (:func:`attempt`) and the others go on."""
     for prompt in args.gen_variants:
         r: dict = {"variant": prompt, "model": name, "failed": []}
         results.append(r)
