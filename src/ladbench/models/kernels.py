@@ -245,15 +245,18 @@ def fused_rms_norm(hidden: torch.Tensor, weight: torch.Tensor, eps: float) -> to
     return RMS_NORM_FORMULAS[0](hidden, weight, eps)
 
 
-@torch.no_grad()
 def rms_norm_formula(module: torch.nn.Module) -> RmsNormFormula | None:
     """The formula of :data:`RMS_NORM_FORMULAS` that ``module`` computes with its own weight and
     epsilon, probed on rows of several magnitudes in its own dtype and on its own device; None
     where none does (a centred LayerNorm, another epsilon than the attribute says, a norm that
     needs more than the hidden states or returns more than a tensor)."""
     eps = rms_norm_epsilon(module)
-    if eps is None:
-        return None
+    return None if eps is None else _probed_formula(module, eps)
+
+
+@torch.no_grad()
+def _probed_formula(module: torch.nn.Module, eps: float) -> RmsNormFormula | None:
+    """:func:`rms_norm_formula` of a module shaped like an RMSNorm, its epsilon read."""
     weight = module.weight
     generator = torch.Generator().manual_seed(0)
     rows = torch.randn(len(_PROBE_SCALES), weight.shape[0], generator=generator, dtype=torch.float64)
@@ -290,7 +293,7 @@ def use_fused_rms_norms(model: torch.nn.Module) -> int:
         eps = rms_norm_epsilon(module)
         if eps is None or not fused_rms_norm_on(module.weight.device):
             continue
-        formula = rms_norm_formula(module)
+        formula = _probed_formula(module, eps)
         if formula is None:
             continue
         module.__dict__["_ladbench_norm"] = (formula, formula.scale(module.weight), eps)
