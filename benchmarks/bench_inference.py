@@ -854,9 +854,15 @@ def in_flight_counts(runner, prepared, rows: list[int], ours: dict, device: str,
 
 def static_counts(runner, prepared, rows: list[int], tokens: int, device: str) -> tuple[dict, dict]:
     """The loop with static shapes (``decode="static"``; compiled in its warm-up run): its results
-    (the replies, for the comparison that follows), and its token slots, ring, seconds, KV copies."""
+    (the replies, for the comparison that follows), and its token slots, ring, seconds, KV copies,
+    and how many compiled graphs torch ran without their CUDA graph (``cudagraph_skips``: torch
+    logs a reason and runs the graph's kernels one by one, the launches CUDA graphs would save; on
+    the CPU there are none to skip)."""
+    from torch._dynamo.utils import counters
+    skipped = counters["inductor"]["cudagraph_skips"]
     out, seconds, stats = _timed_decode(runner, prepared, rows, device, decode="static")
-    return out, {"static_useful_fraction": stats.useful_fraction(), "static_ring_columns": stats.ring_columns,
+    return out, {"static_cudagraph_skips": counters["inductor"]["cudagraph_skips"] - skipped,
+                 "static_useful_fraction": stats.useful_fraction(), "static_ring_columns": stats.ring_columns,
                  "static_s": seconds, "static_kv_copies_per_token": stats.kv_copies_per_token(),
                  "static_tokens_per_s": tokens / seconds, "static_rows_per_s": len(rows) / seconds,
                  "static_decode_steps": stats.decode_steps, **decode_split("static", seconds, stats, len(rows))}
@@ -988,9 +994,9 @@ GENERATION_COLUMNS: tuple[tuple[str, Callable[[dict], str]], ...] = (
     ("rows/s: plain / ours", lambda r: f"{r['plain_rows_per_s']:.2f} / {r['ours_rows_per_s']:.2f}"),
     ("ours, second run: prefill s / row, ms / decode step",
      lambda r: f"{r['ours_second_run_prefill_s_per_row']:.3f}, {1e3 * r['ours_second_run_decode_step_s']:.1f}"),
-    ("static shapes: replies equal, useful / token slots, tokens/s, ms / decode step",
+    ("static shapes: replies equal, useful / token slots, tokens/s, ms / decode step, CUDA graphs skipped",
      lambda r: f"{r['static_same_replies']}, {r['static_useful_fraction']:.2f}, {r['static_tokens_per_s']:.1f}, "
-               f"{1e3 * r['static_decode_step_s']:.1f}"),
+               f"{1e3 * r['static_decode_step_s']:.1f}, {r['static_cudagraph_skips']}"),
     ("decode steps over chunks: one at a time / streamed (occupancy)",
      lambda r: f"{r['chunks']} x {r['chunk_rows']} rows: {r['alone_decode_steps']} ({r['alone_occupancy']:.2f}) / "
                f"{r['streamed_decode_steps']} ({r['streamed_occupancy']:.2f}), replies equal: "

@@ -195,6 +195,7 @@ def test_bench_inference_generation_counts_the_decode_loop_against_generate(tmp_
         assert r["ours_useful_fraction"] == r["useful_tokens"] / r["ours_token_slots"] >= 0.9
         assert r["plain_useful_fraction"] <= r["ours_useful_fraction"]
         assert r["static_same_replies"] and r["static_ring_columns"] > 0 and r["static_tokens_per_s"] > 0
+        assert r["static_cudagraph_skips"] == 0                     # the CPU's step is not compiled
         assert 0 < r["static_kv_copies_per_token"] < r["ours_kv_copies_per_token"]
         # chunks of 4 rows (2 groups), one at a time and through one loop: the same replies, both counted
         # (which takes fewer steps depends on the reply lengths: tests/test_decode.py checks the drain)
@@ -294,7 +295,7 @@ def test_bench_inference_generation_goes_on_past_a_failed_measurement(tiny_model
     table = bench.generation_table(results)
     (cells,) = table_rows(table, "cot")
     static_column = [header for header, _ in bench.GENERATION_COLUMNS].index(
-        "static shapes: replies equal, useful / token slots, tokens/s, ms / decode step")
+        "static shapes: replies equal, useful / token slots, tokens/s, ms / decode step, CUDA graphs skipped")
     assert cells[static_column] == "-" and cells[3] == "True"
     assert "- failed (cot): static shapes: RuntimeError: BackendCompilerFailed: no CUDA graphs here" in table
 
