@@ -11,8 +11,9 @@ size with random weights), those; else the conservative defaults below, marked "
 Generated tokens without a measurement from a cache are the upper bound (every reply runs to
 its length limit). A benchmark's generation is its own run's, with short replies: where the
 file keeps its seconds apart, a job costs its rows' prefills and a decode step per token of each
-sequence in flight (:class:`GenerationRate`), else the run's tokens/s. No torch, no model: it reads the config, benchmark files where they exist,
-cache attributes and the benchmark JSON files given.
+sequence in flight (:class:`GenerationRate`), else the run's tokens/s. No torch, no model: it
+reads the config, benchmark files where they exist, cache attributes and the benchmark JSON
+files given.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import os
 from dataclasses import dataclass
 
 from ladbench.config import study_benchmarks
+from ladbench.inference.runner import DECODE_WAYS
 from ladbench.study_paths import StudyPaths
 from ladbench.variants import variant as prompt_variant
 
@@ -115,7 +117,7 @@ class GenerationRate:
         """Cache-like attributes of a job at N = ``n`` (:func:`job_seconds`), and their label. The
         prefill per row scales by N / the measured N (a row's prompt grows with N, as the scoring
         rates' do); a step's time is the benchmark's, at its short replies' KV lengths."""
-        way = "" if self.way == DEFAULT_DECODE else f"{self.way}, "
+        way = "" if self.way == DECODE_WAYS[0] else f"{self.way}, "
         label = f"{way}{self.slots} sequences in flight"
         if not self.split():
             return {"generated_tokens_per_s": self.tokens_per_s}, f"benchmark ({label})"
@@ -198,10 +200,6 @@ def _scoring_rates(entry: dict) -> list[tuple[int, int, float, str]]:
     return [(int(entry["n"]), int(entry["batch"]), rate, over)] if rate > 0 else []
 
 
-#: the decode way of a config that names none (InferenceSettings.decode unset: the loop's slots)
-DEFAULT_DECODE = "slots"
-
-
 def _generation_rates(entry: dict) -> list[GenerationRate]:
     """The generation runs of one measurement: the decode loop's at its ``slots`` (a run before
     they were recorded had its prefill group's, batch x samples) with the split of its second run
@@ -265,7 +263,7 @@ def prompt_options(config: dict, prompt: str):
 
 def decode_way(config: dict) -> str:
     """How a config's generative jobs decode (``inference.decode``)."""
-    return config["inference"].get("decode") or DEFAULT_DECODE
+    return config["inference"].get("decode") or DECODE_WAYS[0]
 
 
 def decode_slots(config: dict, prompt: str, batch: int) -> int:

@@ -65,6 +65,8 @@ GPU_DECODE_SLOTS = 64
 #: not part of the cache's identity (config_sha256); a shard's rows are identified by its cache's
 #: own config_sha256 (merge.select_shard)
 UNHASHED = {"hashed": False}
+#: how the generative variants decode (``inference.decode``); unset means the first, the loop's slots
+DECODE_WAYS = ("slots", "static", "generate")
 #: the infer command's help sections of the settings' flags
 PROMPT_GROUP, EXECUTION_GROUP = "prompt and scoring", "execution"
 
@@ -166,7 +168,7 @@ class InferenceSettings(Settings):
         "compiled (CUDA graphs on a GPU; on an H200 faster than slots' first run, its sampled bfloat16 replies not "
         "generate's: README); generate = transformers' generate per batch, each "
         "sample encoded as its own row: the path it replaced, at its cost (the same replies on the CPU)",
-        kind=str, choices=("slots", "static", "generate"), group=EXECUTION_GROUP, hashed=False)
+        kind=str, choices=DECODE_WAYS, group=EXECUTION_GROUP, hashed=False)
     decode_slots: int | None = setting(
         None, f"generative variants: sequences the decode loop keeps in flight (each of a self-consistency row's "
         f"samples is one; rows are still prefilled batch_size at a time); unset: batch_size x samples per row on "
