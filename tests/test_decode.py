@@ -493,3 +493,38 @@ def test_the_prefills_seconds_are_counted_apart_from_the_decode_steps(ending, tm
     stats = runner.decode_stats
     assert stats.prefills == len(ROWS) // 2 and stats.decode_steps > 0 and now[0] > 100 * stats.decode_steps
     assert stats.prefill_seconds == stats.prefills * 1.0
+
+
+def test_on_a_gpu_the_prefill_clock_reads_cuda_events_on_the_models_stream(monkeypatch):
+    """The GPU's branch of :class:`~ladbench.inference.decode.PrefillClock` without a GPU: events
+    recorded on the stream of the model's device (cuda:1 here, not the current device), around
+    each prefill and nothing else, read once when the run asks for its total (their milliseconds
+    in seconds), and none read twice."""
+    from ladbench.inference import decode as decoding
+    recorded, streams = [], []
+
+    class FakeEvent:
+        def __init__(self, enable_timing=False):
+            assert enable_timing
+            self.at = None
+
+        def record(self, stream=None):
+            streams.append(stream)
+            self.at = len(recorded)
+            recorded.append(self)
+
+        def synchronize(self):
+            assert self.at is not None
+
+        def elapsed_time(self, end):
+            return 250.0 * (end.at - self.at)            # ms: one unit between a span's two records
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: f"stream of {device}")
+    clock = decoding.PrefillClock("cuda:1")
+    for _ in range(3):
+        with clock.span():
+            pass
+    assert streams == ["stream of cuda:1"] * 6 and clock.total() == pytest.approx(0.75)
+    with clock.span():
+        pass
+    assert clock.total() == pytest.approx(1.0)           # the earlier spans counted once

@@ -103,7 +103,8 @@ class PrefillClock:
     included. Elsewhere the host's ``clock`` (a CPU's work is done when its call returns)."""
 
     def __init__(self, device: Any, clock: Callable[[], float] = time.perf_counter) -> None:
-        self.on_gpu, self.clock = torch.device(device).type == "cuda", clock
+        self.device, self.clock = torch.device(device), clock
+        self.on_gpu = self.device.type == "cuda"
         self.spans: list[tuple[Any, Any]] = []      # the GPU's (start, end) events not read yet
         self.seconds = 0.0                          # the spans read, and the host's
 
@@ -114,10 +115,11 @@ class PrefillClock:
             yield
             self.seconds += self.clock() - start
             return
+        stream = torch.cuda.current_stream(self.device)      # the model's GPU's, not the current device's
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
+        start.record(stream)
         yield
-        end.record()
+        end.record(stream)
         self.spans.append((start, end))
 
     def total(self) -> float:
