@@ -25,7 +25,8 @@ import os
 from dataclasses import dataclass
 
 from ladbench.config import study_benchmarks
-from ladbench.inference.runner import DECODE_WAYS
+from ladbench.inference.runner import DECODE_WAYS, InferenceSettings, decode_sequences
+from ladbench.settings import setting_defaults
 from ladbench.study_paths import StudyPaths
 from ladbench.variants import variant as prompt_variant
 
@@ -186,8 +187,6 @@ def read_bench_rates(spec: str) -> tuple[str, BenchRates]:
 def _stage_way(entry: dict) -> bool:
     """Whether a benchmark's ``infer`` run ran the stage's own way, not a way it is compared with:
     every inference setting it records (``score_ahead``, ``vision_tower``...) at its default."""
-    from ladbench.inference.runner import InferenceSettings
-    from ladbench.settings import setting_defaults
     return all(entry[name] == default for name, default in setting_defaults(InferenceSettings).items() if name in entry)
 
 
@@ -267,10 +266,11 @@ def decode_way(config: dict) -> str:
 
 
 def decode_slots(config: dict, prompt: str, batch: int) -> int:
-    """The sequences a job of ``prompt`` keeps in flight on a GPU at the config's settings."""
-    from ladbench.inference.runner import decode_sequences
-
+    """The sequences a job of ``prompt`` keeps in flight on a GPU at the config's settings
+    (``generate``: a batch's rows, each sample its own sequence, whatever ``decode_slots``)."""
     samples = prompt_variant(prompt).samples_per_row(prompt_options(config, prompt))
+    if decode_way(config) == "generate":
+        return samples * batch
     return decode_sequences(samples, batch, config["inference"].get("decode_slots"), gpu=True)
 
 
@@ -317,10 +317,7 @@ def benchmark_attrs(config: dict, model: str, prompt: str, n: int, rates: BenchR
     where the benchmark did not measure that kind of job."""
     batch = config["models"][model].get("batch_size") or config["inference"]["batch_size"]
     if _generating(prompt):
-        way = decode_way(config)
-        slots = decode_slots(config, prompt, batch) if way != "generate" else (
-            batch * prompt_variant(prompt).samples_per_row(prompt_options(config, prompt)))
-        taken = rates.generation_rate(prompt, way, slots)
+        taken = rates.generation_rate(prompt, decode_way(config), decode_slots(config, prompt, batch))
         return None if taken is None else taken.attrs(n)
     taken = rates.rows_per_s(n, batch)
     return None if taken is None else ({"rows_per_s": taken[0]}, f"benchmark ({taken[1]})")
