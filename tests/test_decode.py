@@ -265,6 +265,34 @@ def test_more_sequences_in_flight_than_a_prefill_group_give_the_same_replies(end
         assert (wide_out[key] == default[key]).all(), key
 
 
+@pytest.mark.parametrize("prompt", sorted(VARIANTS))
+def test_a_stream_holds_no_more_cache_columns_than_its_longest_sequence(ending, tmp_path, monkeypatch, prompt):
+    """Rows of one row a group (no padding in a prompt) stream through a few more slots than a
+    group's sequences, so that the batch drains only at the end: at every decode step the cache is
+    as wide as the longest sequence in flight (prompt and reply so far), never wider. Before the
+    leading columns that no sequence needs were cut, a newcomer was left padded to the width of
+    the sequences already in flight and every step appended a column, so the width grew by one a
+    step for the whole stream (a real job: tens of thousands of columns, memory and attention
+    with them). The replies stay ``generate``'s."""
+    from ladbench.inference import decode
+    widths: list[tuple[int, int]] = []
+    step = decode.SlotDecoder.step
+
+    def recording(self, flight, replies):
+        widths.append((flight.mask.shape[1], int(flight.mask.sum(1).max())))
+        return step(self, flight, replies)
+    monkeypatch.setattr(decode.SlotDecoder, "step", recording)
+    adapter = ending(QWEN_BUILDS[0])
+    slots = SAMPLES + 1 if prompt == "sc" else 2
+    new, _ = generated(adapter, tmp_path / "loop", prompt, "slots", batch_size=1, decode_slots=slots)
+    assert len(widths) > 2 * VARIANTS[prompt]["max_new_tokens"]          # longer than any reply
+    assert [width for width, _ in widths] == [held for _, held in widths]
+    monkeypatch.undo()
+    old, _ = generated(adapter, tmp_path / "generate", prompt, "generate", batch_size=1)
+    for key in old:
+        assert (new[key] == old[key]).all(), key
+
+
 def test_a_short_first_step_does_not_narrow_the_sequences_in_flight(ending, tmp_path):
     """The loop's width comes from the groups' size asked for (halved only by an out-of-memory
     retry), not from the rows of the first step it reads: a first chunk of one row (a resumed job,
@@ -438,33 +466,39 @@ def test_a_cache_transformers_repeats_only_in_part_sends_self_consistency_throug
 @pytest.mark.parametrize("prompt", sorted(VARIANTS))
 def test_kv_cache_copies_are_counted_as_worked_out_by_hand(ending, tmp_path, monkeypatch, prompt):
     """The KV cache positions each path copies, for one group of every row (no joins), worked out
-    by hand from the replies' lengths. The slots loop: self-consistency first repeats each row's
-    cache per sample (rows x S x W, W the group's padded prompt); then at step t every sequence
-    kept is copied by the append (transformers concatenates: W + t positions), and again by the cut
-    where some sequence ended. The ring: the same repeat, and each sequence's prompt once more when
-    it is admitted to its slot."""
+    by hand from the replies' and prompts' lengths. The slots loop: self-consistency first repeats
+    each row's cache per sample (rows x S x W, W the group's padded prompt); then at step t the
+    columns no sequence staying in flight needs are cut off (views), every sequence kept is copied
+    by the append (transformers concatenates: the longest prompt still in flight + t positions),
+    and again by the cut where some sequence ended. The ring: the same repeat, and each sequence's
+    prompt once more when it is admitted to its slot."""
     from ladbench.inference import decode
-    lengths: list[int] = []
+    replies: dict[int, list[int]] = {}
     stream = decode.SlotDecoder.stream
 
     def recording(self, groups):
-        for row, replies in stream(self, groups):
-            lengths.extend(len(reply) for reply in replies)
-            yield row, replies
+        for row, row_replies in stream(self, groups):
+            replies[row] = [len(reply) for reply in row_replies]
+            yield row, row_replies
     monkeypatch.setattr(decode.SlotDecoder, "stream", recording)
     adapter = ending("qwen2_5_vl")
     _, loop = generated(adapter, tmp_path / "slots", prompt, "slots", batch_size=len(ROWS))
     stats = loop.decode_stats
-    assert stats.prefills == 1 and len(set(lengths)) > 1
+    (group,) = loop.prepare(ROWS).groups
+    prompts = group["attention_mask"].sum(1).tolist()                 # each row's real prompt
+    sequences = [(prompts[row], n) for row in sorted(replies) for n in replies[row]]
+    lengths = [n for _, n in sequences]
+    assert stats.prefills == 1 and len(set(lengths)) > 1 and len(set(prompts)) > 1
     width = stats.prefilled_tokens // len(ROWS)
     repeat = len(lengths) * width if len(lengths) > len(ROWS) else 0            # the samples' repeat
     expected, alive = repeat, len(lengths)
     for t in range(max(lengths)):
-        kept = sum(n > t + 1 for n in lengths)          # a reply of n tokens ends at step n - 1
-        expected += kept * (width + t) * (1 if kept == alive else 2)
-        alive = kept
+        staying = [p for p, n in sequences if n > t + 1]          # a reply of n tokens ends at step n - 1
+        if staying:
+            expected += len(staying) * (max(staying) + t) * (1 if len(staying) == alive else 2)
+        alive = len(staying)
     assert stats.kv_positions_copied == expected
-    lengths.clear()
+    replies.clear()
     _, ring = generated(adapter, tmp_path / "static", prompt, "static", batch_size=len(ROWS))
     assert ring.decode_stats.kv_positions_copied == repeat + len(lengths) * width
     # per reply token: the loop's grows with the replies' length (here at most 12 tokens), the ring's does not

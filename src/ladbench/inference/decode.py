@@ -11,12 +11,15 @@ What ``generate(num_return_sequences=S)`` did per batch of rows, and what this l
   groups decode together); a sequence that ends leaves the
   batch at once (its rows of the cache are dropped) and the next pending sequence takes its
   place (its row prefilled when it is first needed, its cache joined to the batch's by left
-  padding; each row's next position is tracked explicitly, so padding moves no position), and it
+  padding; each row's next position is tracked explicitly, so padding moves no position; the
+  leading columns no sequence in flight needs are cut off after each step, so the cache is as
+  wide as the longest sequence in flight, not wider by a column per step of the stream), and it
   stays full from one chunk of the cache to the next: the stage streams the rows of all its
   chunks through one loop (:meth:`SlotDecoder.stream`, ``RowRunner.generate_chunks``) and writes
   a chunk as soon as its rows have ended, so the batch drains once per job, not once per chunk;
-* **one host sync per decode step**: the step's drawn tokens and their "ended" flags come back in
-  one copy; drawing, dropping, joining and the forward pass read nothing else from the device.
+* **one host sync per decode step**: the step's drawn tokens, their "ended" flags and the first
+  cache column still needed come back in one copy; drawing, dropping, joining and the forward
+  pass read nothing else from the device.
 
 Each sequence draws exactly what ``generate`` drew: greedy (CoT) takes the argmax; sampled
 (SC) draws with :class:`~ladbench.inference.sampling.KeyedSampler` under its own key at its own
@@ -245,6 +248,24 @@ def _check_repeated(cache: Any, batch: int) -> None:
                                         "transformers' batch_repeat_interleave")
 
 
+def first_needed_column(mask: torch.Tensor, staying: torch.Tensor) -> torch.Tensor:
+    """The first cache column that a sequence staying in flight (``staying`` [B]) still attends to,
+    [1] on the device (0 when none stays): the columns before it are padding of every such
+    sequence. ``mask`` [B, T]: the columns each sequence holds."""
+    return (mask.bool() & staying[:, None]).any(0).long().argmax().view(1)
+
+
+def drop_leading_columns(flight: Flight, count: int) -> None:
+    """Cut ``count`` leading columns, padding of every sequence, off the flight's cache and mask
+    (views: nothing copied). Sequences that join later are left padded to the longest one in
+    flight, and each step appends a column; without the cut, the width of a stream that never
+    drains would grow by a column per step for a whole job (tens of thousands: the cache's memory
+    and every step's attention and append with it), not stay the longest sequence's."""
+    if count:
+        compat.set_plain_kv(flight.cache, [[k[..., count:, :], v[..., count:, :]] for k, v in compat.plain_kv(flight.cache)])
+        flight.mask = flight.mask[:, count:]
+
+
 def _left_pad(t: torch.Tensor, length: int, dim: int) -> torch.Tensor:
     missing = length - t.shape[dim]
     if not missing:
@@ -441,10 +462,13 @@ class SlotDecoder:
         sequences that ended and feed the others' tokens through the model."""
         tokens = self.draw(self.penalised(flight.logits, flight.seen), flight.keys, flight.steps)
         ended = torch.isin(tokens, self.ends)
-        host = torch.stack([tokens, ended.long()]).cpu().numpy()              # the one sync
+        first = (first_needed_column(flight.mask, ~ended & (flight.steps + 1 < self.max_new_tokens))
+                 if self.joinable else tokens.new_zeros(1))
+        host = torch.cat([tokens, ended.long(), first]).cpu().numpy()          # the one sync
+        tokens_host, ended_host = host[:len(flight)], host[len(flight):2 * len(flight)]
         self.stats.token_slots += len(flight)
         live = []
-        for b, (seq, token, end) in enumerate(zip(flight.seq, host[0], host[1])):
+        for b, (seq, token, end) in enumerate(zip(flight.seq, tokens_host, ended_host)):
             reply = replies.get(seq)                       # None: its row has ended and been handed on
             if reply is None or (reply and (reply[-1] in self.end_ids or len(reply) == self.max_new_tokens)):
                 continue                                   # finished earlier, kept in a padded batch
@@ -458,6 +482,7 @@ class SlotDecoder:
             return None
         if self.joinable:
             keep = live
+            drop_leading_columns(flight, int(host[-1]))
         else:                       # the padded path: every row stays, finished ones fed the pad token
             keep = list(range(len(flight)))
             finished = torch.ones(len(flight), dtype=torch.bool, device=tokens.device)
