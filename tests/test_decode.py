@@ -293,6 +293,24 @@ def test_a_stream_holds_no_more_cache_columns_than_its_longest_sequence(ending, 
         assert (new[key] == old[key]).all(), key
 
 
+@pytest.mark.parametrize("prompt", sorted(VARIANTS))
+def test_a_slab_laid_out_anew_at_every_step_keeps_what_it_holds(ending, tmp_path, monkeypatch, prompt):
+    """The slots loop's slab with no room to spare (buffers one column past the flight's end): a
+    new layout at every decode step and at every admission wider than the flight, everything in
+    flight copied each time; the replies stay ``generate``'s, and the copies are counted."""
+    from ladbench.inference import decode
+    adapter = ending(QWEN_BUILDS[0])
+    slots = SAMPLES + 1 if prompt == "sc" else 3
+    _, roomy = generated(adapter, tmp_path / "roomy", prompt, "slots", batch_size=1, decode_slots=slots)
+    monkeypatch.setattr(decode.Slab, "columns_for", staticmethod(lambda end: end + 1))
+    new, tight = generated(adapter, tmp_path / "tight", prompt, "slots", batch_size=1, decode_slots=slots)
+    old, _ = generated(adapter, tmp_path / "generate", prompt, "generate", batch_size=1)
+    for key in old:
+        assert (new[key] == old[key]).all(), key
+    # each step's layout copies every sequence kept, as the dynamic cache's append did
+    assert tight.decode_stats.kv_positions_copied > roomy.decode_stats.kv_positions_copied + tight.decode_stats.decode_rows
+
+
 def test_a_short_first_step_does_not_narrow_the_sequences_in_flight(ending, tmp_path):
     """The loop's width comes from the groups' size asked for (halved only by an out-of-memory
     retry), not from the rows of the first step it reads: a first chunk of one row (a resumed job,
@@ -465,13 +483,15 @@ def test_a_cache_transformers_repeats_only_in_part_sends_self_consistency_throug
 
 @pytest.mark.parametrize("prompt", sorted(VARIANTS))
 def test_kv_cache_copies_are_counted_as_worked_out_by_hand(ending, tmp_path, monkeypatch, prompt):
-    """The KV cache positions each path copies, for one group of every row (no joins), worked out
-    by hand from the replies' and prompts' lengths. The slots loop: self-consistency first repeats
-    each row's cache per sample (rows x S x W, W the group's padded prompt); then at step t the
-    columns no sequence staying in flight needs are cut off (views), every sequence kept is copied
-    by the append (transformers concatenates: the longest prompt still in flight + t positions),
-    and again by the cut where some sequence ended. The ring: the same repeat, and each sequence's
-    prompt once more when it is admitted to its slot."""
+    """The KV cache positions each path copies, for one group of every row (no later joins),
+    worked out by hand from the replies' and prompts' lengths. Both paths first repeat each row's
+    cache per sample for self-consistency (rows x S x W, W the group's padded prompt) and copy each
+    sequence's W positions into their store (the slots loop's slab, the ring's slot). Then the
+    slots loop, at step t: cuts the columns no sequence staying in flight needs (nothing copied),
+    appends the step's position in place (nothing copied), and where sequences ended, moves each
+    staying sequence from a row past the ones kept into a freed row (its columns copied: the
+    longest prompt still in flight + t). transformers' dynamic cache, which the loop used before,
+    copied every sequence kept at every step (its append concatenates), and again at a cut."""
     from ladbench.inference import decode
     replies: dict[int, list[int]] = {}
     stream = decode.SlotDecoder.stream
@@ -486,23 +506,33 @@ def test_kv_cache_copies_are_counted_as_worked_out_by_hand(ending, tmp_path, mon
     stats = loop.decode_stats
     (group,) = loop.prepare(ROWS).groups
     prompts = group["attention_mask"].sum(1).tolist()                 # each row's real prompt
-    sequences = [(prompts[row], n) for row in sorted(replies) for n in replies[row]]
+    sequences = [(prompts[row], n) for row in sorted(replies) for n in replies[row]]   # row-major, as admitted
     lengths = [n for _, n in sequences]
     assert stats.prefills == 1 and len(set(lengths)) > 1 and len(set(prompts)) > 1
     width = stats.prefilled_tokens // len(ROWS)
     repeat = len(lengths) * width if len(lengths) > len(ROWS) else 0            # the samples' repeat
-    expected, alive = repeat, len(lengths)
+    expected = concatenated = repeat + len(lengths) * width
+    rows, alive = list(range(len(sequences))), len(sequences)         # the sequence in each row of the slab
     for t in range(max(lengths)):
-        staying = [p for p, n in sequences if n > t + 1]          # a reply of n tokens ends at step n - 1
-        if staying:
-            expected += len(staying) * (max(staying) + t) * (1 if len(staying) == alive else 2)
-        alive = len(staying)
+        staying = [r for r, q in enumerate(rows) if lengths[q] > t + 1]      # a reply of n tokens ends at step n - 1
+        if not staying:
+            break
+        held = max(sequences[rows[r]][0] for r in staying) + t
+        freed, movers = [r for r in range(len(staying)) if r not in staying], [r for r in staying if r >= len(staying)]
+        expected += len(freed) * held
+        concatenated += len(staying) * held * (1 if len(staying) == alive else 2)
+        moved = rows[:len(staying)]
+        for row, mover in zip(freed, movers):
+            moved[row] = rows[mover]
+        rows, alive = moved, len(staying)
     assert stats.kv_positions_copied == expected
     replies.clear()
     _, ring = generated(adapter, tmp_path / "static", prompt, "static", batch_size=len(ROWS))
     assert ring.decode_stats.kv_positions_copied == repeat + len(lengths) * width
-    # per reply token: the loop's grows with the replies' length (here at most 12 tokens), the ring's does not
-    assert ring.decode_stats.kv_copies_per_token() < stats.kv_copies_per_token() / 4
+    # after the admissions: the dynamic cache's copies grew with every step, the slab's only where
+    # sequences end (here 10 or 30 sequences of at most 12 tokens: 6x and 22x fewer)
+    admitted = repeat + len(lengths) * width
+    assert stats.kv_positions_copied - admitted < (concatenated - admitted) / 5
 
 
 @pytest.mark.parametrize("decode", ["slots", "static"])

@@ -194,6 +194,7 @@ class Flight:
     seq: list[int] = field(default_factory=list)     # sequence index of each row
     keys: torch.Tensor | None = None           # [B] sampling keys
     steps: torch.Tensor | None = None          # [B] tokens generated so far (the draw's step)
+    slab: "Slab | None" = None                 # the store ``cache`` reads (joinable caches in flight)
 
     def __len__(self) -> int:
         return len(self.seq)
@@ -219,7 +220,9 @@ def take(flight: Flight, rows: Sequence[int], *, joinable: bool) -> Flight:
         # must not become those of the flight it was taken from (a parked row's later samples)
         return replace(flight, seq=list(flight.seq))
     idx = device_index(rows, flight.mask.device)
-    if joinable:
+    if flight.slab is not None:      # rows of a slab are arranged by Slab.cut, which gave ``rows``
+        cache = flight.cache
+    elif joinable:
         cache = compat.new_plain_cache([[k.index_select(0, idx), v.index_select(0, idx)]
                                         for k, v in compat.plain_kv(flight.cache)])
     else:            # only a whole group, each row repeated equally (the padded path)
@@ -234,7 +237,7 @@ def take(flight: Flight, rows: Sequence[int], *, joinable: bool) -> Flight:
             _check_repeated(cache, len(rows))
     return Flight(cache, flight.mask.index_select(0, idx), _index(flight.positions, idx, -2),
                   flight.logits.index_select(0, idx), _index(flight.seen, idx),
-                  [flight.seq[r] for r in rows], _index(flight.keys, idx), _index(flight.steps, idx))
+                  [flight.seq[r] for r in rows], _index(flight.keys, idx), _index(flight.steps, idx), flight.slab)
 
 
 def _check_repeated(cache: Any, batch: int) -> None:
@@ -255,17 +258,6 @@ def first_needed_column(mask: torch.Tensor, staying: torch.Tensor) -> torch.Tens
     return (mask.bool() & staying[:, None]).any(0).long().argmax().view(1)
 
 
-def drop_leading_columns(flight: Flight, count: int) -> None:
-    """Cut ``count`` leading columns, padding of every sequence, off the flight's cache and mask
-    (views: nothing copied). Sequences that join later are left padded to the longest one in
-    flight, and each step appends a column; without the cut, the width of a stream that never
-    drains would grow by a column per step for a whole job (tens of thousands: the cache's memory
-    and every step's attention and append with it), not stay the longest sequence's."""
-    if count:
-        compat.set_plain_kv(flight.cache, [[k[..., count:, :], v[..., count:, :]] for k, v in compat.plain_kv(flight.cache)])
-        flight.mask = flight.mask[:, count:]
-
-
 def _left_pad(t: torch.Tensor, length: int, dim: int) -> torch.Tensor:
     missing = length - t.shape[dim]
     if not missing:
@@ -276,19 +268,135 @@ def _left_pad(t: torch.Tensor, length: int, dim: int) -> torch.Tensor:
 
 
 def join(a: Flight, b: Flight) -> Flight:
-    """Both flights in one batch (a's rows first), the shorter cache left padded (masked out)."""
+    """Both flights in one batch (a's rows first): ``b``'s sequences (a prefill's plain cache)
+    written into ``a``'s slab, the narrower side left padded (masked out)."""
+    a.slab.admit(b)
     if not len(a):
-        return b
+        return replace(b, cache=a.slab.cache, slab=a.slab)
     length = max(a.mask.shape[1], b.mask.shape[1])
-    kv = [[torch.cat([_left_pad(x, length, -2), _left_pad(y, length, -2)]) for x, y in zip(pa, pb)]
-          for pa, pb in zip(compat.plain_kv(a.cache), compat.plain_kv(b.cache))]
-    compat.set_plain_kv(a.cache, kv)
 
     def cat(x, y, dim=0):
         return None if x is None else torch.cat([x, y], dim)
-    return Flight(a.cache, torch.cat([_left_pad(a.mask, length, 1), _left_pad(b.mask, length, 1)]),
+    return Flight(a.slab.cache, torch.cat([_left_pad(a.mask, length, 1), _left_pad(b.mask, length, 1)]),
                   cat(a.positions, b.positions, -2), torch.cat([a.logits, b.logits]), cat(a.seen, b.seen),
-                  a.seq + b.seq, cat(a.keys, b.keys), torch.cat([a.steps, b.steps]))
+                  a.seq + b.seq, cat(a.keys, b.keys), torch.cat([a.steps, b.steps]), a.slab)
+
+
+class Slab:
+    """The KV store of the slots loop's sequences in flight (joinable caches): per layer one
+    preallocated buffer of keys and one of values, [R, H, C, D] (R: the slots), whose rows
+    [0, count) and columns [start, end) are the flight's cache. They hold the very values a
+    concatenated cache of that width would, zero padding included, so the attention computes what
+    it computed over transformers' dynamic cache; only the memory around them differs.
+
+    What costs a copy of every sequence's whole cache in the dynamic cache costs little here: a
+    decode step's new position is written at column ``end`` (nothing copied: transformers
+    concatenates the whole cache to append it); a sequence that ends hands its row to one of the
+    last rows (that row's columns copied, not every row's); a newcomer is written into the rows
+    after the flight's, right-aligned at ``end``, its padding zeroed; a newcomer wider than the
+    flight widens it to the left (the old rows' new columns zeroed: nothing moves); the leading
+    columns no sequence needs any more are cut by moving ``start``. Everything in flight is copied
+    only when the columns run out (:meth:`_lay_out`), and then with room for at least half as many
+    steps as the flight is wide: at most about two positions per sequence and step.
+    """
+
+    def __init__(self, first: Flight, rows: int, stats: DecodeStats) -> None:
+        self.rows, self.stats = rows, stats
+        self.kv = [[k.new_zeros((rows, k.shape[1], 0, k.shape[-1])), v.new_zeros((rows, v.shape[1], 0, v.shape[-1]))]
+                   for k, v in compat.plain_kv(first.cache)]
+        self.count = self.start = self.end = 0
+        self.cache = compat.new_slab_cache(self)
+
+    @property
+    def width(self) -> int:
+        return self.end - self.start
+
+    @property
+    def capacity(self) -> int:
+        return self.kv[0][0].shape[-2]
+
+    def append(self, layer: int, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A decode step's new position of every sequence in flight ([count, H, 1, D]) written at
+        column ``end`` of ``layer``; returns the cache the attention reads, that position included
+        (views). The caller has made room (:meth:`reserve`) and advances ``end`` after the step."""
+        k, v = self.kv[layer]
+        n, start, end = self.count, self.start, self.end
+        k[:n, :, end:end + 1].copy_(keys)
+        v[:n, :, end:end + 1].copy_(values)
+        return k[:n, :, start:end + 1], v[:n, :, start:end + 1]
+
+    def reserve(self) -> None:
+        """Room for a decode step's column at ``end``."""
+        if self.end == self.capacity:
+            self._lay_out(self.width)
+
+    def admit(self, fresh: Flight) -> None:
+        """``fresh``'s sequences (a prefill's plain cache, [n, H, W, D] a layer) in rows [count,
+        count + n), right-aligned at ``end``, the columns before them zeroed; where W exceeds the
+        width, the flight's rows are widened to the left with zeros."""
+        n, width = len(fresh), fresh.mask.shape[1]
+        if self.count + n > self.rows:
+            raise ValueError(f"{self.count} + {n} sequences do not fit a slab of {self.rows} rows")
+        if width > self.end:
+            self._lay_out(width)
+        start, old, rows = min(self.start, self.end - width), slice(0, self.count), slice(self.count, self.count + n)
+        for pair, fresh_pair in zip(self.kv, compat.plain_kv(fresh.cache)):
+            for buf, new in zip(pair, fresh_pair):
+                if self.count and start < self.start:
+                    buf[old, :, start:self.start].zero_()
+                if start < self.end - width:
+                    buf[rows, :, start:self.end - width].zero_()
+                buf[rows, :, self.end - width:self.end] = new
+        self.stats.kv_positions_copied += n * width
+        self.start, self.count = start, self.count + n
+
+    def cut(self, live: Sequence[int]) -> list[int]:
+        """Keep the rows ``live`` (ascending): each of them past the first len(live) rows moves into
+        a row freed there (its columns copied; the others stay where they are). Returns the old row
+        of each row now in flight, the order the flight's other state must take."""
+        kept = len(live)
+        order, staying = list(range(kept)), set(live)
+        freed = [r for r in order if r not in staying]
+        movers = [r for r in live if r >= kept]
+        for row, mover in zip(freed, movers):
+            order[row] = mover
+        if freed:
+            device = self.kv[0][0].device
+            into, out_of = device_index(freed, device), device_index(movers, device)
+            for pair in self.kv:
+                for buf in pair:
+                    held = buf[:, :, self.start:self.end]
+                    held.index_copy_(0, into, held.index_select(0, out_of))
+            self.stats.kv_positions_copied += len(freed) * self.width
+        self.count = kept
+        if not kept:
+            self.start = self.end
+        return order
+
+    def trim(self, columns: int) -> None:
+        """Cut ``columns`` leading columns, padding of every sequence in flight (nothing copied)."""
+        self.start += columns
+
+    def stepped(self) -> None:
+        self.end += 1
+
+    @staticmethod
+    def columns_for(end: int) -> int:
+        """The columns of buffers laid out to end a flight at column ``end``: room for max(end / 2,
+        256) steps after it, in whole blocks of 256 (a copy of what is in flight at most every
+        end / 2 steps: two positions per sequence and step at most, against the whole cache)."""
+        return 256 * math.ceil((end + max(end // 2, 256)) / 256)
+
+    def _lay_out(self, end: int) -> None:
+        """New buffers (:meth:`columns_for`) holding what is in flight at columns [end - width, end)."""
+        width, count, capacity = self.width, self.count, self.columns_for(end)
+        for pair in self.kv:
+            for i, buf in enumerate(pair):
+                new = buf.new_zeros((*buf.shape[:2], capacity, buf.shape[-1]))
+                new[:count, :, end - width:end] = buf[:count, :, self.start:self.end]
+                pair[i] = new                     # (the old one freed here: one layer's extra memory at a time)
+        self.stats.kv_positions_copied += count * width
+        self.start, self.end = end - width, end
 
 
 class SlotDecoder:
@@ -368,13 +476,13 @@ class SlotDecoder:
         if flight is not None and self.static and self.joinable:
             yield from self._ring_stream(flight)
             return
+        slab = Slab(flight, self.slots, self.stats) if flight is not None and self.joinable else None
         while flight is not None:
-            while self.joinable and len(flight) < self.slots:
-                fresh = self._fresh(self.slots - len(flight))
-                if fresh is None:
-                    break
-                flight = join(flight, fresh)
-                self.stats.kv_positions_copied += len(flight) * flight.mask.shape[1]      # all of it, padded
+            if slab is not None:
+                if flight.slab is None:                   # a prefill's sequences, the first in flight
+                    flight = join(replace(flight, seq=[], slab=slab), flight)
+                while len(flight) < self.slots and (fresh := self._fresh(self.slots - len(flight))) is not None:
+                    flight = join(flight, fresh)
             flight = self.step(flight, self._replies)
             yield from self._ended_rows()
             flight = flight or self._fresh(self.slots)
@@ -478,19 +586,23 @@ class SlotDecoder:
                 live.append(b)
             else:
                 self._sequence_ended(seq)
-        if not live:
-            return None
-        if self.joinable:
-            keep = live
-            drop_leading_columns(flight, int(host[-1]))
+        if flight.slab is not None:      # a joinable cache: the sequences that ended leave it
+            if not live:
+                flight.slab.cut(live)
+                return None
+            flight.slab.trim(int(host[-1]))
+            flight.mask = flight.mask[:, int(host[-1]):]
+            keep = flight.slab.cut(live)
+            flight.slab.reserve()
         else:                       # the padded path: every row stays, finished ones fed the pad token
+            if not live:
+                return None
             keep = list(range(len(flight)))
             finished = torch.ones(len(flight), dtype=torch.bool, device=tokens.device)
             finished[device_index(live, tokens.device)] = False
             tokens = tokens.masked_fill(finished, self.adapter.pad_token_id)
-        held = flight.mask.shape[1]                       # positions each sequence's cache holds
-        copies = 1 if len(keep) == len(flight) else 2     # the append's, and the cut's
-        self.stats.kv_positions_copied += copies * len(keep) * held
+            # transformers' dynamic cache appends by concatenation: every position it holds copied
+            self.stats.kv_positions_copied += len(keep) * flight.mask.shape[1]
         flight = take(flight, keep, joinable=self.joinable)
         fed = tokens.index_select(0, device_index(keep, tokens.device))
         if flight.seen is not None:
@@ -500,6 +612,8 @@ class SlotDecoder:
         # mask, handed over as such (4-D), so that transformers does not read it back to see if it can skip it
         mask = flight.mask.bool()[:, None, None, :] if self.joinable else flight.mask
         flight.logits = self.adapter.decode_logits(flight.cache, fed[:, None], mask, flight.positions)
+        if flight.slab is not None:
+            flight.slab.stepped()
         if flight.positions is not None:
             flight.positions = flight.positions + 1
         flight.steps = flight.steps + 1

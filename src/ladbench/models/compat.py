@@ -155,6 +155,41 @@ def new_ring_cache(kv: list[list[Any]], column: Any) -> Any:
     return RingCache()
 
 
+def new_slab_cache(slab: Any) -> Any:
+    """A cache over the decode loop's :class:`~ladbench.inference.decode.Slab` (its sequences in
+    flight in preallocated per-layer buffers): each layer's update writes the step's one new
+    position through ``slab.append(layer, keys, values)`` and hands the attention what that returns
+    (views of the buffers, every position of the flight); the loop gives the 4-D mask and the
+    positions itself, so the length reported is the flight's width only for form's sake."""
+    from transformers.cache_utils import Cache
+    if on_current_lane():
+        from transformers.cache_utils import DynamicLayer
+
+        class SlabLayer(DynamicLayer):
+            def __init__(self, layer: int) -> None:
+                super().__init__()
+                self.layer, self.is_initialized = layer, True
+                self.dtype, self.device = slab.kv[layer][0].dtype, slab.kv[layer][0].device
+
+            def update(self, key_states: Any, value_states: Any, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
+                return slab.append(self.layer, key_states, value_states)
+
+            def get_seq_length(self) -> int:
+                return slab.width
+        return Cache(layers=[SlabLayer(layer) for layer in range(len(slab.kv))])
+
+    class SlabCache(Cache):
+        def update(self, key_states: Any, value_states: Any, layer_idx: int, cache_kwargs: Any = None) -> tuple[Any, Any]:
+            return slab.append(layer_idx, key_states, value_states)
+
+        def get_seq_length(self, layer_idx: int | None = 0) -> int:
+            return slab.width
+
+        def get_max_cache_shape(self) -> None:
+            return None
+    return SlabCache()
+
+
 def qwen_vl_rope_index(base_model: Any, inputs: dict[str, Any]) -> tuple[Any, Any]:
     """Qwen2.5-VL's M-RoPE ``(position_ids [3, B, T], rope_deltas [B, 1])`` for a prefill, computed
     by the model's own ``get_rope_index`` (5.x takes the processor's ``mm_token_type_ids``)."""
