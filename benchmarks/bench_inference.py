@@ -724,6 +724,9 @@ def _generation_variant(r: dict, model_dir: str, args: argparse.Namespace, save:
         "ours_prefilled_rows_per_row": stats.prefilled_rows / len(rows), "plain_prefilled_rows_per_row": r["samples"],
         "ours_prefilled_tokens": stats.prefilled_tokens, "decode_steps": stats.decode_steps,
         "ours_kv_copies_per_token": stats.kv_copies_per_token(),
+        # the cache columns of the widest decode step, beside the longest prompt and reply: a
+        # stream's cache is as wide as its longest sequence in flight, not wider by a column a step
+        "ours_widest_cache": stats.widest_cache, "longest_prompt": longest_prompt(prepared),
         "ours_s": ours_s, "plain_s": plain_s, "ours_tokens_per_s": tokens / ours_s,
         "plain_tokens_per_s": sum(plain_counts) / plain_s, "ours_rows_per_s": len(rows) / ours_s,
         "plain_rows_per_s": len(rows) / plain_s,
@@ -759,6 +762,11 @@ def _generation_variant(r: dict, model_dir: str, args: argparse.Namespace, save:
     measured("host syncs per decode step", decode_step_syncs, runner, prepared)
     measured("decode steps over chunks", chunk_counts, runner, rows, args.gen_chunk, args.device)
     return r
+
+
+def longest_prompt(prepared) -> int:
+    """The most prompt tokens of a row (padding not counted) among the groups of a prepared step."""
+    return max(int(group["attention_mask"].sum(1).max()) for group in prepared.groups)
 
 
 def attempt(failed: list[dict], what: str, measure: Callable[..., T], *args, **kwargs) -> T | None:
@@ -1014,6 +1022,8 @@ GENERATION_COLUMNS: tuple[tuple[str, Callable[[dict], str]], ...] = (
                f"({r['no_cudnn_same_replies']})"),
     ("KV positions copied per token: ours / static",
      lambda r: f"{r['ours_kv_copies_per_token']:.0f} / {r['static_kv_copies_per_token']:.0f}"),
+    ("widest cache (columns) / longest prompt + reply (ours)",
+     lambda r: f"{r['ours_widest_cache']} / {r['longest_prompt'] + max(r['reply_lengths'])}"),
 )
 
 

@@ -284,9 +284,11 @@ def test_a_stream_holds_no_more_cache_columns_than_its_longest_sequence(ending, 
     monkeypatch.setattr(decode.SlotDecoder, "step", recording)
     adapter = ending(QWEN_BUILDS[0])
     slots = SAMPLES + 1 if prompt == "sc" else 2
-    new, _ = generated(adapter, tmp_path / "loop", prompt, "slots", batch_size=1, decode_slots=slots)
+    new, loop = generated(adapter, tmp_path / "loop", prompt, "slots", batch_size=1, decode_slots=slots)
     assert len(widths) > 2 * VARIANTS[prompt]["max_new_tokens"]          # longer than any reply
     assert [width for width, _ in widths] == [held for _, held in widths]
+    widest = max(width for width, _ in widths)
+    assert widest <= loop.decode_stats.widest_cache <= widest + 1             # (+ the token fed, if any)
     monkeypatch.undo()
     old, _ = generated(adapter, tmp_path / "generate", prompt, "generate", batch_size=1)
     for key in old:

@@ -8,15 +8,19 @@ What ``generate(num_return_sequences=S)`` did per batch of rows, and what this l
   1-D or multi-axis RoPE alike, ``ModelAdapter.decode_positions``) carried along;
 * **a full batch**: at most ``slots`` sequences are in flight (``inference.decode_slots``: by
   default the prefill group's on the CPU, at least 64 on a GPU, so there the sequences of several
-  groups decode together); a sequence that ends leaves the
-  batch at once (its rows of the cache are dropped) and the next pending sequence takes its
-  place (its row prefilled when it is first needed, its cache joined to the batch's by left
-  padding; each row's next position is tracked explicitly, so padding moves no position; the
-  leading columns no sequence in flight needs are cut off after each step, so the cache is as
-  wide as the longest sequence in flight, not wider by a column per step of the stream), and it
-  stays full from one chunk of the cache to the next: the stage streams the rows of all its
-  chunks through one loop (:meth:`SlotDecoder.stream`, ``RowRunner.generate_chunks``) and writes
-  a chunk as soon as its rows have ended, so the batch drains once per job, not once per chunk;
+  groups decode together); a sequence that ends leaves the batch at once and the next pending
+  sequence takes its place (its row prefilled when it is first needed, its cache joined to the
+  batch's by left padding; each row's next position is tracked explicitly, so padding moves no
+  position; the leading columns no sequence in flight needs are cut off after each step, so the
+  cache is as wide as the longest sequence in flight, not wider by a column per step of the
+  stream). The sequences in flight live in a :class:`Slab`, preallocated KV buffers where a
+  step's position is written in place, a sequence that ends hands its row to one of the last
+  rows, and a newcomer is written into free rows: transformers' dynamic cache copied every
+  sequence's whole cache at every step (its append concatenates) and again at every cut and
+  join, the slab only the rows that move. The batch stays full from one chunk of the cache to
+  the next: the stage streams the rows of all its chunks through one loop
+  (:meth:`SlotDecoder.stream`, ``RowRunner.generate_chunks``) and writes a chunk as soon as its
+  rows have ended, so the batch drains once per job, not once per chunk;
 * **one host sync per decode step**: the step's drawn tokens, their "ended" flags and the first
   cache column still needed come back in one copy; drawing, dropping, joining and the forward
   pass read nothing else from the device.
@@ -140,6 +144,10 @@ class UnrepeatableCache(ValueError):
     self-consistency then generates through ``generate`` (``RowRunner``)."""
 
 
+#: the fields of :class:`DecodeStats` that are widths, not counts (runs added: the widest)
+WIDTHS = ("slots", "ring_columns", "widest_cache")
+
+
 @dataclass
 class DecodeStats:
     """Counts of one or more decode runs (``bench_inference.py --generation``, tests)."""
@@ -153,10 +161,12 @@ class DecodeStats:
     useful_tokens: int = 0            # tokens of the replies (end token included)
     slots: int = 0                    # the batch's capacity in sequences
     ring_columns: int = 0             # --decode static: the ring's columns (0: no ring ran)
+    widest_cache: int = 0             # the most cache columns a decode step attended (padding included)
     # KV cache positions (one sequence's keys and values at one token, every layer) copied after
-    # they were computed: by the dynamic cache's append (transformers concatenates: the whole cache
-    # each step), cutting the sequences that ended, joining new ones, repeating a row per sample,
-    # admitting a prompt into a ring slot, growing the ring; the token a step computes not counted
+    # they were computed: repeating a row per sample, admitting a sequence into the slab or a ring
+    # slot, moving a row of the slab into one freed, laying the slab out anew, growing the ring, and
+    # on the padded path the dynamic cache's append (transformers concatenates: the whole cache each
+    # step); the token a step computes not counted
     kv_positions_copied: int = 0
     # seconds of the prefills (vision included), on the device's clock (:class:`PrefillClock`): the
     # part of a run that grows with its rows, the rest with its decode steps (``ladbench plan``
@@ -177,9 +187,10 @@ class DecodeStats:
 
     def add(self, other: "DecodeStats") -> None:
         for name in self.__dataclass_fields__:
-            if name not in ("slots", "ring_columns"):
+            if name not in WIDTHS:
                 setattr(self, name, getattr(self, name) + getattr(other, name))
-        self.slots, self.ring_columns = max(self.slots, other.slots), max(self.ring_columns, other.ring_columns)
+        for name in WIDTHS:
+            setattr(self, name, max(getattr(self, name), getattr(other, name)))
 
 
 @dataclass
@@ -608,6 +619,7 @@ class SlotDecoder:
         if flight.seen is not None:
             flight.seen = flight.seen.scatter(1, fed[:, None], True)
         flight.mask = torch.cat([flight.mask, flight.mask.new_ones(len(keep), 1)], 1)
+        self.stats.widest_cache = max(self.stats.widest_cache, flight.mask.shape[1])
         # a joinable cache is full attention only: the padding mask of a one-token query is the whole
         # mask, handed over as such (4-D), so that transformers does not read it back to see if it can skip it
         mask = flight.mask.bool()[:, None, None, :] if self.joinable else flight.mask
@@ -747,6 +759,7 @@ class Ring:
         ended = torch.isin(tokens, d.ends)
         host = torch.stack([tokens, ended.long()]).cpu().numpy()              # the one sync
         d.stats.token_slots += self.slots
+        d.stats.widest_cache = max(d.stats.widest_cache, self.capacity)
         live = 0
         for b, seq in enumerate(self.seq):
             if seq is None:
