@@ -45,8 +45,10 @@
 # is listed in its file's "failed" and under its table, and the part goes on.
 # The parts of a call share one model build per architecture (--arch-dir, outside the results).
 # Replies stop at 64 tokens to fit the time; the paper's run to 512 (SC) and 1,024 (CoT), whose
-# longer KV caches make late decode steps slower, so the generation rates are an upper bound for
-# the study's. The default parts (norms widths attention cot sc) take under 9 minutes by their limits. On an H200
+# longer KV caches make late decode steps read more (each run's prefills are timed apart from its
+# decode steps, so `ladbench plan` prices the longer replies by their steps; the slots loop's
+# sequences live in a slab since 2026-11-28: no GPU has run it before this script's next call).
+# The default parts (norms widths attention cot sc) take under 9 minutes by their limits. On an H200
 # (2026-11-27) the scoring part took about 3 minutes; cot ran out of its 210 s in its last
 # measurement (the chunks) and sc out of its 150 s likewise.
 #   run: bash benchmarks/gpu_session.sh [PART ...]   (carry: .whl, made by `make gpu-wheels`: the
