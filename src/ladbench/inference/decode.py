@@ -376,8 +376,7 @@ class Slab:
             into, out_of = device_index(freed, device), device_index(movers, device)
             for pair in self.kv:
                 for buf in pair:
-                    held = buf[:, :, self.start:self.end]
-                    held.index_copy_(0, into, held.index_select(0, out_of))
+                    buf[into, :, self.start:self.end] = buf[out_of, :, self.start:self.end]
             self.stats.kv_positions_copied += len(freed) * self.width
         self.count = kept
         if not kept:
