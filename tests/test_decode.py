@@ -594,3 +594,40 @@ def test_on_a_gpu_the_prefill_clock_reads_cuda_events_on_the_models_stream(monke
     with clock.span():
         pass
     assert clock.total() == pytest.approx(1.0)           # the earlier spans counted once
+
+
+def test_a_slab_over_layers_on_several_devices_moves_each_layers_rows_on_its_own_device(monkeypatch):
+    """A model spread over two GPUs keeps each layer's KV cache on its GPU: the slab's buffers
+    stay on their layer's device, and taking a prefill's rows, cutting (a row moved into a freed
+    one) and appending index each layer with indices on its own device (a GPU refuses another
+    GPU's). Here layer 0 on the CPU, layer 1 on the meta device (shapes only); the indices made
+    are recorded by the device asked for, since the meta device itself takes any."""
+    from ladbench.inference import decode
+    from ladbench.inference.decode import DecodeStats, Flight, Slab, take
+    asked: list[str] = []
+    made = decode.device_index
+
+    def recording(values, device):
+        asked.append(torch.device(device).type)
+        return made(values, device)
+    monkeypatch.setattr(decode, "device_index", recording)
+
+    def kv(device, rows, width, start=0.0):
+        values = torch.arange(rows * 2 * width * 4, dtype=torch.float32).reshape(rows, 2, width, 4) + start
+        return values.to(device)
+    layers = [("cpu", 0.0), ("meta", 0.0)]
+    prefill = compat.new_plain_cache([[kv(d, 2, 3, s), kv(d, 2, 3, s + 1000)] for d, s in layers])
+    parked = Flight(prefill, torch.ones(2, 3, dtype=torch.long), None, torch.zeros(2, 5), None, [0, 2])
+    fresh = take(parked, [0, 0, 1, 1], joinable=True)          # two samples of each row
+    assert sorted(set(asked)) == ["cpu", "meta"]
+    slab = Slab(fresh, rows=4, stats=DecodeStats())
+    slab.admit(fresh)
+    assert [buf.device.type for pair in slab.kv for buf in pair] == ["cpu", "cpu", "meta", "meta"]
+    asked.clear()
+    order = slab.cut([0, 2, 3])                        # row 1 ended: the last row moves into it
+    assert order == [0, 3, 2] and slab.count == 3
+    assert sorted(asked) == ["cpu", "cpu", "meta", "meta"]          # freed rows and movers, per device
+    expected = kv("cpu", 2, 3)[[0, 1, 1]]
+    assert torch.equal(slab.kv[0][0][:3, :, slab.start:slab.end], expected)
+    k, _ = slab.append(1, torch.zeros(3, 2, 1, 4, device="meta"), torch.zeros(3, 2, 1, 4, device="meta"))
+    assert k.device.type == "meta" and k.shape == (3, 2, slab.width + 1, 4)

@@ -224,6 +224,19 @@ def device_index(values: Sequence[int], device: torch.device) -> torch.Tensor:
     return index.pin_memory().to(device, non_blocking=True)
 
 
+def indices_on(values: Sequence[int]) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``at(tensor)``: :func:`device_index` of ``values`` on ``tensor``'s device, made once per
+    device. A model spread over several GPUs (``gpus_per_job: 2``) keeps each layer's KV cache on
+    that layer's GPU, and an index on another device than the tensor it selects from is refused."""
+    made: dict[torch.device, torch.Tensor] = {}
+
+    def at(tensor: torch.Tensor) -> torch.Tensor:
+        if tensor.device not in made:
+            made[tensor.device] = device_index(values, tensor.device)
+        return made[tensor.device]
+    return at
+
+
 def take(flight: Flight, rows: Sequence[int], *, joinable: bool) -> Flight:
     """The given rows of ``flight`` (a row may repeat: a sample of the same prompt), in that order."""
     if list(rows) == list(range(len(flight))):
@@ -234,7 +247,8 @@ def take(flight: Flight, rows: Sequence[int], *, joinable: bool) -> Flight:
     if flight.slab is not None:      # rows of a slab are arranged by Slab.cut, which gave ``rows``
         cache = flight.cache
     elif joinable:
-        cache = compat.new_plain_cache([[k.index_select(0, idx), v.index_select(0, idx)]
+        at = indices_on(rows)
+        cache = compat.new_plain_cache([[k.index_select(0, at(k)), v.index_select(0, at(v))]
                                         for k, v in compat.plain_kv(flight.cache)])
     else:            # only a whole group, each row repeated equally (the padded path)
         repeats = len(rows) // len(flight)
@@ -372,11 +386,10 @@ class Slab:
         for row, mover in zip(freed, movers):
             order[row] = mover
         if freed:
-            device = self.kv[0][0].device
-            into, out_of = device_index(freed, device), device_index(movers, device)
+            into, out_of = indices_on(freed), indices_on(movers)
             for pair in self.kv:
                 for buf in pair:
-                    buf[into, :, self.start:self.end] = buf[out_of, :, self.start:self.end]
+                    buf[into(buf), :, self.start:self.end] = buf[out_of(buf), :, self.start:self.end]
             self.stats.kv_positions_copied += len(freed) * self.width
         self.count = kept
         if not kept:
@@ -484,8 +497,12 @@ class SlotDecoder:
         self._rows_ended: list[int] = []                # rows whose samples have all ended, not yet yielded
         flight = self._fresh(self.slots)                # the first prefill decides ``joinable``
         if flight is not None and self.static and self.joinable:
-            yield from self._ring_stream(flight)
-            return
+            devices = sorted({str(k.device) for k, _ in compat.plain_kv(flight.cache)})
+            if len(devices) == 1:
+                yield from self._ring_stream(flight)
+                return
+            log.warning("static shapes keep the KV cache on one device, and this model's spans %s: the slots "
+                        "loop decodes it", ", ".join(devices))
         slab = Slab(flight, self.slots, self.stats) if flight is not None and self.joinable else None
         while flight is not None:
             if slab is not None:
