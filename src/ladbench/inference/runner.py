@@ -59,7 +59,8 @@ GPU_WORKERS = 8
 #: weight of the decoder whatever the number of sequences, so on a GPU (where those reads, not the
 #: arithmetic, bound a step of a 3B-8B model) more sequences per step should cost little (not yet
 #: measured there: benchmarks/gpu_session.sh times 4 x S against 64); their KV caches
-#: are the limit (about 0.1 to 0.25 GB a sequence at the paper's prompt and reply lengths)
+#: are the limit (about 0.1 to 0.25 GB a sequence at the paper's prompt and reply lengths, and
+#: the slab that holds them keeps about 1.5 times that for each slot: decode.Slab)
 GPU_DECODE_SLOTS = 64
 #: a field that does not change any stored number (only speed, how much runs now, names), so
 #: not part of the cache's identity (config_sha256); a shard's rows are identified by its cache's
