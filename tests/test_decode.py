@@ -273,20 +273,25 @@ def test_a_stream_holds_no_more_cache_columns_than_its_longest_sequence(ending, 
     leading columns that no sequence needs were cut, a newcomer was left padded to the width of
     the sequences already in flight and every step appended a column, so the width grew by one a
     step for the whole stream (a real job: tens of thousands of columns, memory and attention
-    with them). The replies stay ``generate``'s."""
+    with them). The slab's buffers stay as long as laid out for the longest sequence. The replies
+    stay ``generate``'s."""
     from ladbench.inference import decode
     widths: list[tuple[int, int]] = []
     step = decode.SlotDecoder.step
 
     def recording(self, flight, replies):
         widths.append((flight.mask.shape[1], int(flight.mask.sum(1).max())))
+        capacities.append(flight.slab.capacity)
         return step(self, flight, replies)
+    capacities: list[int] = []
     monkeypatch.setattr(decode.SlotDecoder, "step", recording)
     adapter = ending(QWEN_BUILDS[0])
     slots = SAMPLES + 1 if prompt == "sc" else 2
     new, loop = generated(adapter, tmp_path / "loop", prompt, "slots", batch_size=1, decode_slots=slots)
     assert len(widths) > 2 * VARIANTS[prompt]["max_new_tokens"]          # longer than any reply
     assert [width for width, _ in widths] == [held for _, held in widths]
+    # the slab's memory is bounded by the longest sequence too: laid out for at most its width
+    assert max(capacities) <= decode.Slab.columns_for(max(held for _, held in widths) + 1)
     widest = max(width for width, _ in widths)
     assert widest <= loop.decode_stats.widest_cache <= widest + 1             # (+ the token fed, if any)
     monkeypatch.undo()
