@@ -636,3 +636,76 @@ def test_a_slab_over_layers_on_several_devices_moves_each_layers_rows_on_its_own
     assert torch.equal(slab.kv[0][0][:3, :, slab.start:slab.end], expected)
     k, _ = slab.append(1, torch.zeros(3, 2, 1, 4, device="meta"), torch.zeros(3, 2, 1, 4, device="meta"))
     assert k.device.type == "meta" and k.shape == (3, 2, slab.width + 1, 4)
+
+
+
+class TwoDeviceAdapter:
+    """The adapter surface the decode loop uses, over a fake decoder whose KV cache keeps layer 0
+    on the CPU and layer 1 on the meta device (shapes only), as a model spread over two GPUs keeps
+    each layer's cache on its GPU. A prompt's last token is its marker m (4, 5, ...): its reply
+    repeats m and ends (token 3) at position 10 + 2 (m - 4), so replies end at mixed steps; the
+    logits read only the marker and the position, never the cache."""
+
+    END, VOCAB = 3, 12
+    device, pad_token_id = "cpu", 0
+    model = type("Model", (), {"generation_config": None})()
+    text_config = type("TextConfig", (), {})()
+
+    def end_token_ids(self):
+        return [self.END]
+
+    def to_device(self, inputs):
+        return inputs
+
+    def logits(self, markers, positions):
+        """The next token's logits, for the token at ``positions`` [B]."""
+        out = torch.zeros(len(markers), self.VOCAB)
+        ending = positions >= 10 + 2 * (markers - 4)
+        out[torch.arange(len(markers)), torch.where(ending, self.END, markers)] = 1.0
+        return out
+
+    def prefill(self, inputs, use_cache=True):
+        from ladbench.models.base import PrefillState
+        mask = inputs["attention_mask"]
+        rows, width = mask.shape
+        cache = compat.new_plain_cache([[torch.zeros(rows, 1, width, 2, device=device)] * 2 for device in ("cpu", "meta")])
+        positions = mask.sum(1, keepdim=True)                       # of the first reply token
+        return self.logits(inputs["input_ids"][:, -1], positions[:, 0]), PrefillState(cache, mask, positions, width)
+
+    def decode_positions(self, state):
+        return state.position_offset
+
+    def decode_logits(self, cache, ids, mask, positions):
+        for layer, device in enumerate(("cpu", "meta")):
+            new = torch.zeros(ids.shape[0], 1, 1, 2, device=device)
+            keys, _ = cache.update(new, new, layer)
+            assert keys.device.type == device and keys.shape[-2] == mask.shape[-1]
+        return self.logits(ids[:, 0], positions[:, 0] + 1)
+
+
+@pytest.mark.parametrize("static", [False, True])
+def test_the_loop_decodes_a_cache_spread_over_two_devices(caplog, static):
+    """Groups of two rows (prompts of 3 to 6 tokens, left padded) through three slots, each layer
+    of the cache on its own device: every reply is what the fake decoder dictates (its marker
+    repeated, then the end token at its position), sequences leave and join the slab across
+    devices, and static shapes, whose ring keeps one device, say in one line that the slots loop
+    decodes this model."""
+    from ladbench.inference.decode import SlotDecoder
+    prompts = [(3, 4), (4, 5), (5, 6), (6, 7), (3, 8), (5, 9)]         # (prompt length, marker)
+    width = max(length for length, _ in prompts)
+
+    def group(rows):
+        ids = torch.zeros(len(rows), width, dtype=torch.long)
+        mask = torch.zeros(len(rows), width, dtype=torch.long)
+        for r, (length, marker) in enumerate(rows):
+            ids[r, -1], mask[r, width - length:] = marker, 1
+        return {"input_ids": ids, "attention_mask": mask}
+    decoder = SlotDecoder(TwoDeviceAdapter(), samples=1, slots=3, max_new_tokens=20, static=static,
+                          draw=lambda scores, keys, steps: scores.argmax(-1))
+    with caplog.at_level("WARNING"):
+        replies = decoder.run([group(prompts[i:i + 2]) for i in range(0, len(prompts), 2)])
+    assert replies == [[marker] * (10 + 2 * (marker - 4) - length) + [TwoDeviceAdapter.END] for length, marker in prompts]
+    assert decoder.stats.decode_steps < sum(len(reply) for reply in replies) / 2      # sequences shared steps
+    warned = [r.getMessage() for r in caplog.records if "static shapes keep the KV cache on one device" in r.getMessage()]
+    assert warned == (["static shapes keep the KV cache on one device, and this model's spans cpu, meta: the slots "
+                       "loop decodes it"] if static else [])
