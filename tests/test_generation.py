@@ -120,3 +120,17 @@ def test_sequence_keys_are_distinct_per_row_and_sample():
     keys = sequence_keys(0, torch.tensor([4, 5, 6]), 3)
     assert len(set(keys.tolist())) == 9
     assert keys[3:6].tolist() == sequence_keys(0, torch.tensor([5]), 3).tolist()
+
+
+@pytest.mark.slow
+def test_a_generative_jobs_progress_lines_say_its_tokens_and_its_kv_stores_memory(setup, capsys):
+    """Beside rows done, rows/s and time left, a CoT job's progress line (stderr, a line each:
+    not a terminal) gives the tokens generated so far and the memory the decode loop's KV store
+    holds, which a long job keeps bounded (docs/method.md)."""
+    model, bench, images, folder = setup
+    cache = infer(model, bench, images, folder / "cot-progress.h5", "--prompt", "cot", "--cot-max-new-tokens", 6,
+                  "--batch-size", 2)
+    lines = [line for line in capsys.readouterr().err.split("\n") if line.startswith("infer tiny/cot")]
+    last = lines[-1]
+    assert "10/10" in last and "row/s" in last, last
+    assert f"{int(cache['n_generated'].sum()):,} tokens generated, KV store " in last and "MiB" in last, last

@@ -310,6 +310,22 @@ def test_progress_in_a_log_is_a_line_every_interval():
     assert "10/10" in lines[-1] and "row/s" in lines[-1] and "<" in lines[-1]
 
 
+def test_a_progress_note_is_read_afresh_for_each_line():
+    """A job's note (a generative job's tokens and KV memory) follows the rate, read again at each
+    batch that ends and at each heartbeat line in between (its tokens move on between chunks)."""
+    from ladbench.progress import LOG_INTERVAL_S, advance, progress_bar
+    log, notes = io.StringIO(), iter(["1 tokens", "2 tokens", "3 tokens"])
+    with progress_bar(10, desc="infer m/cot", unit="row", stream=log, note=lambda: next(notes)) as bar:
+        advance(bar, 4)
+        bar.last_print_t -= LOG_INTERVAL_S
+        bar.beat()
+        advance(bar, 6)
+    lines = log.getvalue().splitlines()
+    # the first line is the bar's start; the first batch writes none (within the interval); the
+    # heartbeat's line reads the note again, as does the last batch's; the close repeats it
+    assert [line.rsplit(", ", 1)[-1] for line in lines[1:]] == ["2 tokens]", "3 tokens]", "3 tokens]"], lines
+
+
 def test_run_batches_reports_every_batch():
     """The bar moves after every batch, not only after every written chunk."""
     from ladbench.inference.runner import PreparedBatch, launched_stream, run_batches

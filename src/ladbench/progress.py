@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 import threading
-from typing import Any, TextIO
+from typing import Any, Callable, TextIO
 
 from tqdm import tqdm
 
@@ -32,10 +32,13 @@ class _Lines:
 
 
 class _LoggedBar(tqdm):
-    """tqdm writing lines, with a heartbeat thread for the minutes no batch ends."""
+    """tqdm writing lines, with a heartbeat thread for the minutes no batch ends; ``note()``, if
+    given, is read afresh for each heartbeat's line (a generative job's tokens move on between
+    the chunks that end)."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, note: Callable[[], str] | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.note = note
         self._stopped = threading.Event()
         threading.Thread(target=self._heartbeat, name="progress", daemon=True).start()
 
@@ -46,6 +49,8 @@ class _LoggedBar(tqdm):
     def beat(self) -> None:
         """A line now if none was written for :data:`LOG_INTERVAL_S` seconds."""
         if not self.disable and self._time() - self.last_print_t >= LOG_INTERVAL_S:
+            if self.note is not None:
+                self.set_postfix_str(self.note(), refresh=False)
             self.refresh()
 
     def close(self) -> None:
@@ -53,10 +58,21 @@ class _LoggedBar(tqdm):
         super().close()
 
 
-def progress_bar(total: int, *, desc: str, unit: str, initial: int = 0, stream: TextIO | None = None) -> tqdm:
-    """A bar of ``total`` rows (``initial`` done before) on ``stream`` (default stderr)."""
+def progress_bar(total: int, *, desc: str, unit: str, initial: int = 0, stream: TextIO | None = None,
+                 note: Callable[[], str] | None = None) -> tqdm:
+    """A bar of ``total`` rows (``initial`` done before) on ``stream`` (default stderr). ``note()``:
+    what the job adds after its rate; read at every :meth:`advance` and, in a log, every heartbeat."""
     stream = stream or sys.stderr
     if hasattr(stream, "isatty") and stream.isatty():
-        return tqdm(total=total, initial=initial, desc=desc, unit=unit, file=stream)
-    return _LoggedBar(total=total, initial=initial, desc=desc, unit=unit, file=_Lines(stream),
+        bar = tqdm(total=total, initial=initial, desc=desc, unit=unit, file=stream)
+        bar.note = note
+        return bar
+    return _LoggedBar(total=total, initial=initial, desc=desc, unit=unit, file=_Lines(stream), note=note,
                       mininterval=LOG_INTERVAL_S, maxinterval=LOG_INTERVAL_S, ascii=True)
+
+
+def advance(bar: tqdm, rows: int) -> None:
+    """``rows`` more done, the bar's note read afresh (:func:`progress_bar`)."""
+    if getattr(bar, "note", None) is not None:
+        bar.set_postfix_str(bar.note(), refresh=False)
+    bar.update(rows)

@@ -449,6 +449,16 @@ class SlotDecoder:
         self.stats = DecodeStats(slots=self.slots)
         self.prefill_clock = PrefillClock(adapter.device)
         self.padded_reason: str | None = None      # decided by the first prefill (padded_path_reason)
+        self.store: Slab | Ring | None = None      # what holds the sequences in flight (the padded path: None)
+
+    def progress_note(self) -> str:
+        """For a job's progress line: the tokens generated so far and the memory of the KV store
+        that holds the sequences in flight (the slab or the ring), which a long job keeps bounded."""
+        note = f"{self.stats.useful_tokens:,} tokens generated"
+        if self.store is None:
+            return note
+        held = sum(buf.numel() * buf.element_size() for pair in self.store.kv for buf in pair)
+        return f"{note}, KV store {held / 2**30:.2f} GiB" if held >= 2**30 else f"{note}, KV store {held / 2**20:.1f} MiB"
 
     @property
     def joinable(self) -> bool:
@@ -504,6 +514,7 @@ class SlotDecoder:
             log.warning("static shapes keep the KV cache on one device, and this model's spans %s: the slots "
                         "loop decodes it", ", ".join(devices))
         slab = Slab(flight, self.slots, self.stats) if flight is not None and self.joinable else None
+        self.store = slab
         while flight is not None:
             if slab is not None:
                 if flight.slab is None:                   # a prefill's sequences, the first in flight
@@ -573,7 +584,7 @@ class SlotDecoder:
         """The loop over a :class:`Ring` (``--decode static``): draw and feed every slot, then fill
         the slots freed with the next sequences."""
         ring = self.ring.rebind(self) if self.ring is not None and self.ring.serves(self, first) else Ring(self, first)
-        self.ring = ring
+        self.ring = self.store = ring
         ring.admit(first, ring.free_slots()[:len(first)])
         while True:
             free = ring.free_slots()

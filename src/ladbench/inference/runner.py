@@ -37,7 +37,7 @@ from ladbench.data.coco import (caption_problem, image_digests, image_paths, loa
 from ladbench.families import (DEVICE_PATTERN, DTYPES, FAMILIES, FAMILY_SETTINGS, RICE_FEATURES, VISION_TOWERS,
                                family_entry)
 from ladbench.inputs import check_benchmark_table
-from ladbench.progress import progress_bar
+from ladbench.progress import advance, progress_bar
 from ladbench.settings import Settings, setting
 from ladbench.variants import PromptVariant, prompt_sha256, prompt_text, variant, variant_names
 
@@ -349,6 +349,7 @@ class RowRunner:
         from .decode import DecodeStats
         #: counts of the decode loop, and the token slots ``generate`` computed (the benchmark reads both)
         self.decode_stats, self.generate_slots = DecodeStats(), 0
+        self.decoder = None                     # the decode loop of the stream running now (its progress)
         #: why this model generates through transformers' generate instead (None: the decode loop)
         self.generate_reason: str | None = None
         #: --decode static: the KV ring and compiled step of the previous step, kept for the next
@@ -578,6 +579,7 @@ class RowRunner:
             draw=sampler.draw if sampler else lambda scores, _keys, _steps: scores.argmax(-1),
             static=s.decode == "static", compile_options=decoding.static_compile_options(self.adapter.device),
             ring=self.ring)
+        self.decoder = decoder
         try:
             for row, replies in decoder.stream(groups()):
                 ended[row] = replies
@@ -906,10 +908,13 @@ def _run_inference(settings: InferenceSettings) -> str:
         pending = runner.grouped_by_length(pending, settings.chunk_size)
 
     started = time.perf_counter()
-    with progress_bar(len(pending), unit="row", desc=f"infer {settings.model_name}/{settings.prompt}") as bar:
+    # generation: the tokens so far and the KV store's memory beside the rows (a long job's, bounded)
+    note = (lambda: runner.decoder.progress_note() if runner.decoder is not None else "") if generative else None
+    with progress_bar(len(pending), unit="row", desc=f"infer {settings.model_name}/{settings.prompt}", note=note) as bar:
         used = run_batches(stream, runner.prepare, pending, batch_size=settings.batch_size, grouped=generative,
                            chunk_size=settings.chunk_size, workers=settings.loader_workers(),
-                           pin_memory=device.startswith("cuda"), write=writer.write, batch_done=bar.update)
+                           pin_memory=device.startswith("cuda"), write=writer.write,
+                           batch_done=lambda rows: advance(bar, rows))
     done_now = len(pending)
     final = {**writer.throughput(), **_peak_memory(writer, device),
              "last_run_rows": done_now, "last_run_s": time.perf_counter() - started,
