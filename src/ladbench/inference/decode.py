@@ -243,11 +243,11 @@ def take(flight: Flight, rows: Sequence[int], *, joinable: bool) -> Flight:
         # a new Flight over the same tensors: the caller sets its own ids, keys and steps, which
         # must not become those of the flight it was taken from (a parked row's later samples)
         return replace(flight, seq=list(flight.seq))
-    idx = device_index(rows, flight.mask.device)
+    at = indices_on(rows)
+    idx = at(flight.mask)
     if flight.slab is not None:      # rows of a slab are arranged by Slab.cut, which gave ``rows``
         cache = flight.cache
     elif joinable:
-        at = indices_on(rows)
         cache = compat.new_plain_cache([[k.index_select(0, at(k)), v.index_select(0, at(v))]
                                         for k, v in compat.plain_kv(flight.cache)])
     else:            # only a whole group, each row repeated equally (the padded path)
@@ -596,6 +596,11 @@ class SlotDecoder:
             ring.step(self._replies)
             yield from self._ended_rows()
 
+    def continuing(self, ended: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
+        """Which sequences go on after this step's draw, on the device: not ended, and below the
+        token limit with the token drawn (``steps``: tokens generated before it)."""
+        return ~ended & (steps + 1 < self.max_new_tokens)
+
     def penalised(self, scores: torch.Tensor, seen: torch.Tensor | None) -> torch.Tensor:
         """The model's repetition penalty on each sequence's own tokens (``seen``), as ``generate`` applies it."""
         if seen is None:
@@ -608,8 +613,8 @@ class SlotDecoder:
         sequences that ended and feed the others' tokens through the model."""
         tokens = self.draw(self.penalised(flight.logits, flight.seen), flight.keys, flight.steps)
         ended = torch.isin(tokens, self.ends)
-        first = (first_needed_column(flight.mask, ~ended & (flight.steps + 1 < self.max_new_tokens))
-                 if self.joinable else tokens.new_zeros(1))
+        first = (first_needed_column(flight.mask, self.continuing(ended, flight.steps))
+                 if flight.slab is not None else tokens.new_zeros(1))
         host = torch.cat([tokens, ended.long(), first]).cpu().numpy()          # the one sync
         tokens_host, ended_host = host[:len(flight)], host[len(flight):2 * len(flight)]
         self.stats.token_slots += len(flight)
@@ -628,8 +633,9 @@ class SlotDecoder:
             if not live:
                 flight.slab.cut(live)
                 return None
-            flight.slab.trim(int(host[-1]))
-            flight.mask = flight.mask[:, int(host[-1]):]
+            unneeded = int(host[-1])
+            flight.slab.trim(unneeded)
+            flight.mask = flight.mask[:, unneeded:]
             keep = flight.slab.cut(live)
             flight.slab.reserve()
         else:                       # the padded path: every row stays, finished ones fed the pad token
@@ -801,7 +807,7 @@ class Ring:
                 live += 1
         if not live:
             return
-        self.live = self.live & ~ended & (self.steps + 1 < d.max_new_tokens)   # the host's live slots
+        self.live = self.live & d.continuing(ended, self.steps)               # the host's live slots
         fed = tokens.masked_fill(~self.live, self.adapter.pad_token_id)
         if self.seen is not None:
             self.seen = self.seen.scatter(1, fed[:, None], True)
