@@ -313,13 +313,13 @@ def test_progress_in_a_log_is_a_line_every_interval():
 def test_a_progress_note_is_read_afresh_for_each_line():
     """A job's note (a generative job's tokens and KV memory) follows the rate, read again at each
     batch that ends and at each heartbeat line in between (its tokens move on between chunks)."""
-    from ladbench.progress import LOG_INTERVAL_S, advance, progress_bar
+    from ladbench.progress import LOG_INTERVAL_S, progress_bar
     log, notes = io.StringIO(), iter(["1 tokens", "2 tokens", "3 tokens"])
     with progress_bar(10, desc="infer m/cot", unit="row", stream=log, note=lambda: next(notes)) as bar:
-        advance(bar, 4)
+        bar.advance(4)
         bar.last_print_t -= LOG_INTERVAL_S
         bar.beat()
-        advance(bar, 6)
+        bar.advance(6)
     lines = log.getvalue().splitlines()
     # the first line is the bar's start; the first batch writes none (within the interval); the
     # heartbeat's line reads the note again, as does the last batch's; the close repeats it

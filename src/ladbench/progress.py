@@ -31,14 +31,31 @@ class _Lines:
         self.stream.flush()
 
 
-class _LoggedBar(tqdm):
-    """tqdm writing lines, with a heartbeat thread for the minutes no batch ends; ``note()``, if
-    given, is read afresh for each heartbeat's line (a generative job's tokens move on between
-    the chunks that end)."""
+class NotedBar(tqdm):
+    """tqdm with a ``note()`` (if given) after the rate, read afresh whenever a line is written
+    through :meth:`advance` (a generative job's tokens and KV memory)."""
 
     def __init__(self, *args: Any, note: Callable[[], str] | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.note = note
+
+    def advance(self, rows: int) -> None:
+        """``rows`` more done, the note read afresh."""
+        self._read_note()
+        self.update(rows)
+
+    def _read_note(self) -> None:
+        if self.note is not None:
+            self.set_postfix_str(self.note(), refresh=False)
+
+
+class _LoggedBar(NotedBar):
+    """:class:`NotedBar` writing lines, with a heartbeat thread for the minutes no batch ends
+    (its line reads the note afresh too: a generative job's tokens move on between the chunks
+    that end)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
         self._stopped = threading.Event()
         threading.Thread(target=self._heartbeat, name="progress", daemon=True).start()
 
@@ -49,8 +66,7 @@ class _LoggedBar(tqdm):
     def beat(self) -> None:
         """A line now if none was written for :data:`LOG_INTERVAL_S` seconds."""
         if not self.disable and self._time() - self.last_print_t >= LOG_INTERVAL_S:
-            if self.note is not None:
-                self.set_postfix_str(self.note(), refresh=False)
+            self._read_note()
             self.refresh()
 
     def close(self) -> None:
@@ -59,20 +75,12 @@ class _LoggedBar(tqdm):
 
 
 def progress_bar(total: int, *, desc: str, unit: str, initial: int = 0, stream: TextIO | None = None,
-                 note: Callable[[], str] | None = None) -> tqdm:
+                 note: Callable[[], str] | None = None) -> NotedBar:
     """A bar of ``total`` rows (``initial`` done before) on ``stream`` (default stderr). ``note()``:
-    what the job adds after its rate; read at every :meth:`advance` and, in a log, every heartbeat."""
+    what the job adds after its rate; read at every ``advance`` and, in a log, every heartbeat."""
     stream = stream or sys.stderr
     if hasattr(stream, "isatty") and stream.isatty():
-        bar = tqdm(total=total, initial=initial, desc=desc, unit=unit, file=stream)
-        bar.note = note
-        return bar
+        return NotedBar(total=total, initial=initial, desc=desc, unit=unit, file=stream, note=note)
     return _LoggedBar(total=total, initial=initial, desc=desc, unit=unit, file=_Lines(stream), note=note,
                       mininterval=LOG_INTERVAL_S, maxinterval=LOG_INTERVAL_S, ascii=True)
 
-
-def advance(bar: tqdm, rows: int) -> None:
-    """``rows`` more done, the bar's note read afresh (:func:`progress_bar`)."""
-    if getattr(bar, "note", None) is not None:
-        bar.set_postfix_str(bar.note(), refresh=False)
-    bar.update(rows)

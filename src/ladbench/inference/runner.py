@@ -37,7 +37,7 @@ from ladbench.data.coco import (caption_problem, image_digests, image_paths, loa
 from ladbench.families import (DEVICE_PATTERN, DTYPES, FAMILIES, FAMILY_SETTINGS, RICE_FEATURES, VISION_TOWERS,
                                family_entry)
 from ladbench.inputs import check_benchmark_table
-from ladbench.progress import advance, progress_bar
+from ladbench.progress import progress_bar
 from ladbench.settings import Settings, setting
 from ladbench.variants import PromptVariant, prompt_sha256, prompt_text, variant, variant_names
 
@@ -591,7 +591,7 @@ class RowRunner:
                     texts = self.adapter.tokenizer.batch_decode(done, skip_special_tokens=True)
                     yield batch, self._generated(batch.rows, texts, [len(reply) for reply in done])
         except decoding.UnrepeatableCache as exc:
-            self.generate_reason = str(exc)
+            self.generate_reason, self.decoder = str(exc), None      # (generate's path has no loop to report)
             return list(steps.values())
         except BaseException:
             self.ring = None            # (out of memory: its buffers go with the failed step's)
@@ -914,7 +914,7 @@ def _run_inference(settings: InferenceSettings) -> str:
         used = run_batches(stream, runner.prepare, pending, batch_size=settings.batch_size, grouped=generative,
                            chunk_size=settings.chunk_size, workers=settings.loader_workers(),
                            pin_memory=device.startswith("cuda"), write=writer.write,
-                           batch_done=lambda rows: advance(bar, rows))
+                           batch_done=bar.advance)
     done_now = len(pending)
     final = {**writer.throughput(), **_peak_memory(writer, device),
              "last_run_rows": done_now, "last_run_s": time.perf_counter() - started,
