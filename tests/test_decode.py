@@ -437,6 +437,59 @@ def test_on_a_gpu_a_decode_step_attends_on_the_kv_heads_without_copying_them(end
         assert (new[key] == old[key]).all(), key
 
 
+def misreading_sdpa(sdpa):
+    """Torch's SDPA as a kernel that assumes contiguous keys and values would run it: a strided view
+    is read as if its elements lay one after another from its first one (pytorch#112577's kind of
+    failure: no error, wrong values); only in calls of a few query positions (decode steps: the
+    vision tower's calls, which also take strided inputs, are left alone)."""
+    def misread(t: torch.Tensor) -> torch.Tensor:
+        return t if t.is_contiguous() else t.as_strided(t.shape, t.new_empty(t.shape).stride(), t.storage_offset())
+
+    def kernel(query, key, value, *args, **kwargs):
+        if query.dim() == 4 and query.shape[-2] <= 8:
+            key, value = misread(key), misread(value)
+        return sdpa(query, key, value, *args, **kwargs)
+    return kernel
+
+
+def test_where_sdpa_misreads_strided_views_the_slab_hands_it_contiguous_copies(ending, tmp_path, monkeypatch, caplog):
+    """The slab's attention reads strided views of its buffers (the packed query on a GPU passes
+    them to SDPA as they are). On a device whose SDPA misreads such views, the loop's probe finds it
+    once, says so in one warning, and gives the attention contiguous copies (counted as KV copies):
+    the replies stay ``generate``'s. Without the probe the same kernel changes them."""
+    from ladbench.inference import decode
+    from ladbench.models import attention
+    monkeypatch.setattr(attention, "packs_on", lambda device: True)
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
+                        misreading_sdpa(torch.nn.functional.scaled_dot_product_attention))
+    attention.strided_kv_read_error.cache_clear()
+    try:
+        assert not attention.strided_kv_read_right(torch.device("cpu"), torch.float32, 2, 16, 2)
+        adapter = ending(QWEN_BUILDS[0])
+        old, _ = generated(adapter, tmp_path / "generate", "sc", "generate")
+        with caplog.at_level("WARNING", logger="ladbench.inference.decode"):
+            new, loop = generated(adapter, tmp_path / "copies", "sc", "slots")
+        assert sum("reads strided views" in r.getMessage() for r in caplog.records) == 1
+        for key in ("text", "parsed", "n_generated"):
+            assert (new[key] == old[key]).all(), key
+        copied = loop.decode_stats.kv_positions_copied
+        monkeypatch.setattr(decode, "views_misread", lambda kv, groups: False)
+        unprobed, views = generated(adapter, tmp_path / "views", "sc", "slots")
+        assert (unprobed["text"] != old["text"]).any()
+        assert views.decode_stats.kv_positions_copied < copied
+    finally:
+        attention.strided_kv_read_error.cache_clear()
+
+
+def test_torchs_sdpa_reads_a_kv_stores_strided_views_right_on_this_machine():
+    """The probe on the CPU's own kernels: strided views and contiguous copies give the same values
+    (both lanes pass the slab's views to SDPA here: 5.x always, 4.53 with the packed query)."""
+    from ladbench.models import attention
+    for dtype in (torch.float32, torch.bfloat16):
+        for groups in (1, 8):
+            assert attention.strided_kv_read_right(torch.device("cpu"), dtype, 2, 64, groups)
+
+
 @pytest.mark.parametrize("gpu_kernels", [False, True], ids=["cpu", "gpu kernels"])
 @pytest.mark.parametrize("prompt", sorted(VARIANTS))
 def test_the_static_step_compiles_as_one_graph_and_replies_stay_equal(ending, tiny_model, tmp_path, monkeypatch,

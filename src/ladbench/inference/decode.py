@@ -64,7 +64,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import torch
 
-from ladbench.models import compat
+from ladbench.models import attention, compat
 from ladbench.models.base import not_full_attention
 
 from .greedy import repetition_penalty
@@ -323,13 +323,20 @@ class Slab:
     columns no sequence needs any more are cut by moving ``start``. Everything in flight is copied
     only when the columns run out (:meth:`_lay_out`), and then with room for at least half as many
     steps as the flight is wide: at most about two positions per sequence and step.
+
+    The attention gets strided views of the buffers. Where the device's SDPA does not read such
+    views as it reads contiguous copies (:func:`~ladbench.models.attention.strided_kv_read_right`,
+    asked once per process; ``groups``: the model's query heads per KV head), it gets contiguous
+    copies of them instead, every layer and step, as transformers' concatenating cache gave it
+    (``copies_views``; counted in the KV copies, and said in one warning).
     """
 
-    def __init__(self, first: Flight, rows: int, stats: DecodeStats) -> None:
+    def __init__(self, first: Flight, rows: int, stats: DecodeStats, groups: int = 1) -> None:
         self.rows, self.stats = rows, stats
         self.kv = [[k.new_zeros((rows, k.shape[1], 0, k.shape[-1])), v.new_zeros((rows, v.shape[1], 0, v.shape[-1]))]
                    for k, v in compat.plain_kv(first.cache)]
         self.count = self.start = self.end = 0
+        self.copies_views = views_misread(self.kv, groups)
         self.cache = compat.new_slab_cache(self)
 
     @property
@@ -348,6 +355,10 @@ class Slab:
         n, start, end = self.count, self.start, self.end
         k[:n, :, end:end + 1].copy_(keys)
         v[:n, :, end:end + 1].copy_(values)
+        if self.copies_views:
+            if layer == 0:                 # (a position: one sequence's keys and values in every layer)
+                self.stats.kv_positions_copied += n * (end + 1 - start)
+            return k[:n, :, start:end + 1].contiguous(), v[:n, :, start:end + 1].contiguous()
         return k[:n, :, start:end + 1], v[:n, :, start:end + 1]
 
     def reserve(self) -> None:
@@ -420,6 +431,27 @@ class Slab:
                 pair[i] = new                     # (the old one freed here: one layer's extra memory at a time)
         self.stats.kv_positions_copied += count * width
         self.start, self.end = end - width, end
+
+
+def views_misread(kv: Sequence[Sequence[torch.Tensor]], groups: int) -> bool:
+    """Whether SDPA on the devices of the KV buffers ``kv`` (per layer, keys and values [R, KV, C,
+    d]) misreads strided views of them (:func:`~ladbench.models.attention.strided_kv_read_right`);
+    warns once where it does, naming the device."""
+    shapes = {(k.device, k.dtype, k.shape[1], k.shape[-1]) for k, _ in kv}
+    misread = sorted(str(device) for device, dtype, heads, dim in shapes
+                     if not attention.strided_kv_read_right(device, dtype, heads, dim, groups))
+    if misread:
+        log.warning("SDPA on %s reads strided views of the decode loop's KV store otherwise than contiguous "
+                    "copies of them: the attention gets contiguous copies (a copy of the cache in flight per "
+                    "layer and step, as transformers' concatenating cache made)", ", ".join(misread))
+    return bool(misread)
+
+
+def query_groups(text_config: Any) -> int:
+    """Query heads per KV head of a decoder config (1 where it states no grouping)."""
+    heads = getattr(text_config, "num_attention_heads", None)
+    kv_heads = getattr(text_config, "num_key_value_heads", None) or heads
+    return heads // kv_heads if isinstance(heads, int) and isinstance(kv_heads, int) and kv_heads else 1
 
 
 class SlotDecoder:
@@ -513,7 +545,8 @@ class SlotDecoder:
                 return
             log.warning("static shapes keep the KV cache on one device, and this model's spans %s: the slots "
                         "loop decodes it", ", ".join(devices))
-        slab = Slab(flight, self.slots, self.stats) if flight is not None and self.joinable else None
+        slab = (Slab(flight, self.slots, self.stats, query_groups(self.adapter.text_config))
+                if flight is not None and self.joinable else None)
         self.store = slab
         while flight is not None:
             if slab is not None:

@@ -293,6 +293,53 @@ def one_query_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Ten
     return out.reshape(batch, heads, 1, value.shape[-1]).transpose(1, 2).contiguous(), None
 
 
+#: largest difference (relative to the output's scale) between SDPA on strided views of a KV
+#: store and on contiguous copies of them that still reads as "the same kernel, the same values"
+#: (a kernel that misreads the strides is off by the output's own scale)
+STRIDED_READ_TOLERANCE = {torch.float32: 1e-5, torch.float64: 1e-10}
+STRIDED_READ_TOLERANCE_LOW_PRECISION = 2e-2
+
+
+@functools.lru_cache(maxsize=None)
+def strided_kv_read_error(device: str, dtype: torch.dtype, kv_heads: int, head_dim: int, groups: int) -> float:
+    """The largest relative difference between torch's SDPA of a decode step reading keys and
+    values as strided views of a preallocated KV store ([rows, KV, columns, d], some rows and a
+    window of columns, as :class:`~ladbench.inference.decode.Slab` hands them to the attention)
+    and of contiguous copies of the same views, each with a padding mask and one query position
+    per KV head group (``groups`` query rows per KV head: the query packed on the KV heads, or one
+    query head per KV head), on ``device`` in ``dtype``. Measured once per process and shape.
+
+    transformers 4.53 copies every key and value into contiguous memory before SDPA because the
+    memory-efficient kernel of some torch releases returned wrong values for non-contiguous
+    inputs with a mask (pytorch#112577); the slab's views skip that copy where the attention
+    takes them as they are (the packed query on a GPU, transformers 5.x), so the loop asks the
+    device's own kernels first."""
+    generator = torch.Generator().manual_seed(0)
+
+    def drawn(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=generator).to(device=device, dtype=dtype)
+    rows, used, columns, start, width = 5, 3, 320, 7, 291      # unaligned window, as a flight's is
+    keys, values = drawn(rows, kv_heads, columns, head_dim), drawn(rows, kv_heads, columns, head_dim)
+    key_view, value_view = keys[:used, :, start:start + width], values[:used, :, start:start + width]
+    query = drawn(used, kv_heads, groups, head_dim)
+    real = torch.arange(width, device=device)[None, :] >= torch.tensor([[0], [40], [291 - 5]], device=device)
+    mask = real[:, None, None, :]                                  # [B, 1, 1, Tk], the loop's form
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    strided = sdpa(query, key_view, value_view, attn_mask=mask).float()
+    copied = sdpa(query, key_view.contiguous(), value_view.contiguous(), attn_mask=mask).float()
+    return float((strided - copied).abs().max() / copied.abs().max().clamp(min=1e-12))
+
+
+def strided_kv_read_right(device: torch.device, dtype: torch.dtype, kv_heads: int, head_dim: int, groups: int) -> bool:
+    """Whether this device's SDPA reads a KV store's strided views as it reads contiguous copies
+    (:func:`strided_kv_read_error` within :data:`STRIDED_READ_TOLERANCE`; the meta device, which
+    holds no values, reads anything right)."""
+    if torch.device(device).type == "meta":
+        return True
+    error = strided_kv_read_error(str(device), dtype, kv_heads, head_dim, groups)
+    return error <= STRIDED_READ_TOLERANCE.get(dtype, STRIDED_READ_TOLERANCE_LOW_PRECISION)
+
+
 def register_capture_attention() -> None:
     """Register :func:`capture_attention_forward` (idempotent) with transformers."""
     from transformers import AttentionInterface
