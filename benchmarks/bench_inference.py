@@ -731,7 +731,8 @@ def _generation_variant(r: dict, model_dir: str, args: argparse.Namespace, save:
         "plain_tokens_per_s": sum(plain_counts) / plain_s, "ours_rows_per_s": len(rows) / ours_s,
         "plain_rows_per_s": len(rows) / plain_s,
         "ours_second_run_s": second_s, "ours_second_run_tokens_per_s": tokens / second_s,
-        **decode_split("ours", ours_s, stats, len(rows)), **decode_split("ours_second_run", second_s, second, len(rows))})
+        **decode_split("ours", ours_s, stats, len(rows)), **decode_split("ours_second_run", second_s, second, len(rows)),
+        "strided_kv_read_error": strided_read_error(runner.adapter)})
     save()
 
     def measured(what: str, measure: Callable[..., dict], *margs) -> None:
@@ -762,6 +763,19 @@ def _generation_variant(r: dict, model_dir: str, args: argparse.Namespace, save:
     measured("host syncs per decode step", decode_step_syncs, runner, prepared)
     measured("decode steps over chunks", chunk_counts, runner, rows, args.gen_chunk, args.device)
     return r
+
+
+def strided_read_error(adapter) -> float:
+    """What the slab's probe found on this device for this model's KV shape: the largest relative
+    difference between SDPA on strided views of a KV store and on contiguous copies (0 where the
+    kernel reads them alike; above the tolerance the loop copies them)."""
+    from ladbench.inference.decode import query_groups
+    from ladbench.models import attention
+    cfg = adapter.text_config
+    kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    return attention.strided_kv_read_error(str(adapter.device), adapter.model.dtype, kv_heads, head_dim,
+                                           query_groups(cfg))
 
 
 def longest_prompt(prepared) -> int:
@@ -796,17 +810,25 @@ def through_each_decode_step(runner, prepared, around: Callable) -> None:
 
 
 def decode_step_syncs(runner, prepared) -> dict:
-    """Host syncs per decode step of one (untimed) run of the loop over ``prepared``: the most and the mean."""
+    """Host syncs per decode step of one (untimed) run of the loop over ``prepared``: the most and
+    the mean; and the mean of its aten operations (as the proxies count them: on a GPU each one
+    launches a kernel or more, or costs the host its dispatch, where an eager step waits on the
+    host's launches) over the steps that ran the model, per decoder layer too."""
     from torch.profiler import ProfilerActivity, profile
-    per_step = []
+    per_step, ops_per_step = [], []
 
     def counted(step, decoder, flight, replies):
         with count_tensor_calls(HOST_COPY_METHODS) as calls, profile(activities=[ProfilerActivity.CPU]) as prof:
             out = step(decoder, flight, replies)
-        per_step.append(_syncs(collections.Counter(e.name for e in prof.events()), calls))
+        ops = collections.Counter(e.name for e in prof.events())
+        per_step.append(_syncs(ops, calls))
+        if out is not None:                             # (a step after which nothing is in flight runs no model)
+            ops_per_step.append(sum(v for k, v in ops.items() if k.startswith("aten::")))
         return out
     through_each_decode_step(runner, prepared, counted)
-    return {"syncs_per_step_max": max(per_step), "syncs_per_step_mean": sum(per_step) / len(per_step)}
+    ops = sum(ops_per_step) / len(ops_per_step)
+    return {"syncs_per_step_max": max(per_step), "syncs_per_step_mean": sum(per_step) / len(per_step),
+            "aten_ops_per_step": ops, "decoder_layers": runner.adapter.text_config.num_hidden_layers}
 
 
 def chunk_counts(runner, rows: list[int], chunk: int, device: str) -> dict:
