@@ -463,3 +463,47 @@ def test_a_decoder_shipped_with_a_checkpoint_keeps_the_2d_mask(tiny_adapter, mon
     mask = torch.tensor([[0, 1, 1], [1, 1, 1]])
     assert not adapter.takes_kernel_mask
     assert adapter.kernel_mask(mask, 3, padded=True) is mask and adapter.kernel_mask(mask, 1, padded=False) is mask
+
+
+@pytest.mark.slow
+@pytest.mark.lanes
+def test_qwen_lays_out_its_mrope_tables_once_per_forward_with_the_very_same_bits(tiny_adapter, tiny_model, tmp_path,
+                                                                                monkeypatch):
+    """transformers 4.53's Qwen2.5-VL lays out M-RoPE's cos and sin (each channel section from its
+    position axis) in every decoder layer; the adapter has the rotary embedding do it once per
+    forward. One decoder forward counted by hand: 2 splits and 2 concatenations a layer fewer, less
+    the embedding's own 2 (5.x lays them out once already: nothing changes there); its hidden
+    states, and a whole scoring batch's scores, attention masses and greedy replies, the same bits."""
+    from ladbench.models import compat, load_adapter
+    from ladbench.models.qwen2_5_vl import Qwen25VLAdapter
+    rewritten = tiny_adapter("qwen2_5_vl")
+    assert rewritten.exact_rewrites_made == (0 if compat.on_current_lane() else 1)
+    monkeypatch.setattr(Qwen25VLAdapter, "exact_rewrites", lambda self: 0)
+    shipped = load_adapter("qwen2_5_vl", tiny_model("qwen2_5_vl"), device="cpu", dtype="float32")
+
+    class Counted(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = collections.Counter()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops[str(func.overloadpacket)] += 1
+            return func(*args, **(kwargs or {}))
+    torch.manual_seed(0)
+    embeds = torch.randn(2, 9, rewritten.text_config.hidden_size)
+    positions = torch.arange(9).expand(3, 2, 9) + torch.tensor([0, 1, 2])[:, None, None]     # axes apart
+    hidden, counts = {}, {}
+    for name, adapter in (("rewritten", rewritten), ("shipped", shipped)):
+        with torch.no_grad(), Counted() as counted:
+            hidden[name] = adapter.model.model.language_model(inputs_embeds=embeds, position_ids=positions,
+                                                              use_cache=False).last_hidden_state
+        counts[name] = counted.ops
+    assert torch.equal(hidden["rewritten"], hidden["shipped"])
+    layers = rewritten.text_config.num_hidden_layers
+    fewer = 0 if compat.on_current_lane() else 2 * (layers - 1)
+    for op in ("aten.split_with_sizes", "aten.cat"):
+        assert counts["shipped"][op] - counts["rewritten"][op] == fewer, op
+    before = _runner(shipped, tmp_path / "shipped", 4, "qwen2_5_vl").score_batch([0, 3])
+    after = _runner(rewritten, tmp_path / "rewritten", 4, "qwen2_5_vl").score_batch([0, 3])
+    for key in ("scores", "attn", "greedy_tokens"):
+        assert np.array_equal(after[key], before[key]), key

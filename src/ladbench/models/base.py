@@ -167,6 +167,8 @@ class ModelAdapter:
         self.padded_mlps = kernels.pad_unaligned_mlps(model) if attention != "eager" else 0
         #: RMSNorms normalised by torch's fused kernel on a GPU (models/kernels.py); likewise
         self.fused_norms = kernels.use_fused_rms_norms(model) if attention != "eager" else 0
+        #: the family's rewrites that give the model's very bits with fewer operations (every device)
+        self.exact_rewrites_made = self.exact_rewrites() if attention != "eager" else 0
         if attention == "capture" and self.own_attention_table:
             route_own_sdpa(self.attention_modules())
         self.resolve_tokens()
@@ -328,6 +330,12 @@ class ModelAdapter:
     def apply_settings(self, settings: Any) -> None:
         """Family hook: take up the inference settings (``InferenceSettings``) that concern this
         family alone, such as LLaVA-OV-1.5's ``rice_features``. Default: none."""
+
+    def exact_rewrites(self) -> int:
+        """Family hook: rewrite parts of the model's computation that transformers repeats (the
+        same values computed in every layer) so that they run once, giving the very same bits on
+        every device; returns how many were made. Default: none."""
+        return 0
 
     def use_batched_vision(self) -> tuple[str, ...]:
         """Family hook: switch the vision tower to a batched implementation if the family has one

@@ -14,12 +14,16 @@ forward pass reads nothing back from the device.
 """
 from __future__ import annotations
 
+import functools
+import inspect
+import sys
 from typing import Any
 
 import torch
 
 from . import compat
 from .base import ModelAdapter, PrefillState
+from .kernels import replace_forward
 
 
 class Qwen25VLAdapter(ModelAdapter):
@@ -32,6 +36,9 @@ class Qwen25VLAdapter(ModelAdapter):
         from .vision import use_batched_vision
         use_batched_vision(self.model.model.visual, compiled=self.vision == "compiled")
         return ("image_grid_thw",)          # the tower and the feature split read it on the host: no sync
+
+    def exact_rewrites(self) -> int:
+        return merge_mrope_sections_once(self.model.model.language_model)
 
     def prefill_extras(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         position_ids, rope_deltas = compat.qwen_vl_rope_index(self.model.model, inputs)
@@ -61,3 +68,51 @@ class Qwen25VLAdapter(ModelAdapter):
         pos = steps.view(1, -1) + state.position_offset                      # [B, n_new]
         return pos.unsqueeze(0).expand(3, -1, -1)                             # same on the t/h/w axes for text
 
+
+
+def merge_mrope_sections_once(text_model: torch.nn.Module) -> int:
+    """Make ``text_model`` (the decoder) lay out M-RoPE's cos and sin once per forward instead of
+    once per layer; returns 1 where it changed, 0 where transformers already does (5.x).
+
+    transformers 4.53's rotary embedding returns one cos and one sin per position axis (temporal,
+    height, width: [3, B, T, d]), and every attention layer's ``apply_multimodal_rotary_pos_emb``
+    picks the axis of each section of the d channels and concatenates them ([B, T, d]) before
+    rotating its queries and keys: in Qwen2.5-VL-3B, 36 times the same two concatenations, 18
+    operations a layer (split, selects, cat, for cos and sin), about a fifth of a decode step's
+    operations, each a kernel launch or a dispatch the host pays on a GPU. Here the embedding's
+    forward lays them out once, by the very expression of transformers, and the layers' function
+    (the modeling module's, wrapped once per process) rotates with cos and sin laid out already
+    ([B, T, d]: a 3-D cos) as it would with its own layout: the same values, the same products."""
+    module = sys.modules[type(text_model).__module__]
+    apply = getattr(module, "apply_multimodal_rotary_pos_emb", None)
+    rotary = getattr(text_model, "rotary_emb", None)
+    if apply is None or rotary is None or "mrope_section" not in inspect.signature(apply).parameters:
+        return 0
+    if not getattr(apply, "_ladbench_laid_out", False):
+        module.apply_multimodal_rotary_pos_emb = rotating_laid_out(apply, module.rotate_half)
+    section, shipped = list(text_model.config.rope_scaling["mrope_section"]), type(rotary).forward
+
+    def laid_out(rotary: torch.nn.Module, x: torch.Tensor, position_ids: torch.Tensor):
+        cos, sin = shipped(rotary, x, position_ids)
+        return mrope_layout(cos, section), mrope_layout(sin, section)
+    replace_forward(rotary, laid_out)          # (a closure, not a partial: torch.compile traces the ring's step)
+    return 1
+
+
+def mrope_layout(table: torch.Tensor, section: list[int]) -> torch.Tensor:
+    """transformers 4.53's layout of an M-RoPE cos or sin [3, B, T, d]: each section of the channels
+    (``section`` twice over, the rotated halves) from its own position axis, in turn: [B, T, d]."""
+    return torch.cat([m[i % 3] for i, m in enumerate(table.split(section * 2, dim=-1))], dim=-1)
+
+
+def rotating_laid_out(apply, rotate_half):
+    """``apply`` (4.53's ``apply_multimodal_rotary_pos_emb``), which also takes cos and sin laid out
+    already (3-D, :func:`mrope_layout`) and then rotates as ``apply`` does after its layout."""
+    @functools.wraps(apply)
+    def rotated(q, k, cos, sin, mrope_section, unsqueeze_dim=1):
+        if cos.dim() != 3:
+            return apply(q, k, cos, sin, mrope_section, unsqueeze_dim)
+        cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
+        return (q * cos) + (rotate_half(q) * sin), (k * cos) + (rotate_half(k) * sin)
+    rotated._ladbench_laid_out = True
+    return rotated
