@@ -481,6 +481,24 @@ def test_where_sdpa_misreads_strided_views_the_slab_hands_it_contiguous_copies(e
         attention.strided_kv_read_error.cache_clear()
 
 
+def test_a_decode_steps_additive_mask_is_what_sdpa_makes_of_the_boolean_one():
+    """Made once per step instead of by SDPA in every layer: 0 where a key is seen, -inf where not,
+    rows 8-aligned in memory (the memory-efficient kernel's ask), and the same attention, bit for bit."""
+    from ladbench.models.attention import additive_mask
+    padding = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])
+    mask = additive_mask(padding, torch.float32)
+    inf = float("-inf")
+    assert mask.shape == (2, 1, 1, 5) and mask.tolist() == [[[[inf, inf, 0, 0, 0]]], [[[0, 0, 0, 0, 0]]]]
+    assert all(stride % 8 == 0 for stride in mask.stride()[:-1]) and mask.stride(-1) == 1
+    generator = torch.Generator().manual_seed(0)
+    for dtype in (torch.float32, torch.bfloat16):
+        query = torch.randn(2, 2, 4, 16, generator=generator).to(dtype)      # 4 query heads packed per KV head
+        key, value = (torch.randn(2, 2, 5, 16, generator=generator).to(dtype) for _ in range(2))
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+        assert torch.equal(sdpa(query, key, value, attn_mask=additive_mask(padding, dtype)),
+                           sdpa(query, key, value, attn_mask=padding.bool()[:, None, None, :]))
+
+
 def test_torchs_sdpa_reads_a_kv_stores_strided_views_right_on_this_machine():
     """The probe on the CPU's own kernels: strided views and contiguous copies give the same values
     (both lanes pass the slab's views to SDPA here: 5.x always, 4.53 with the packed query)."""

@@ -688,7 +688,7 @@ class SlotDecoder:
         self.stats.widest_cache = max(self.stats.widest_cache, flight.mask.shape[1])
         # a joinable cache is full attention only: the padding mask of a one-token query is the whole
         # mask, handed over as such (4-D), so that transformers does not read it back to see if it can skip it
-        mask = flight.mask.bool()[:, None, None, :] if self.joinable else flight.mask
+        mask = attention.additive_mask(flight.mask, flight.slab.kv[0][0].dtype) if flight.slab is not None else flight.mask
         flight.logits = self.adapter.decode_logits(flight.cache, fed[:, None], mask, flight.positions)
         if flight.slab is not None:
             flight.slab.stepped()

@@ -293,6 +293,18 @@ def one_query_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Ten
     return out.reshape(batch, heads, 1, value.shape[-1]).transpose(1, 2).contiguous(), None
 
 
+def additive_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The padding mask [B, W] of one query position that sees every key of its row but the
+    padding (a decode step; 1 or True: a real token) as the additive mask SDPA makes of its boolean
+    form in every layer ([B, 1, 1, W] in the model's ``dtype``: 0 where a key is seen, -inf where
+    not; the same values, so the same attention), to be made once per step instead; its rows start
+    at multiples of 8 elements, the alignment the memory-efficient kernel asks of a mask (it
+    would otherwise pad a copy of it in every layer)."""
+    rows, width = mask.shape
+    aligned = torch.zeros(rows, 1, 1, -(-width // 8) * 8, dtype=dtype, device=mask.device)[..., :width]
+    return aligned.masked_fill_((mask == 0)[:, None, None, :], float("-inf"))
+
+
 #: largest difference (relative to the output's scale) between SDPA on strided views of a KV
 #: store and on contiguous copies of them that still reads as "the same kernel, the same values"
 #: (a kernel that misreads the strides is off by the output's own scale)
@@ -323,7 +335,7 @@ def strided_kv_read_error(device: str, dtype: torch.dtype, kv_heads: int, head_d
     key_view, value_view = keys[:used, :, start:start + width], values[:used, :, start:start + width]
     query = drawn(used, kv_heads, groups, head_dim)
     real = torch.arange(width, device=device)[None, :] >= torch.tensor([[0], [40], [291 - 5]], device=device)
-    mask = real[:, None, None, :]                                  # [B, 1, 1, Tk], the loop's form
+    mask = additive_mask(real, dtype)                              # the loop's form
     sdpa = torch.nn.functional.scaled_dot_product_attention
     strided = sdpa(query, key_view, value_view, attn_mask=mask).float()
     copied = sdpa(query, key_view.contiguous(), value_view.contiguous(), attn_mask=mask).float()
