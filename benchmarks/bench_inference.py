@@ -732,7 +732,7 @@ def _generation_variant(r: dict, model_dir: str, args: argparse.Namespace, save:
         "plain_rows_per_s": len(rows) / plain_s,
         "ours_second_run_s": second_s, "ours_second_run_tokens_per_s": tokens / second_s,
         **decode_split("ours", ours_s, stats, len(rows)), **decode_split("ours_second_run", second_s, second, len(rows)),
-        "strided_kv_read_error": strided_read_error(runner.adapter)})
+        "strided_kv_read_error": strided_read_error(runner)})
     save()
 
     def measured(what: str, measure: Callable[..., dict], *margs) -> None:
@@ -765,17 +765,14 @@ def _generation_variant(r: dict, model_dir: str, args: argparse.Namespace, save:
     return r
 
 
-def strided_read_error(adapter) -> float:
-    """What the slab's probe found on this device for this model's KV shape: the largest relative
-    difference between SDPA on strided views of a KV store and on contiguous copies (0 where the
-    kernel reads them alike; above the tolerance the loop copies them)."""
-    from ladbench.inference.decode import query_groups
-    from ladbench.models import attention
-    cfg = adapter.text_config
-    kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    return attention.strided_kv_read_error(str(adapter.device), adapter.model.dtype, kv_heads, head_dim,
-                                           query_groups(cfg))
+def strided_read_error(runner) -> float | None:
+    """What the slab of the runner's last decode loop found on this device for this model's KV
+    shape (``Slab.view_read_error``): the largest relative difference between SDPA on strided views
+    of its buffers and on contiguous copies (0 where the kernel reads them alike; above the
+    tolerance the loop copies them); None where no slab ran (the padded path)."""
+    from ladbench.inference.decode import Slab
+    store = runner.decoder.store if runner.decoder is not None else None
+    return store.view_read_error if isinstance(store, Slab) else None
 
 
 def longest_prompt(prepared) -> int:

@@ -464,7 +464,8 @@ def test_where_sdpa_misreads_strided_views_the_slab_hands_it_contiguous_copies(e
                         misreading_sdpa(torch.nn.functional.scaled_dot_product_attention))
     attention.strided_kv_read_error.cache_clear()
     try:
-        assert not attention.strided_kv_read_right(torch.device("cpu"), torch.float32, 2, 16, 2)
+        assert not attention.strided_kv_read_right(attention.strided_kv_read_error("cpu", torch.float32, 2, 16, 2),
+                                                   torch.float32)
         adapter = ending(QWEN_BUILDS[0])
         old, _ = generated(adapter, tmp_path / "generate", "sc", "generate")
         with caplog.at_level("WARNING", logger="ladbench.inference.decode"):
@@ -473,7 +474,8 @@ def test_where_sdpa_misreads_strided_views_the_slab_hands_it_contiguous_copies(e
         for key in ("text", "parsed", "n_generated"):
             assert (new[key] == old[key]).all(), key
         copied = loop.decode_stats.kv_positions_copied
-        monkeypatch.setattr(decode, "views_misread", lambda kv, groups: False)
+        assert loop.decoder.store.copies_views and loop.decoder.store.view_read_error > 0.1
+        monkeypatch.setattr(decode, "read_views", lambda kv, groups: (0.0, False))
         unprobed, views = generated(adapter, tmp_path / "views", "sc", "slots")
         assert (unprobed["text"] != old["text"]).any()
         assert views.decode_stats.kv_positions_copied < copied
@@ -505,7 +507,8 @@ def test_torchs_sdpa_reads_a_kv_stores_strided_views_right_on_this_machine():
     from ladbench.models import attention
     for dtype in (torch.float32, torch.bfloat16):
         for groups in (1, 8):
-            assert attention.strided_kv_read_right(torch.device("cpu"), dtype, 2, 64, groups)
+            error = attention.strided_kv_read_error("cpu", dtype, 2, 64, groups)
+            assert attention.strided_kv_read_right(error, dtype) and error == 0.0
 
 
 @pytest.mark.parametrize("gpu_kernels", [False, True], ids=["cpu", "gpu kernels"])

@@ -388,16 +388,21 @@ def test_the_runner_leaves_cudnn_out_of_the_models_work_when_asked(prompt, tiny_
         np.testing.assert_array_equal(results[False][key], value, err_msg=key)
 
 
-class _HostReads(TorchDispatchMode):
-    """Counts reads of a tensor's value by the host (``.item()``, ``bool()``: aten's local scalar)."""
+class _Dispatched(TorchDispatchMode):
+    """Counts the aten operations dispatched, by name (``aten.cat``); ``host_reads``: reads of a
+    tensor's value by the host (``.item()``, ``bool()``: aten's local scalar)."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.count = 0
+        self.ops: collections.Counter = collections.Counter()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.count += func is torch.ops.aten._local_scalar_dense.default
+        self.ops[str(func.overloadpacket)] += 1
         return func(*args, **(kwargs or {}))
+
+    @property
+    def host_reads(self) -> int:
+        return self.ops["aten._local_scalar_dense"]
 
 
 @pytest.mark.slow
@@ -423,14 +428,14 @@ def test_the_host_decides_the_kernel_mask_as_transformers_would(family, rows, ti
         hook = adapter.attention_modules()[0].register_forward_pre_hook(
             lambda module, args, kwargs, masks=masks: masks.append(kwargs.get("attention_mask")), with_kwargs=True)
         try:
-            with torch.no_grad(), _HostReads() as reads:
+            with torch.no_grad(), _Dispatched() as reads:
                 logits, state = adapter.prefill(inputs, use_cache=True)
-                in_prefill = reads.count
+                in_prefill = reads.host_reads
                 one = adapter.continue_logits(state, torch.tensor([[17]] * len(rows)))
                 two = adapter.continue_logits(state, torch.tensor([[17, 23]] * len(rows)))
         finally:
             hook.remove()
-        runs[decided] = (logits, one, two), masks, in_prefill, reads.count - in_prefill
+        runs[decided] = (logits, one, two), masks, in_prefill, reads.host_reads - in_prefill
     (want, want_masks, prefill_reads, continuation_reads), (got, got_masks, prefill_reads_now, continuation_reads_now) = (
         runs[False], runs[True])
     assert all(torch.equal(w, g) for w, g in zip(want, got))
@@ -480,21 +485,12 @@ def test_qwen_lays_out_its_mrope_tables_once_per_forward_with_the_very_same_bits
     assert rewritten.exact_rewrites_made == (0 if compat.on_current_lane() else 1)
     monkeypatch.setattr(Qwen25VLAdapter, "exact_rewrites", lambda self: 0)
     shipped = load_adapter("qwen2_5_vl", tiny_model("qwen2_5_vl"), device="cpu", dtype="float32")
-
-    class Counted(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.ops = collections.Counter()
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.ops[str(func.overloadpacket)] += 1
-            return func(*args, **(kwargs or {}))
     torch.manual_seed(0)
     embeds = torch.randn(2, 9, rewritten.text_config.hidden_size)
     positions = torch.arange(9).expand(3, 2, 9) + torch.tensor([0, 1, 2])[:, None, None]     # axes apart
     hidden, counts = {}, {}
     for name, adapter in (("rewritten", rewritten), ("shipped", shipped)):
-        with torch.no_grad(), Counted() as counted:
+        with torch.no_grad(), _Dispatched() as counted:
             hidden[name] = adapter.model.model.language_model(inputs_embeds=embeds, position_ids=positions,
                                                               use_cache=False).last_hidden_state
         counts[name] = counted.ops

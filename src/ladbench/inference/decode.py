@@ -325,8 +325,8 @@ class Slab:
     steps as the flight is wide: at most about two positions per sequence and step.
 
     The attention gets strided views of the buffers. Where the device's SDPA does not read such
-    views as it reads contiguous copies (:func:`~ladbench.models.attention.strided_kv_read_right`,
-    asked once per process; ``groups``: the model's query heads per KV head), it gets contiguous
+    views as it reads contiguous copies (:func:`read_views`, asked once per process; ``groups``:
+    the model's query heads per KV head; ``view_read_error``: what it found), it gets contiguous
     copies of them instead, every layer and step, as transformers' concatenating cache gave it
     (``copies_views``; counted in the KV copies, and said in one warning).
     """
@@ -336,7 +336,7 @@ class Slab:
         self.kv = [[k.new_zeros((rows, k.shape[1], 0, k.shape[-1])), v.new_zeros((rows, v.shape[1], 0, v.shape[-1]))]
                    for k, v in compat.plain_kv(first.cache)]
         self.count = self.start = self.end = 0
-        self.copies_views = views_misread(self.kv, groups)
+        self.view_read_error, self.copies_views = read_views(self.kv, groups)
         self.cache = compat.new_slab_cache(self)
 
     @property
@@ -433,18 +433,20 @@ class Slab:
         self.start, self.end = end - width, end
 
 
-def views_misread(kv: Sequence[Sequence[torch.Tensor]], groups: int) -> bool:
-    """Whether SDPA on the devices of the KV buffers ``kv`` (per layer, keys and values [R, KV, C,
-    d]) misreads strided views of them (:func:`~ladbench.models.attention.strided_kv_read_right`);
-    warns once where it does, naming the device."""
-    shapes = {(k.device, k.dtype, k.shape[1], k.shape[-1]) for k, _ in kv}
-    misread = sorted(str(device) for device, dtype, heads, dim in shapes
-                     if not attention.strided_kv_read_right(device, dtype, heads, dim, groups))
+def read_views(kv: Sequence[Sequence[torch.Tensor]], groups: int) -> tuple[float, bool]:
+    """How SDPA on the devices of the KV buffers ``kv`` (per layer, keys and values [R, KV, C, d])
+    reads strided views of them: the largest :func:`~ladbench.models.attention.strided_kv_read_error`
+    over their devices and shapes, and whether it misreads them on any device (warned once, naming
+    the devices)."""
+    errors = {(str(k.device), k.dtype): attention.strided_kv_read_error(str(k.device), k.dtype, k.shape[1], k.shape[-1],
+                                                                         groups) for k, _ in kv}
+    misread = sorted({device for (device, dtype), error in errors.items()
+                      if not attention.strided_kv_read_right(error, dtype)})
     if misread:
         log.warning("SDPA on %s reads strided views of the decode loop's KV store otherwise than contiguous "
                     "copies of them: the attention gets contiguous copies (a copy of the cache in flight per "
                     "layer and step, as transformers' concatenating cache made)", ", ".join(misread))
-    return bool(misread)
+    return max(errors.values(), default=0.0), bool(misread)
 
 
 def query_groups(text_config: Any) -> int:

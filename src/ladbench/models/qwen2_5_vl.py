@@ -69,7 +69,6 @@ class Qwen25VLAdapter(ModelAdapter):
         return pos.unsqueeze(0).expand(3, -1, -1)                             # same on the t/h/w axes for text
 
 
-
 def merge_mrope_sections_once(text_model: torch.nn.Module) -> int:
     """Make ``text_model`` (the decoder) lay out M-RoPE's cos and sin once per forward instead of
     once per layer; returns 1 where it changed, 0 where transformers already does (5.x).
@@ -77,9 +76,9 @@ def merge_mrope_sections_once(text_model: torch.nn.Module) -> int:
     transformers 4.53's rotary embedding returns one cos and one sin per position axis (temporal,
     height, width: [3, B, T, d]), and every attention layer's ``apply_multimodal_rotary_pos_emb``
     picks the axis of each section of the d channels and concatenates them ([B, T, d]) before
-    rotating its queries and keys: in Qwen2.5-VL-3B, 36 times the same two concatenations, 18
-    operations a layer (split, selects, cat, for cos and sin), about a fifth of a decode step's
-    operations, each a kernel launch or a dispatch the host pays on a GPU. Here the embedding's
+    rotating its queries and keys: in Qwen2.5-VL-3B, 36 times the same two concatenations, 16
+    operations a layer (a split, 6 selects and a concatenation, for cos and for sin), each a kernel
+    launch or a dispatch the host pays on a GPU. Here the embedding's
     forward lays them out once, by the very expression of transformers, and the layers' function
     (the modeling module's, wrapped once per process) rotates with cos and sin laid out already
     ([B, T, d]: a 3-D cos) as it would with its own layout: the same values, the same products."""
