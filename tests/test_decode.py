@@ -394,6 +394,34 @@ def test_keyed_draws_at_per_sequence_steps_equal_the_shared_step():
     assert np.unique(drawn.numpy()).size > 1
 
 
+def _fmix32(x: int) -> int:
+    """murmur3's fmix32 on Python's integers: the reference of the sampler's tensor version."""
+    x &= 0xFFFFFFFF
+    x ^= x >> 16
+    x = x * 0x85EBCA6B & 0xFFFFFFFF
+    x ^= x >> 13
+    x = x * 0xC2B2AE35 & 0xFFFFFFFF
+    return x ^ (x >> 16)
+
+
+def test_keyed_noise_is_the_documented_hash_of_seed_row_sample_step_and_token():
+    """The sampler's numbers, however the tensors compute them (stream keys mixed once, the
+    tokens' hashes looked up in a table), are gumbel-hash-v1's: fmix32 chained over (seed, row,
+    sample), then (step), then (token id + 0x9E3779B9), computed here on Python's integers."""
+    from ladbench.inference.sampling import token_hashes, uniform, sequence_keys
+    seed, rows, samples, vocab = 2**31 + 5, torch.tensor([0, 7, 2**32 - 1]), 3, 1000
+    keys = sequence_keys(seed, rows, samples)
+    tokens = torch.tensor([[0, 1, 999], [65535 % vocab, 500, 3]]).repeat(len(keys) // 2 + 1, 1)[:len(keys)]
+    steps = torch.arange(len(keys)) * 65537
+    for hashes in (None, token_hashes(vocab, torch.device("cpu"))):
+        got = uniform(keys, steps, tokens, hashes)
+        for j, (row, sample) in enumerate((r, s) for r in rows.tolist() for s in range(samples)):
+            stream = _fmix32(_fmix32(_fmix32(_fmix32(_fmix32(seed) ^ row) ^ sample)) ^ int(steps[j]))
+            for k, token in enumerate(tokens[j].tolist()):
+                expected = (_fmix32(stream ^ _fmix32(token + 0x9E3779B9)) + 0.5) / 2**32
+                assert got[j, k].item() == expected
+
+
 def test_a_generation_option_only_generate_applies_is_found_even_at_token_id_0():
     """Token 0 is a token: a forced BOS of id 0 sends the model through ``generate``; unset
     options (None, 0 n-grams, a neutral 1.0) leave it to the loop."""

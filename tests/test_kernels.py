@@ -470,24 +470,90 @@ def test_a_decoder_shipped_with_a_checkpoint_keeps_the_2d_mask(tiny_adapter, mon
     assert adapter.kernel_mask(mask, 3, padded=True) is mask and adapter.kernel_mask(mask, 1, padded=False) is mask
 
 
+def _rotate_half(x):
+    return torch.cat((-x[..., x.shape[-1] // 2:], x[..., :x.shape[-1] // 2]), dim=-1)
+
+
+def _transformers_rope(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
+    """transformers' ``apply_rotary_pos_emb`` (a partial rotary width rotates the first channels)."""
+    cos, sin, width = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim), cos.shape[-1]
+    return tuple(torch.cat([x[..., :width] * cos + _rotate_half(x[..., :width]) * sin, x[..., width:]], dim=-1)
+                 for x in (q, k))
+
+
+def test_the_roll_rotation_keeps_transformers_bits_and_leaves_other_layouts_to_it():
+    """The roll with the signed sine is transformers' rotation bit for bit in every dtype; the
+    wrapped function rotates so only on the rewritten embedding's layout (cos [B, 1, T, d]) and
+    hands every other call (3-D tables, a partial rotary width, other arguments) to the model's
+    own function; a function that rotates another way (GPT-J's interleaved pairs) is not rewritten."""
+    from ladbench.models import rotary
+    generator = torch.Generator().manual_seed(1)
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        q, k = (torch.randn(3, 4, 7, 16, generator=generator).to(dtype) for _ in range(2))
+        cos, sin = (torch.randn(3, 7, 16, generator=generator).to(dtype) for _ in range(2))
+        assert torch.equal(rotary.rotate(q, cos[:, None], rotary.signed_sin(sin)[:, None]),
+                           q * cos[:, None] + _rotate_half(q) * sin[:, None])
+    assert rotary.rotates_as_roll(_transformers_rope)
+
+    def interleaved(q, k, cos, sin, unsqueeze_dim=1):
+        def pairs(x):
+            return torch.stack((-x[..., 1::2], x[..., ::2]), dim=-1).flatten(-2)
+        cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
+        return q * cos + pairs(q) * sin, k * cos + pairs(k) * sin
+    assert not rotary.rotates_as_roll(interleaved)
+    assert not rotary.rotates_as_roll(lambda q, k, cos, sin, section: (q, k))      # another signature
+
+    rolled = rotary._rolling(_transformers_rope)
+    q, k = (torch.randn(2, 3, 5, 12, generator=generator) for _ in range(2))
+    cos, sin = (torch.randn(2, 5, 12, generator=generator) for _ in range(2))
+    laid_out = (cos[:, None], rotary.signed_sin(sin)[:, None])
+    expected = _transformers_rope(q, k, cos, sin)
+    for got in (rolled(q, k, cos, sin), rolled(q, k, *laid_out), rolled(q, k, *laid_out, None),
+                rolled(q, k, *laid_out, unsqueeze_dim=1)):
+        assert all(torch.equal(g, e) for g, e in zip(got, expected))
+    partial = (cos[..., :8], sin[..., :8])                         # rotary on 8 of 12 channels
+    got = rolled(q, k, partial[0][:, None], rotary.signed_sin(partial[1])[:, None])
+    assert all(torch.equal(g, e) for g, e in zip(got, _transformers_rope(q, k, *partial)))
+    heads_last = (q.transpose(1, 2), k.transpose(1, 2))            # [B, T, H, d], unsqueezed at 2
+    got = rolled(*heads_last, *laid_out, unsqueeze_dim=2)
+    assert all(torch.equal(g, e) for g, e in zip(got, _transformers_rope(*heads_last, cos, sin, unsqueeze_dim=2)))
+
+
+def _rotation_ops_fewer(family: str, layers: int) -> dict[str, int]:
+    """How many operations of one decoder forward the rotary rewrites save, counted by hand."""
+    from ladbench.models import compat
+    # every family: rotate_half's negation and concatenation for q and for k in every layer, against
+    # one roll for each and the embedding's signed sine (a negation and a concatenation) once
+    fewer = {"aten.cat": 2 * layers - 1, "aten.neg": 2 * layers - 1, "aten.roll": -2 * layers, "aten.split_with_sizes": 0}
+    if family == "qwen2_5_vl" and not compat.on_current_lane():
+        # and 4.53's M-RoPE layout of cos and of sin (a split and a concatenation) in every layer,
+        # against the embedding's once (5.x lays them out once itself)
+        fewer["aten.split_with_sizes"] += 2 * layers - 2
+        fewer["aten.cat"] += 2 * layers - 2
+    return fewer
+
+
 @pytest.mark.slow
 @pytest.mark.lanes
-def test_qwen_lays_out_its_mrope_tables_once_per_forward_with_the_very_same_bits(tiny_adapter, tiny_model, tmp_path,
-                                                                                monkeypatch):
-    """transformers 4.53's Qwen2.5-VL lays out M-RoPE's cos and sin (each channel section from its
-    position axis) in every decoder layer; the adapter has the rotary embedding do it once per
-    forward. One decoder forward counted by hand: 2 splits and 2 concatenations a layer fewer, less
-    the embedding's own 2 (5.x lays them out once already: nothing changes there); its hidden
-    states, and a whole scoring batch's scores, attention masses and greedy replies, the same bits."""
-    from ladbench.models import compat, load_adapter
-    from ladbench.models.qwen2_5_vl import Qwen25VLAdapter
-    rewritten = tiny_adapter("qwen2_5_vl")
-    assert rewritten.exact_rewrites_made == (0 if compat.on_current_lane() else 1)
-    monkeypatch.setattr(Qwen25VLAdapter, "exact_rewrites", lambda self: 0)
-    shipped = load_adapter("qwen2_5_vl", tiny_model("qwen2_5_vl"), device="cpu", dtype="float32")
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_rotary_rewrites_give_the_very_same_bits_in_fewer_operations(family, tiny_adapter, tiny_model, tmp_path,
+                                                                         monkeypatch):
+    """Every family's decoder rotates q and k by roll, with the sine signed once per forward
+    (models/rotary.py), and transformers 4.53's Qwen2.5-VL has its M-RoPE tables laid out once per
+    forward instead of in every layer. One decoder forward's operations counted by hand; its hidden
+    states, and a whole scoring batch's scores, attention masses and greedy replies, the same bits
+    as the model's own code gives (the rewrites off: the shipped adapter)."""
+    from ladbench.models import load_adapter
+    rewritten = tiny_adapter(family)
+    assert rewritten.exact_rewrites_made == 1
+    monkeypatch.setattr(type(rewritten), "exact_rewrites", lambda self: 0)
+    shipped = load_adapter(family, tiny_model(family), device="cpu", dtype="float32",
+                           trust_remote_code=family == "llava_ov15")
     torch.manual_seed(0)
     embeds = torch.randn(2, 9, rewritten.text_config.hidden_size)
-    positions = torch.arange(9).expand(3, 2, 9) + torch.tensor([0, 1, 2])[:, None, None]     # axes apart
+    positions = torch.arange(9).expand(2, 9)
+    if family in ("qwen2_5_vl", "qwen3_vl"):
+        positions = positions.expand(3, 2, 9) + torch.tensor([0, 1, 2])[:, None, None]     # axes apart
     hidden, counts = {}, {}
     for name, adapter in (("rewritten", rewritten), ("shipped", shipped)):
         with torch.no_grad(), _Dispatched() as counted:
@@ -495,11 +561,9 @@ def test_qwen_lays_out_its_mrope_tables_once_per_forward_with_the_very_same_bits
                                                               use_cache=False).last_hidden_state
         counts[name] = counted.ops
     assert torch.equal(hidden["rewritten"], hidden["shipped"])
-    layers = rewritten.text_config.num_hidden_layers
-    fewer = 0 if compat.on_current_lane() else 2 * (layers - 1)
-    for op in ("aten.split_with_sizes", "aten.cat"):
+    for op, fewer in _rotation_ops_fewer(family, rewritten.text_config.num_hidden_layers).items():
         assert counts["shipped"][op] - counts["rewritten"][op] == fewer, op
-    before = _runner(shipped, tmp_path / "shipped", 4, "qwen2_5_vl").score_batch([0, 3])
-    after = _runner(rewritten, tmp_path / "rewritten", 4, "qwen2_5_vl").score_batch([0, 3])
+    before = _runner(shipped, tmp_path / "shipped", 4, family).score_batch([0, 3])
+    after = _runner(rewritten, tmp_path / "rewritten", 4, family).score_batch([0, 3])
     for key in ("scores", "attn", "greedy_tokens"):
         assert np.array_equal(after[key], before[key]), key

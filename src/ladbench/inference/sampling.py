@@ -19,16 +19,20 @@ versions carry no ``sampler`` setting and are therefore rebuilt).
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 #: Stored in the SC cache's hashed settings: a different sampler is a different cache.
 SAMPLER = "gumbel-hash-v1"
 _MASK = 0xFFFFFFFF
+_TOKEN_SALT = 0x9E3779B9
 
 
 def _mulmod32(x: torch.Tensor, c: int) -> torch.Tensor:
-    """(x * c) mod 2**32 for 32-bit x and c, in two 16-bit halves: no int64 overflow."""
-    return ((((x >> 16) * c) & _MASK) << 16) + (x & 0xFFFF) * c & _MASK
+    """(x * c) mod 2**32 for 32-bit x and c, with c in two 16-bit halves: every product below
+    2**48, so no int64 overflow, in six operations."""
+    return (x * (c & 0xFFFF) + ((x * (c >> 16) & 0xFFFF) << 16)) & _MASK
 
 
 def _mix(x: torch.Tensor) -> torch.Tensor:
@@ -41,20 +45,31 @@ def _mix(x: torch.Tensor) -> torch.Tensor:
     return x ^ (x >> 16)
 
 
-def uniform(keys: torch.Tensor, step: int | torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-    """Uniform numbers in (0, 1), one per (sequence key [B], token id [B, K]), for ``step`` (one
-    for all sequences, or each sequence's own [B]: the same numbers either way)."""
-    h = _mix(_mix(keys.long()) ^ step)                                   # [B]
-    h = _mix(h[:, None] ^ _mix(tokens.long() + 0x9E3779B9))              # [B, K]
+@functools.lru_cache(maxsize=8)
+def token_hashes(vocab: int, device: torch.device) -> torch.Tensor:
+    """The hash of every token id [vocab], made once per vocabulary and device: a draw looks its
+    top-k tokens' hashes up here instead of mixing them anew at every step (the same numbers)."""
+    return _mix(torch.arange(vocab, device=device) + _TOKEN_SALT)
+
+
+def uniform(keys: torch.Tensor, step: int | torch.Tensor, tokens: torch.Tensor,
+            hashes: torch.Tensor | None = None) -> torch.Tensor:
+    """Uniform numbers in (0, 1), one per (sequence key [B] of :func:`sequence_keys`, token id
+    [B, K]), for ``step`` (one for all sequences, or each sequence's own [B]: the same numbers
+    either way). ``hashes``: :func:`token_hashes` of the vocabulary, where the caller has them."""
+    h = _mix(keys ^ step)                                                # [B]
+    hashed = _mix(tokens.long() + _TOKEN_SALT) if hashes is None else hashes[tokens]
+    h = _mix(h[:, None] ^ hashed)                                        # [B, K]
     return (h.double() + 0.5) / 2.0 ** 32
 
 
 def sequence_keys(seed: int, rows: torch.Tensor, n_samples: int) -> torch.Tensor:
     """Keys of ``n_samples`` sequences per row, in ``generate(num_return_sequences=S)``'s order
-    (row-major): a function of the seed, the row's index in the whole plan and the sample."""
+    (row-major): a hash of the seed, the row's index in the whole plan and the sample, mixed once
+    more here so that a draw does not mix it again at every step."""
     rows = rows.long().repeat_interleave(n_samples)
     samples = torch.arange(n_samples, device=rows.device).repeat(len(rows) // max(n_samples, 1))
-    return _mix(_mix(_mix(torch.full_like(rows, seed)) ^ rows) ^ samples)
+    return _mix(_mix(_mix(_mix(torch.full_like(rows, seed)) ^ rows) ^ samples))
 
 
 class KeyedSampler:
@@ -74,5 +89,5 @@ class KeyedSampler:
         """The token [B] each sequence (its key [B]) draws at ``step`` (one for all, or each
         sequence's own [B]: the number of tokens it has generated before) from ``scores`` [B, V]."""
         values, tokens = scores.float().topk(min(self.top_k, scores.shape[-1]), dim=-1)
-        gumbel = -torch.log(-torch.log(uniform(keys, step, tokens)))
+        gumbel = -torch.log(-torch.log(uniform(keys, step, tokens, token_hashes(scores.shape[-1], scores.device))))
         return tokens.gather(-1, (values.double() / self.temperature + gumbel).argmax(-1, keepdim=True))[:, 0]

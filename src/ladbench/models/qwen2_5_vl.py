@@ -23,6 +23,7 @@ import torch
 
 from . import compat
 from .base import ModelAdapter, PrefillState
+from . import rotary as rotary_rewrite
 from .kernels import replace_forward
 
 
@@ -38,7 +39,10 @@ class Qwen25VLAdapter(ModelAdapter):
         return ("image_grid_thw",)          # the tower and the feature split read it on the host: no sync
 
     def exact_rewrites(self) -> int:
-        return merge_mrope_sections_once(self.model.model.language_model)
+        # 4.53: M-RoPE laid out once and rotated by roll; 5.x lays it out once itself and rotates
+        # the laid-out tables as 1-D RoPE does, which the roll then serves alike
+        text_model = self.model.model.language_model
+        return merge_mrope_sections_once(text_model) or rotary_rewrite.roll_one_dim_rope(text_model)
 
     def prefill_extras(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         position_ids, rope_deltas = compat.qwen_vl_rope_index(self.model.model, inputs)
@@ -71,29 +75,34 @@ class Qwen25VLAdapter(ModelAdapter):
 
 def merge_mrope_sections_once(text_model: torch.nn.Module) -> int:
     """Make ``text_model`` (the decoder) lay out M-RoPE's cos and sin once per forward instead of
-    once per layer; returns 1 where it changed, 0 where transformers already does (5.x).
+    once per layer, and rotate by ``torch.roll`` (``models/rotary.py``); returns 1 where it changed,
+    0 where transformers already lays them out once (5.x) or rotates otherwise.
 
     transformers 4.53's rotary embedding returns one cos and one sin per position axis (temporal,
     height, width: [3, B, T, d]), and every attention layer's ``apply_multimodal_rotary_pos_emb``
     picks the axis of each section of the d channels and concatenates them ([B, T, d]) before
     rotating its queries and keys: in Qwen2.5-VL-3B, 36 times the same two concatenations, 16
     operations a layer (a split, 6 selects and a concatenation, for cos and for sin), each a kernel
-    launch or a dispatch the host pays on a GPU. Here the embedding's
-    forward lays them out once, by the very expression of transformers, and the layers' function
-    (the modeling module's, wrapped once per process) rotates with cos and sin laid out already
-    ([B, T, d]: a 3-D cos) as it would with its own layout: the same values, the same products."""
+    launch or a dispatch the host pays on a GPU. Here the embedding's forward lays them out once,
+    by the very expression of transformers, and signs the sine (:func:`~.rotary.signed_sin`); the
+    layers' function (the modeling module's, wrapped once per process) takes the tables laid out
+    ([B, T, d]: a 3-D cos) and rotates by :func:`~.rotary.rotate`: the same values, the same
+    products, 6 operations a layer fewer again."""
     module = sys.modules[type(text_model).__module__]
     apply = getattr(module, "apply_multimodal_rotary_pos_emb", None)
     rotary = getattr(text_model, "rotary_emb", None)
     if apply is None or rotary is None or "mrope_section" not in inspect.signature(apply).parameters:
         return 0
-    if not getattr(apply, "_ladbench_laid_out", False):
-        module.apply_multimodal_rotary_pos_emb = rotating_laid_out(apply, module.rotate_half)
     section, shipped = list(text_model.config.rope_scaling["mrope_section"]), type(rotary).forward
+    if not getattr(apply, rotary_rewrite.ROLLED_ATTR, False):
+        probe = [1, 1, 2]               # (the probe's 8 channels: sections of 1, 1 and 2, twice)
+        if not rotary_rewrite.rotates_as_roll(apply, probe, axes=3, layout=lambda t: mrope_layout(t, probe)):
+            return 0
+        module.apply_multimodal_rotary_pos_emb = rotating_laid_out(apply)
 
     def laid_out(rotary: torch.nn.Module, x: torch.Tensor, position_ids: torch.Tensor):
         cos, sin = shipped(rotary, x, position_ids)
-        return mrope_layout(cos, section), mrope_layout(sin, section)
+        return mrope_layout(cos, section), rotary_rewrite.signed_sin(mrope_layout(sin, section))
     replace_forward(rotary, laid_out)          # (a closure, not a partial: torch.compile traces the ring's step)
     return 1
 
@@ -104,14 +113,14 @@ def mrope_layout(table: torch.Tensor, section: list[int]) -> torch.Tensor:
     return torch.cat([m[i % 3] for i, m in enumerate(table.split(section * 2, dim=-1))], dim=-1)
 
 
-def rotating_laid_out(apply, rotate_half):
-    """``apply`` (4.53's ``apply_multimodal_rotary_pos_emb``), which also takes cos and sin laid out
-    already (3-D, :func:`mrope_layout`) and then rotates as ``apply`` does after its layout."""
+def rotating_laid_out(apply):
+    """``apply`` (4.53's ``apply_multimodal_rotary_pos_emb``), which also takes cos laid out already
+    (3-D, :func:`mrope_layout`) with the signed sine and then rotates by :func:`~.rotary.rotate`."""
     @functools.wraps(apply)
     def rotated(q, k, cos, sin, mrope_section, unsqueeze_dim=1):
         if cos.dim() != 3:
             return apply(q, k, cos, sin, mrope_section, unsqueeze_dim)
         cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
-        return (q * cos) + (rotate_half(q) * sin), (k * cos) + (rotate_half(k) * sin)
-    rotated._ladbench_laid_out = True
+        return rotary_rewrite.rotate(q, cos, sin), rotary_rewrite.rotate(k, cos, sin)
+    setattr(rotated, rotary_rewrite.ROLLED_ATTR, True)
     return rotated
