@@ -263,6 +263,27 @@ def count_tensor_calls(names: tuple[str, ...]):
             setattr(torch.Tensor, name, fn)
 
 
+@contextlib.contextmanager
+def count_kernel_ops():
+    """Count the aten operations dispatched other than views (``OpOverload.is_view``, and
+    ``_unsafe_view``), as the Python dispatcher sees them: each once, whatever a device's kernel
+    does inside (the CPU's ``torch.roll`` is a concatenation of two narrowed views, which the
+    profiler lists as nine events; on a GPU it is one kernel). On a GPU nearly every one of them
+    launches a kernel, and views launch none: the launches an eager step waits on the host for."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    counts = collections.Counter()
+
+    class Counting(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if not func.is_view and func is not torch.ops.aten._unsafe_view.default:
+                counts["ops"] += 1
+            return func(*args, **(kwargs or {}))
+    with Counting():
+        yield counts
+
+
 def _syncs(ops: collections.Counter, calls: collections.Counter) -> int:
     return sum(ops[k] for k in SYNC_OPS) + sum(calls.values())
 
@@ -305,10 +326,13 @@ def proxy_worker(n: int, model_dir: str, batch: int, image_size: int, vision: st
         runner.score_batch(step_input)
         seconds = time.perf_counter() - t0
     ops = collections.Counter(e.name for e in prof.events())
+    with count_kernel_ops() as kernel_ops:       # (apart: a dispatch mode changes what the profiler lists)
+        runner.score_batch(step_input)
     syncs = sum(ops[k] for k in SYNC_OPS)
     result = {"n": n, "batch": batch, "vision": vision, "syncs_per_row": _syncs(ops, calls) / batch,
               "item_per_row": syncs / batch, "tolist_cpu_per_row": sum(calls.values()) / batch,
               "aten_ops_per_row": sum(v for k, v in ops.items() if k.startswith("aten::")) / batch,
+              "non_view_ops_per_row": kernel_ops["ops"] / batch,
               "step_s_per_row": seconds / batch, "threads": torch.get_num_threads()}
     if family == "auto":
         result["vision_syncs_per_row"] = vision_tower_syncs(runner.adapter, step_input.inputs) / batch
@@ -316,11 +340,12 @@ def proxy_worker(n: int, model_dir: str, batch: int, image_size: int, vision: st
 
 
 def proxy_table(rows: list[dict]) -> str:
-    lines = ["| model | N | batch | code | host syncs / row | of which item / tolist+cpu | aten ops / row |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| model | N | batch | code | host syncs / row | of which item / tolist+cpu | aten ops / row | "
+             "of them not views |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['preset']} | {r['n']} | {r['batch']} | {r['code']} | {r['syncs_per_row']:.1f} | "
-                     f"{r['item_per_row']:.1f} / {r['tolist_cpu_per_row']:.1f} | {r['aten_ops_per_row']:.0f} |")
+                     f"{r['item_per_row']:.1f} / {r['tolist_cpu_per_row']:.1f} | {r['aten_ops_per_row']:.0f} | "
+                     f"{r['non_view_ops_per_row']:.0f} |")
     return "\n".join(lines)
 
 
@@ -808,13 +833,14 @@ def through_each_decode_step(runner, prepared, around: Callable) -> None:
 
 def decode_step_syncs(runner, prepared) -> dict:
     """Host syncs per decode step of one (untimed) run of the loop over ``prepared``: the most and
-    the mean; and the mean of its aten operations (as the proxies count them: on a GPU each one
-    launches a kernel or more, or costs the host its dispatch, where an eager step waits on the
-    host's launches) over the steps that ran the model, per decoder layer too."""
+    the mean; and the mean, over the steps that ran the model, of its aten operations (as the
+    proxies count them, the profiler's events: on a GPU each one launches a kernel or more, or
+    costs the host its dispatch, where an eager step waits on the host's launches) and of its
+    operations other than views (:func:`count_kernel_ops`: each once, as a GPU would launch it)."""
     from torch.profiler import ProfilerActivity, profile
-    per_step, ops_per_step = [], []
+    per_step, ops_per_step, kernel_ops_per_step = [], [], []
 
-    def counted(step, decoder, flight, replies):
+    def profiled(step, decoder, flight, replies):
         with count_tensor_calls(HOST_COPY_METHODS) as calls, profile(activities=[ProfilerActivity.CPU]) as prof:
             out = step(decoder, flight, replies)
         ops = collections.Counter(e.name for e in prof.events())
@@ -822,10 +848,20 @@ def decode_step_syncs(runner, prepared) -> dict:
         if out is not None:                             # (a step after which nothing is in flight runs no model)
             ops_per_step.append(sum(v for k, v in ops.items() if k.startswith("aten::")))
         return out
-    through_each_decode_step(runner, prepared, counted)
-    ops = sum(ops_per_step) / len(ops_per_step)
+
+    def dispatched(step, decoder, flight, replies):
+        with count_kernel_ops() as kernel_ops:
+            out = step(decoder, flight, replies)
+        if out is not None:
+            kernel_ops_per_step.append(kernel_ops["ops"])
+        return out
+    # two runs: a dispatch mode under the profiler would change what the profiler lists
+    through_each_decode_step(runner, prepared, profiled)
+    through_each_decode_step(runner, prepared, dispatched)
     return {"syncs_per_step_max": max(per_step), "syncs_per_step_mean": sum(per_step) / len(per_step),
-            "aten_ops_per_step": ops, "decoder_layers": runner.adapter.text_config.num_hidden_layers}
+            "aten_ops_per_step": statistics.fmean(ops_per_step),
+            "non_view_ops_per_step": statistics.fmean(kernel_ops_per_step),
+            "decoder_layers": runner.adapter.text_config.num_hidden_layers}
 
 
 def chunk_counts(runner, rows: list[int], chunk: int, device: str) -> dict:

@@ -103,6 +103,7 @@ def test_bench_inference_runs_on_the_tiny_model(tmp_path):
     for r in proxies.values():                                              # counts per batch, shown per row
         assert r["batch"] == 8 and r["syncs_per_row"] == pytest.approx(r["item_per_row"] + r["tolist_cpu_per_row"])
         assert (r["syncs_per_row"] * r["batch"]).is_integer() and (r["aten_ops_per_row"] * r["batch"]).is_integer()
+        assert (r["non_view_ops_per_row"] * r["batch"]).is_integer() and 0 < r["non_view_ops_per_row"] < r["aten_ops_per_row"]
     # the batched vision tower syncs with the host less than transformers' own, per image
     assert proxies["tiny", "ours"]["syncs_per_row"] < proxies["tiny", "ours, native tower"]["syncs_per_row"]
     # and nothing in the step reads a value back from the device (the host decides the padding and the
@@ -192,6 +193,7 @@ def test_bench_inference_generation_counts_the_decode_loop_against_generate(tmp_
     assert set(rows) == {"cot", "sc"}
     for r in rows.values():
         assert r["same_replies"] and r["syncs_per_step_max"] <= 1 and r["ours_prefilled_rows_per_row"] == 1
+        assert 0 < r["non_view_ops_per_step"] < r["aten_ops_per_step"]
         assert r["ours_useful_fraction"] == r["useful_tokens"] / r["ours_token_slots"] >= 0.9
         assert r["plain_useful_fraction"] <= r["ours_useful_fraction"]
         assert r["static_same_replies"] and r["static_ring_columns"] > 0 and r["static_tokens_per_s"] > 0

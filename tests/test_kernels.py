@@ -489,10 +489,12 @@ def test_the_roll_rotation_keeps_transformers_bits_and_leaves_other_layouts_to_i
     from ladbench.models import rotary
     generator = torch.Generator().manual_seed(1)
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
-        q, k = (torch.randn(3, 4, 7, 16, generator=generator).to(dtype) for _ in range(2))
+        states = torch.randn(3, 7, 4, 16, generator=generator).to(dtype)
         cos, sin = (torch.randn(3, 7, 16, generator=generator).to(dtype) for _ in range(2))
-        assert torch.equal(rotary.rotate(q, cos[:, None], rotary.signed_sin(sin)[:, None]),
-                           q * cos[:, None] + _rotate_half(q) * sin[:, None])
+        # a prefill's transposed states (concatenated halves) and contiguous ones (torch.roll)
+        for q in (states.transpose(1, 2), states.transpose(1, 2).contiguous()):
+            assert torch.equal(rotary.rotate(q, cos[:, None], rotary.signed_sin(sin)[:, None]),
+                               q * cos[:, None] + _rotate_half(q) * sin[:, None])
     assert rotary.rotates_as_roll(_transformers_rope)
 
     def interleaved(q, k, cos, sin, unsqueeze_dim=1):
@@ -519,12 +521,31 @@ def test_the_roll_rotation_keeps_transformers_bits_and_leaves_other_layouts_to_i
     assert all(torch.equal(g, e) for g, e in zip(got, _transformers_rope(*heads_last, cos, sin, unsqueeze_dim=2)))
 
 
-def _rotation_ops_fewer(family: str, layers: int) -> dict[str, int]:
-    """How many operations of one decoder forward the rotary rewrites save, counted by hand."""
+class _RotatingAttention(torch.nn.Module):
+    def forward(self, q, k, cos, sin):
+        return _transformers_rope(q, k, cos, sin)
+
+
+def test_a_rotary_function_is_wrapped_only_where_the_layers_call_it_by_that_name():
+    """A rewrite wraps a modeling module's global function: only where a module of the decoder
+    looks that name up in its forward (another transformers release may rotate elsewhere)."""
+    from ladbench.models.rotary import calls_by_name
+    decoder = torch.nn.Sequential(torch.nn.Linear(2, 2), _RotatingAttention())
+    assert calls_by_name(decoder, "_transformers_rope")
+    assert not calls_by_name(decoder, "apply_rotary_pos_emb") and not calls_by_name(decoder[0], "_transformers_rope")
+
+
+def _rotation_ops_fewer(family: str, layers: int, positions: int) -> dict[str, int]:
+    """How many operations of one decoder forward over ``positions`` the rotary rewrites save,
+    counted by hand."""
     from ladbench.models import compat
-    # every family: rotate_half's negation and concatenation for q and for k in every layer, against
-    # one roll for each and the embedding's signed sine (a negation and a concatenation) once
-    fewer = {"aten.cat": 2 * layers - 1, "aten.neg": 2 * layers - 1, "aten.roll": -2 * layers, "aten.split_with_sizes": 0}
+    # every family: rotate_half's negation for q and for k in every layer, against the embedding's
+    # signed sine (a negation and a concatenation) once; the halves swapped by one concatenation
+    # where the states are a prefill's (transposed), by torch.roll where a single position's are
+    # contiguous (rotate_half's concatenation goes)
+    one = positions == 1
+    fewer = {"aten.cat": (2 * layers if one else 0) - 1, "aten.neg": 2 * layers - 1,
+             "aten.roll": -2 * layers if one else 0, "aten.split_with_sizes": 0}
     if family == "qwen2_5_vl" and not compat.on_current_lane():
         # and 4.53's M-RoPE layout of cos and of sin (a split and a concatenation) in every layer,
         # against the embedding's once (5.x lays them out once itself)
@@ -538,11 +559,12 @@ def _rotation_ops_fewer(family: str, layers: int) -> dict[str, int]:
 @pytest.mark.parametrize("family", FAMILIES)
 def test_the_rotary_rewrites_give_the_very_same_bits_in_fewer_operations(family, tiny_adapter, tiny_model, tmp_path,
                                                                          monkeypatch):
-    """Every family's decoder rotates q and k by roll, with the sine signed once per forward
-    (models/rotary.py), and transformers 4.53's Qwen2.5-VL has its M-RoPE tables laid out once per
-    forward instead of in every layer. One decoder forward's operations counted by hand; its hidden
-    states, and a whole scoring batch's scores, attention masses and greedy replies, the same bits
-    as the model's own code gives (the rewrites off: the shipped adapter)."""
+    """Every family's decoder rotates q and k with the halves swapped in one kernel and the sine
+    signed once per forward (models/rotary.py), and transformers 4.53's Qwen2.5-VL has its M-RoPE
+    tables laid out once per forward instead of in every layer. A prefill's and a decode step's
+    decoder forward, their operations counted by hand; their hidden states, and a whole scoring
+    batch's scores, attention masses and greedy replies, the same bits as the model's own code
+    gives (the rewrites off: the shipped adapter)."""
     from ladbench.models import load_adapter
     rewritten = tiny_adapter(family)
     assert rewritten.exact_rewrites_made == 1
@@ -550,19 +572,20 @@ def test_the_rotary_rewrites_give_the_very_same_bits_in_fewer_operations(family,
     shipped = load_adapter(family, tiny_model(family), device="cpu", dtype="float32",
                            trust_remote_code=family == "llava_ov15")
     torch.manual_seed(0)
-    embeds = torch.randn(2, 9, rewritten.text_config.hidden_size)
-    positions = torch.arange(9).expand(2, 9)
-    if family in ("qwen2_5_vl", "qwen3_vl"):
-        positions = positions.expand(3, 2, 9) + torch.tensor([0, 1, 2])[:, None, None]     # axes apart
-    hidden, counts = {}, {}
-    for name, adapter in (("rewritten", rewritten), ("shipped", shipped)):
-        with torch.no_grad(), _Dispatched() as counted:
-            hidden[name] = adapter.model.model.language_model(inputs_embeds=embeds, position_ids=positions,
-                                                              use_cache=False).last_hidden_state
-        counts[name] = counted.ops
-    assert torch.equal(hidden["rewritten"], hidden["shipped"])
-    for op, fewer in _rotation_ops_fewer(family, rewritten.text_config.num_hidden_layers).items():
-        assert counts["shipped"][op] - counts["rewritten"][op] == fewer, op
+    for length in (9, 1):                          # a prefill's positions, and a decode step's one
+        embeds = torch.randn(2, length, rewritten.text_config.hidden_size)
+        positions = torch.arange(length).expand(2, length)
+        if family in ("qwen2_5_vl", "qwen3_vl"):
+            positions = positions.expand(3, 2, length) + torch.tensor([0, 1, 2])[:, None, None]     # axes apart
+        hidden, counts = {}, {}
+        for name, adapter in (("rewritten", rewritten), ("shipped", shipped)):
+            with torch.no_grad(), _Dispatched() as counted:
+                hidden[name] = adapter.model.model.language_model(inputs_embeds=embeds, position_ids=positions,
+                                                                  use_cache=False).last_hidden_state
+            counts[name] = counted.ops
+        assert torch.equal(hidden["rewritten"], hidden["shipped"])
+        for op, fewer in _rotation_ops_fewer(family, rewritten.text_config.num_hidden_layers, length).items():
+            assert counts["shipped"][op] - counts["rewritten"][op] == fewer, (length, op)
     before = _runner(shipped, tmp_path / "shipped", 4, family).score_batch([0, 3])
     after = _runner(rewritten, tmp_path / "rewritten", 4, family).score_batch([0, 3])
     for key in ("scores", "attn", "greedy_tokens"):

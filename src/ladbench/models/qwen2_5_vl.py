@@ -91,7 +91,8 @@ def merge_mrope_sections_once(text_model: torch.nn.Module) -> int:
     module = sys.modules[type(text_model).__module__]
     apply = getattr(module, "apply_multimodal_rotary_pos_emb", None)
     rotary = getattr(text_model, "rotary_emb", None)
-    if apply is None or rotary is None or "mrope_section" not in inspect.signature(apply).parameters:
+    if (apply is None or rotary is None or "mrope_section" not in inspect.signature(apply).parameters
+            or not rotary_rewrite.calls_by_name(text_model, "apply_multimodal_rotary_pos_emb")):
         return 0
     section, shipped = list(text_model.config.rope_scaling["mrope_section"]), type(rotary).forward
     if not getattr(apply, rotary_rewrite.ROLLED_ATTR, False):

@@ -6,20 +6,22 @@ channels): two slices, a negation and a concatenation for each of q and k, in ev
 every forward. A decode step waits on the host's launches (README, "A decode step's
 operations"), so each is paid in full, 36 layers a step for Qwen2.5-VL-3B.
 
-``torch.roll(x, d / 2)`` is ``cat(x2, x1)`` in one operation, and the sign moves into the sine,
-once per forward (:func:`signed_sin`: ``cat(-sin1, sin2)``): ``roll(x) * signed_sin`` is
-``cat(x2 * -sin1, x1 * sin2)``, and ``rotate_half(x) * sin`` is ``cat(-x2 * sin1, x1 * sin2)``.
-IEEE arithmetic rounds ``-a * b`` and ``a * -b`` alike (rounding to nearest is symmetric), so
-the products, their sum and the rotated states are the same bits (:func:`rotate`; tested on
-every family that uses it, scores and replies compared bit for bit). Each layer then runs one
-launch fewer for q and one for k, and four slices fewer.
+Swapping the halves, ``cat(x2, x1)``, is one kernel (:func:`swap_halves`: ``torch.roll`` on a
+decode step's contiguous states, with no slices), and the sign moves into the sine, once per
+forward (:func:`signed_sin`: ``cat(-sin1, sin2)``): ``cat(x2, x1) * signed_sin`` is ``cat(x2 *
+-sin1, x1 * sin2)``, and ``rotate_half(x) * sin`` is ``cat(-x2 * sin1, x1 * sin2)``. IEEE
+arithmetic rounds ``-a * b`` and ``a * -b`` alike (rounding to nearest is symmetric), so the
+products, their sum and the rotated states are the same bits (:func:`rotate`; tested on every
+family that uses it, scores and replies compared bit for bit). Each layer then runs one negation
+fewer for q and one for k, and in a decode step four slices fewer.
 
 The embedding's forward hands its cos and the signed sin to the layers in a layout transformers'
 own function never receives (M-RoPE: laid out, 3-D, ``models/qwen2_5_vl.py``; 1-D RoPE:
 unsqueezed, 4-D, :func:`roll_one_dim_rope`), and the layers' function, wrapped once per process,
 rotates by :func:`rotate` on that layout only; any other call goes to transformers' function as
 it was. A model whose function is not transformers' formula (checked on the CPU when it is
-rewritten: :func:`rotates_as_roll`) keeps its own.
+rewritten: :func:`rotates_as_roll`), or whose layers do not call it by its name
+(:func:`calls_by_name`), keeps its own.
 """
 from __future__ import annotations
 
@@ -42,9 +44,19 @@ def signed_sin(sin: torch.Tensor) -> torch.Tensor:
     return torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)
 
 
+def swap_halves(x: torch.Tensor) -> torch.Tensor:
+    """``cat(x2, x1)`` in one kernel: ``torch.roll`` where ``x`` is contiguous (a decode step's one
+    query position), else a concatenation of the halves' views (a prefill's transposed states,
+    which ``torch.roll`` would first copy whole; on the CPU it is that concatenation either way)."""
+    half = x.shape[-1] // 2
+    if x.is_contiguous():
+        return torch.roll(x, half, dims=-1)
+    return torch.cat([x[..., half:], x[..., :half]], dim=-1)
+
+
 def rotate(x: torch.Tensor, cos: torch.Tensor, signed: torch.Tensor) -> torch.Tensor:
     """``x * cos + rotate_half(x) * sin``, bit for bit, with ``signed`` = :func:`signed_sin` of sin."""
-    return x * cos + torch.roll(x, x.shape[-1] // 2, dims=-1) * signed
+    return x * cos + swap_halves(x) * signed
 
 
 def rotates_as_roll(apply: Callable, *extra, axes: int = 0,
@@ -87,6 +99,13 @@ def _unsqueezes_at_1(apply: Callable) -> bool:
     return parameter is not None and parameter.default == 1
 
 
+def calls_by_name(model: torch.nn.Module, name: str) -> bool:
+    """Whether a module of ``model`` calls the modeling module's global ``name`` in its forward (the
+    function a rewrite wraps must be the one the attention layers look up)."""
+    codes = {getattr(inspect.unwrap(type(m).forward), "__code__", None) for m in model.modules()}
+    return any(code is not None and name in code.co_names for code in codes)
+
+
 def roll_one_dim_rope(text_model: torch.nn.Module) -> int:
     """Make ``text_model`` (a decoder with 1-D RoPE) rotate its queries and keys by :func:`rotate`:
     its rotary embedding returns cos [B, 1, T, d] and the signed sin once per forward, and its
@@ -96,7 +115,7 @@ def roll_one_dim_rope(text_model: torch.nn.Module) -> int:
     module = sys.modules[type(text_model).__module__]
     apply = getattr(module, "apply_rotary_pos_emb", None)
     rotary = getattr(text_model, "rotary_emb", None)
-    if apply is None or rotary is None or not _unsqueezes_at_1(apply):
+    if apply is None or rotary is None or not _unsqueezes_at_1(apply) or not calls_by_name(text_model, "apply_rotary_pos_emb"):
         return 0
     if not getattr(apply, ROLLED_ATTR, False):
         if not rotates_as_roll(apply):
