@@ -30,6 +30,7 @@ import torch
 from bench_inference import architecture
 from bench_patch_embed import kernel_bench_device, kernel_bench_parser, seconds
 from ladbench.models.kernels import pad_unaligned_mlps, use_fused_rms_norms
+from ladbench.models.rotary import signed_sin
 from ladbench.models.vision import AttentionGroups, compiled_block_step, vision_block_step
 
 #: patches of one image (336 px: a 24 x 24 grid) and of one attention window (112 px: 8 x 8)
@@ -52,10 +53,10 @@ def vision_block(small: bool, device: torch.device, dtype: torch.dtype) -> torch
 
 
 def rotary_tables(patches: int, head_dim: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """float32 cos and sin [patches, head_dim] as the tower's plan holds them (random angles)."""
+    """float32 cos and signed sine [patches, 1, head_dim] as the tower's plan holds them (random angles)."""
     angles = torch.rand(patches, head_dim // 2) * 24
     emb = torch.cat((angles, angles), dim=-1)
-    return emb.cos().to(device), emb.sin().to(device)
+    return emb.cos()[:, None].to(device), signed_sin(emb.sin())[:, None].to(device)
 
 
 def measure(block: torch.nn.Module, rows: int, group: int, args, device: torch.device,

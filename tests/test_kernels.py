@@ -496,6 +496,15 @@ def test_the_roll_rotation_keeps_transformers_bits_and_leaves_other_layouts_to_i
             assert torch.equal(rotary.rotate(q, cos[:, None], rotary.signed_sin(sin)[:, None]),
                                q * cos[:, None] + _rotate_half(q) * sin[:, None])
     assert rotary.rotates_as_roll(_transformers_rope)
+    # the batched vision tower's rotation (models/vision.py): transformers' vision function's bits
+    from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import apply_rotary_pos_emb_vision
+    for dtype in (torch.float32, torch.bfloat16):
+        qkv = torch.randn(11, 3, 2, 16, generator=generator).to(dtype)     # [patches, q/k/v, heads, head dim]
+        q, k, _ = qkv.unbind(1)
+        cos, sin = (torch.randn(11, 16, generator=generator) for _ in range(2))
+        tables = (cos[:, None], rotary.signed_sin(sin)[:, None])
+        ours = [rotary.rotate(x.float(), *tables).to(x.dtype) for x in (q, k)]
+        assert all(torch.equal(a, b) for a, b in zip(ours, apply_rotary_pos_emb_vision(q, k, cos, sin)))
 
     def interleaved(q, k, cos, sin, unsqueeze_dim=1):
         def pairs(x):

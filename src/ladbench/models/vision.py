@@ -39,6 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from ladbench.families import VISION_TOWERS  # noqa: F401  (the implementations an adapter can run)
+from .rotary import rotate, signed_sin
 
 _PLANS_ATTR = "_ladbench_batch_plans"
 _STEP_ATTR = "_ladbench_block_step"     # how the batched forward runs a block: eager or compiled
@@ -92,11 +93,12 @@ class AttentionGroups:
 
 @dataclass
 class _GridPlan:
-    """One grid's window order (merge units), rotary cos/sin in that order, window lengths (patches)."""
+    """One grid's window order (merge units), rotary cos and signed sine (:func:`~.rotary.signed_sin`)
+    in that order, window lengths (patches)."""
 
     window_index: torch.Tensor
     cos: torch.Tensor
-    sin: torch.Tensor
+    signed_sin: torch.Tensor
     window_lengths: list[int]
     n_patches: int
 
@@ -107,8 +109,8 @@ class BatchPlan:
 
     patch_order: torch.Tensor          # [S] patches in window order (images one after another)
     restore: torch.Tensor              # [S / merge unit] merged tokens back to raster order
-    cos: torch.Tensor
-    sin: torch.Tensor
+    cos: torch.Tensor                  # [S, 1, head dim], float32: one table for every head
+    signed_sin: torch.Tensor           # likewise, the sine's first half negated (models/rotary.py)
     windows: AttentionGroups
     images: AttentionGroups
 
@@ -122,7 +124,7 @@ def _grid_plan(visual: torch.nn.Module, grid: Grid) -> _GridPlan:
     rotary = visual.rot_pos_emb(grid_t).cpu()
     rotary = rotary.reshape(n_patches // unit, unit, -1)[window_index].reshape(n_patches, -1)
     emb = torch.cat((rotary, rotary), dim=-1)
-    return _GridPlan(window_index, emb.cos(), emb.sin(), bounds.diff().tolist(), n_patches)
+    return _GridPlan(window_index, emb.cos(), signed_sin(emb.sin()), bounds.diff().tolist(), n_patches)
 
 
 def batch_plan(visual: torch.nn.Module, grids: Sequence[Grid], device: torch.device) -> BatchPlan:
@@ -143,8 +145,8 @@ def batch_plan(visual: torch.nn.Module, grids: Sequence[Grid], device: torch.dev
         patches.append(p.n_patches)
         offset += p.n_patches
     plan = BatchPlan(patch_order=torch.cat(order).to(device), restore=torch.argsort(torch.cat(merged)).to(device),
-                     cos=torch.cat([per_grid[g].cos for g in grids]).to(device),
-                     sin=torch.cat([per_grid[g].sin for g in grids]).to(device),
+                     cos=torch.cat([per_grid[g].cos for g in grids])[:, None].to(device),
+                     signed_sin=torch.cat([per_grid[g].signed_sin for g in grids])[:, None].to(device),
                      windows=AttentionGroups.build(windows, device), images=AttentionGroups.build(patches, device))
     plans[key] = plan
     if len(plans) > _MAX_CACHED_PLANS:
@@ -152,15 +154,16 @@ def batch_plan(visual: torch.nn.Module, grids: Sequence[Grid], device: torch.dev
     return plan
 
 
-def vision_block_step(block: torch.nn.Module, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+def vision_block_step(block: torch.nn.Module, hidden: torch.Tensor, cos: torch.Tensor, signed: torch.Tensor,
                       groups: AttentionGroups) -> torch.Tensor:
     """One block of the tower on the batch's patches [S, hidden] in window order, attending within
-    ``groups`` (the batch's windows or its images)."""
-    from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import apply_rotary_pos_emb_vision
-
+    ``groups`` (the batch's windows or its images). q and k are rotated as transformers'
+    ``apply_rotary_pos_emb_vision`` rotates them, in float32 and back, with the halves swapped and
+    the sine signed (``cos``, ``signed`` [S, 1, head dim]: :func:`~.rotary.rotate`): the same bits,
+    a negation fewer for each."""
     attn = block.attn
     q, k, v = attn.qkv(block.norm1(hidden)).reshape(hidden.shape[0], 3, attn.num_heads, -1).unbind(1)
-    q, k = apply_rotary_pos_emb_vision(q, k, cos, sin)
+    q, k = (rotate(x.float(), cos, signed).to(x.dtype) for x in (q, k))
     hidden = hidden + attn.proj(groups.attend(q, k, v, attn.scaling))
     return hidden + block.mlp(block.norm2(hidden))
 
@@ -177,7 +180,7 @@ def batched_vision_forward(visual: torch.nn.Module, hidden_states: torch.Tensor,
     step = visual.__dict__.get(_STEP_ATTR, vision_block_step)
     for layer, block in enumerate(visual.blocks):
         groups = plan.images if layer in full_layers else plan.windows
-        hidden = step(block, hidden, plan.cos, plan.sin, groups)
+        hidden = step(block, hidden, plan.cos, plan.signed_sin, groups)
     return visual.merger(hidden)[plan.restore]
 
 
