@@ -149,8 +149,9 @@ FLOORS = {
                      "ladbench.methods.settings", "ladbench.data", "ladbench.inference.prompts",
                      "ladbench.inference.sampling", "ladbench.inference.scoring", "ladbench.inference.greedy",
                      "ladbench.inference.devices", "ladbench.inference.cache", "ladbench.inference.merge",
-                     "ladbench.models.attention", "ladbench.models.compat", "ladbench.models.kernels", "ladbench.models.vision",
-                     "ladbench.models.tiny_ov15", "ladbench.report.render", "ladbench.study_paths", "ladbench.records"), 1),
+                     "ladbench.models.attention", "ladbench.models.compat", "ladbench.models.kernels",
+                     "ladbench.models.rotary", "ladbench.models.vision", "ladbench.models.tiny_ov15",
+                     "ladbench.report.render", "ladbench.study_paths", "ladbench.records"), 1),
     # 2, what the stages are made of: models (adapters, tiny builds), methods, prompt variants,
     # benchmarks, features, the arrays of a cache and the checks of inputs
     **dict.fromkeys(("ladbench.models", "ladbench.methods", "ladbench.variants", "ladbench.benchmark",
