@@ -413,13 +413,12 @@ def test_keyed_noise_is_the_documented_hash_of_seed_row_sample_step_and_token():
     keys = sequence_keys(seed, rows, samples)
     tokens = torch.tensor([[0, 1, 999], [65535 % vocab, 500, 3]]).repeat(len(keys) // 2 + 1, 1)[:len(keys)]
     steps = torch.arange(len(keys)) * 65537
-    for hashes in (None, token_hashes(vocab, torch.device("cpu"))):
-        got = uniform(keys, steps, tokens, hashes)
-        for j, (row, sample) in enumerate((r, s) for r in rows.tolist() for s in range(samples)):
-            stream = _fmix32(_fmix32(_fmix32(_fmix32(_fmix32(seed) ^ row) ^ sample)) ^ int(steps[j]))
-            for k, token in enumerate(tokens[j].tolist()):
-                expected = (_fmix32(stream ^ _fmix32(token + 0x9E3779B9)) + 0.5) / 2**32
-                assert got[j, k].item() == expected
+    got = uniform(keys, steps, tokens, token_hashes(vocab, torch.device("cpu")))
+    for j, (row, sample) in enumerate((r, s) for r in rows.tolist() for s in range(samples)):
+        stream = _fmix32(_fmix32(_fmix32(_fmix32(_fmix32(seed) ^ row) ^ sample)) ^ int(steps[j]))
+        for k, token in enumerate(tokens[j].tolist()):
+            expected = (_fmix32(stream ^ _fmix32(token + 0x9E3779B9)) + 0.5) / 2**32
+            assert got[j, k].item() == expected
 
 
 def test_a_generation_option_only_generate_applies_is_found_even_at_token_id_0():

@@ -52,14 +52,12 @@ def token_hashes(vocab: int, device: torch.device) -> torch.Tensor:
     return _mix(torch.arange(vocab, device=device) + _TOKEN_SALT)
 
 
-def uniform(keys: torch.Tensor, step: int | torch.Tensor, tokens: torch.Tensor,
-            hashes: torch.Tensor | None = None) -> torch.Tensor:
+def uniform(keys: torch.Tensor, step: int | torch.Tensor, tokens: torch.Tensor, hashes: torch.Tensor) -> torch.Tensor:
     """Uniform numbers in (0, 1), one per (sequence key [B] of :func:`sequence_keys`, token id
     [B, K]), for ``step`` (one for all sequences, or each sequence's own [B]: the same numbers
-    either way). ``hashes``: :func:`token_hashes` of the vocabulary, where the caller has them."""
+    either way); ``hashes``: :func:`token_hashes` of the vocabulary."""
     h = _mix(keys ^ step)                                                # [B]
-    hashed = _mix(tokens.long() + _TOKEN_SALT) if hashes is None else hashes[tokens]
-    h = _mix(h[:, None] ^ hashed)                                        # [B, K]
+    h = _mix(h[:, None] ^ hashes[tokens])                                # [B, K]
     return (h.double() + 0.5) / 2.0 ** 32
 
 

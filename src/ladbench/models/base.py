@@ -575,8 +575,9 @@ class OneDimRopeMixin:
         return state.position_offset + steps
 
     def exact_rewrites(self) -> int:
-        """The queries and keys rotated by ``torch.roll`` with the sine signed once per forward
-        (``models/rotary.py``): the same bits, two operations and four slices a layer fewer."""
+        """The queries and keys rotated with swapped halves and the sine signed once per forward
+        (``models/rotary.py``): the same bits, a negation fewer for q and for k in every layer (and
+        in a decode step their concatenations and four slices, for two rolls)."""
         return rotary.roll_one_dim_rope(self.model.model.language_model)
 
 

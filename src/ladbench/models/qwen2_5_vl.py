@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import sys
 from typing import Any
 
 import torch
@@ -24,7 +23,6 @@ import torch
 from . import compat
 from .base import ModelAdapter, PrefillState
 from . import rotary as rotary_rewrite
-from .kernels import replace_forward
 
 
 class Qwen25VLAdapter(ModelAdapter):
@@ -87,25 +85,16 @@ def merge_mrope_sections_once(text_model: torch.nn.Module) -> int:
     by the very expression of transformers, and signs the sine (:func:`~.rotary.signed_sin`); the
     layers' function (the modeling module's, wrapped once per process) takes the tables laid out
     ([B, T, d]: a 3-D cos) and rotates by :func:`~.rotary.rotate`: the same values, the same
-    products, 6 operations a layer fewer again."""
-    module = sys.modules[type(text_model).__module__]
-    apply = getattr(module, "apply_multimodal_rotary_pos_emb", None)
-    rotary = getattr(text_model, "rotary_emb", None)
-    if (apply is None or rotary is None or "mrope_section" not in inspect.signature(apply).parameters
-            or not rotary_rewrite.calls_by_name(text_model, "apply_multimodal_rotary_pos_emb")):
-        return 0
-    section, shipped = list(text_model.config.rope_scaling["mrope_section"]), type(rotary).forward
-    if not getattr(apply, rotary_rewrite.ROLLED_ATTR, False):
-        probe = [1, 1, 2]               # (the probe's 8 channels: sections of 1, 1 and 2, twice)
-        if not rotary_rewrite.rotates_as_roll(apply, probe, axes=3, layout=lambda t: mrope_layout(t, probe)):
-            return 0
-        module.apply_multimodal_rotary_pos_emb = rotating_laid_out(apply)
+    products, and a negation fewer for q and for k in every layer besides."""
+    # (5.x has no such function, and its config may hold no such section: read only to lay them out)
+    section = list((getattr(text_model.config, "rope_scaling", None) or {}).get("mrope_section") or [])
+    probe = [1, 1, 2]                   # (the probe's 8 channels: sections of 1, 1 and 2, twice)
 
-    def laid_out(rotary: torch.nn.Module, x: torch.Tensor, position_ids: torch.Tensor):
-        cos, sin = shipped(rotary, x, position_ids)
-        return mrope_layout(cos, section), rotary_rewrite.signed_sin(mrope_layout(sin, section))
-    replace_forward(rotary, laid_out)          # (a closure, not a partial: torch.compile traces the ring's step)
-    return 1
+    def fits(apply) -> bool:
+        return ("mrope_section" in inspect.signature(apply).parameters
+                and rotary_rewrite.rotates_as_roll(apply, probe, axes=3, layout=lambda t: mrope_layout(t, probe)))
+    return rotary_rewrite.rewrite_rotation(text_model, "apply_multimodal_rotary_pos_emb", fits=fits,
+                                           wrap=rotating_laid_out, lay_out=lambda table: mrope_layout(table, section))
 
 
 def mrope_layout(table: torch.Tensor, section: list[int]) -> torch.Tensor:
@@ -123,5 +112,4 @@ def rotating_laid_out(apply):
             return apply(q, k, cos, sin, mrope_section, unsqueeze_dim)
         cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
         return rotary_rewrite.rotate(q, cos, sin), rotary_rewrite.rotate(k, cos, sin)
-    setattr(rotated, rotary_rewrite.ROLLED_ATTR, True)
     return rotated

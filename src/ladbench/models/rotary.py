@@ -89,7 +89,6 @@ def _rolling(apply: Callable) -> Callable:
         if args or kwargs or q.shape[-1] != cos.shape[-1]:
             return apply(q, k, cos.squeeze(1), signed_sin(sin).squeeze(1), *args, **kwargs)
         return rotate(q, cos, sin), rotate(k, cos, sin)
-    setattr(rolled, ROLLED_ATTR, True)
     return rolled
 
 
@@ -106,25 +105,40 @@ def calls_by_name(model: torch.nn.Module, name: str) -> bool:
     return any(code is not None and name in code.co_names for code in codes)
 
 
-def roll_one_dim_rope(text_model: torch.nn.Module) -> int:
-    """Make ``text_model`` (a decoder with 1-D RoPE) rotate its queries and keys by :func:`rotate`:
-    its rotary embedding returns cos [B, 1, T, d] and the signed sin once per forward, and its
-    modeling module's ``apply_rotary_pos_emb`` (wrapped once per process) rotates with them.
-    Returns 1 where it did, 0 where the module's function is not transformers' formula or the
-    decoder has no rotary embedding of its own."""
+def rewrite_rotation(text_model: torch.nn.Module, name: str, fits: Callable[[Callable], bool],
+                     wrap: Callable[[Callable], Callable], lay_out: Callable[[torch.Tensor], torch.Tensor]) -> int:
+    """The rotary rewrite of ``text_model`` (a decoder): its embedding's forward returns
+    ``lay_out(cos)`` and the signed ``lay_out(sin)`` once per forward, and its modeling module's
+    rotary function ``name`` is replaced, once per process, by ``wrap`` of it (which rotates by
+    :func:`rotate` on that layout and hands any other call to the function as it was). Returns 1
+    where it did; 0 where the decoder has no rotary embedding of its own, none of its modules
+    calls ``name`` by that name, or the function does not ``fit`` (its signature, and
+    :func:`rotates_as_roll`'s bits)."""
     module = sys.modules[type(text_model).__module__]
-    apply = getattr(module, "apply_rotary_pos_emb", None)
+    apply = getattr(module, name, None)
     rotary = getattr(text_model, "rotary_emb", None)
-    if apply is None or rotary is None or not _unsqueezes_at_1(apply) or not calls_by_name(text_model, "apply_rotary_pos_emb"):
+    if apply is None or rotary is None or not calls_by_name(text_model, name):
         return 0
     if not getattr(apply, ROLLED_ATTR, False):
-        if not rotates_as_roll(apply):
+        if not fits(apply):
             return 0
-        module.apply_rotary_pos_emb = _rolling(apply)
+        wrapped = wrap(apply)
+        setattr(wrapped, ROLLED_ATTR, True)
+        setattr(module, name, wrapped)
     shipped = type(rotary).forward
 
     def laid_out(rotary: torch.nn.Module, x: torch.Tensor, position_ids: torch.Tensor):
         cos, sin = shipped(rotary, x, position_ids)
-        return cos.unsqueeze(1), signed_sin(sin).unsqueeze(1)
+        return lay_out(cos), signed_sin(lay_out(sin))
     replace_forward(rotary, laid_out)          # (a closure, not a partial: torch.compile traces the ring's step)
     return 1
+
+
+def roll_one_dim_rope(text_model: torch.nn.Module) -> int:
+    """Make ``text_model`` (a decoder with 1-D RoPE) rotate its queries and keys by :func:`rotate`:
+    its rotary embedding returns cos [B, 1, T, d] and the signed sin once per forward, and its
+    modeling module's ``apply_rotary_pos_emb`` (wrapped once per process) rotates with them
+    (:func:`rewrite_rotation`; 1 where it did, else 0)."""
+    return rewrite_rotation(text_model, "apply_rotary_pos_emb",
+                            fits=lambda apply: _unsqueezes_at_1(apply) and rotates_as_roll(apply),
+                            wrap=_rolling, lay_out=lambda table: table.unsqueeze(1))
