@@ -711,12 +711,14 @@ def generation_worker(model_dir: str, name: str, args: argparse.Namespace, resul
     (``ladbench infer``'s path) against plain ``generate`` on the same prepared rows, their seconds
     (device work only) and tokens/s, the loop's in its first run over the rows and its second
     (on an H200 the first ran at 377 tokens/s and the other attention, timed after it, at 484:
-    kernels that build a plan per new shape pay it in a first run); then the loop with the other
-    attention for one query position (:func:`attention_counts`, both runs); with ``--trace``, one
-    decode step's profile (:func:`decode_step_trace`); only the prefill group's sequences in
-    flight; static shapes (``--decode static``; its compilation in its warm-up run); every
-    sequence in flight at once (:func:`wide_counts`); replies equal; host syncs per decode step (a
-    separate, untimed run); decode steps over chunks. Each timed run's prefills apart from its
+    kernels that build a plan per new shape pay it in a first run); then static shapes as CUDA
+    graphs of the eager step (``--decode graphs``; captured in its warm-up run); the loop with the
+    other attention for one query position (:func:`attention_counts`, both runs) and without
+    cuDNN's attention (both runs); with ``--trace``, one decode step's profile
+    (:func:`decode_step_trace`); only the prefill group's sequences in flight; static shapes
+    compiled (``--decode static``; its compilation in its warm-up run); every sequence in flight
+    at once (:func:`wide_counts`); replies equal; host syncs per decode step (a separate, untimed
+    run); decode steps over chunks. Each timed run's prefills apart from its
     decode steps (:func:`decode_split`). Most wanted first, ``save()`` after each: a run its time
     limit stops keeps what it measured. A measurement that fails is listed in the variant's
     ``failed`` (:func:`attempt`) and the others go on."""
@@ -763,6 +765,15 @@ def _generation_variant(r: dict, model_dir: str, args: argparse.Namespace, save:
     def measured(what: str, measure: Callable[..., dict], *margs) -> None:
         r.update(attempt(r["failed"], what, measure, *margs) or {})
         save()
+    replies = {"same_replies": ours["text"]}                # the loop's and the static shapes' replies
+
+    def ring(way: str) -> dict:
+        out, counts = ring_counts(runner, prepared, rows, tokens, args.device, way)
+        replies[f"{way}_same_replies"] = out["text"]
+        return counts
+    # next to the loop's first and second runs: the eager step's kernels with one launch a step
+    # (a GPU's eager step waits on its launches), never yet measured
+    measured("static shapes as CUDA graphs", ring, "graphs")
     measured("attention on the KV heads", attention_counts, runner, prepared, rows, ours, (ours_s, second_s),
              args.device)
     measured("without cuDNN's attention", without_cudnn_counts, runner, prepared, rows, ours, args.device)
@@ -770,13 +781,7 @@ def _generation_variant(r: dict, model_dir: str, args: argparse.Namespace, save:
         measured("a decode step's profile", decode_step_trace, runner, prepared, args.device,
                  os.path.join(args.trace, f"{r['model']}-{r['variant']}-decode-step"))
     measured("the prefill group's sequences in flight", group_counts, runner, prepared, rows, stats, ours, args.device)
-    replies = {"same_replies": ours["text"]}                # the loop's and the static shapes' replies
-
-    def static() -> dict:
-        out, counts = static_counts(runner, prepared, rows, tokens, args.device)
-        replies["static_same_replies"] = out["text"]
-        return counts
-    measured("static shapes", static)
+    measured("static shapes", ring, "static")
     measured("every sequence in flight", wide_counts, runner, prepared, rows, stats, ours, args.device)
 
     def replies_equal() -> dict:
@@ -915,20 +920,29 @@ def in_flight_counts(runner, prepared, rows: list[int], ours: dict, device: str,
             **decode_split(name, seconds, counts, len(rows))}
 
 
-def static_counts(runner, prepared, rows: list[int], tokens: int, device: str) -> tuple[dict, dict]:
-    """The loop with static shapes (``decode="static"``; compiled in its warm-up run): its results
-    (the replies, for the comparison that follows), and its token slots, ring, seconds, KV copies,
-    and how many compiled graphs torch ran without their CUDA graph (``cudagraph_skips``: torch
-    logs a reason and runs the graph's kernels one by one, the launches CUDA graphs would save; on
-    the CPU there are none to skip)."""
+def ring_counts(runner, prepared, rows: list[int], tokens: int, device: str, way: str) -> tuple[dict, dict]:
+    """The loop with static shapes, ``way`` ``static`` (compiled, in its warm-up run) or ``graphs``
+    (the eager step captured as a CUDA graph per ring shape, in its warm-up run too): its results
+    (the replies, for the comparison that follows), and its token slots, ring, seconds, KV copies
+    (``way_...``); for static, how many compiled graphs torch ran without their CUDA graph
+    (``cudagraph_skips``: torch logs a reason and runs the graph's kernels one by one, the launches
+    CUDA graphs would save; on the CPU there are none to skip); for graphs, whether the ring's step
+    ran as a replayed graph at the end (false on the CPU, which runs it eagerly), why its capture
+    failed where it did (the step then eager), and the captures in the timed run (a ring grown
+    past the warm-up's captures its new shape)."""
     from torch._dynamo.utils import counters
+
+    from ladbench.inference.graphs import GraphedStep
     skipped = counters["inductor"]["cudagraph_skips"]
-    out, seconds, stats = _timed_decode(runner, prepared, rows, device, decode="static")
-    return out, {"static_cudagraph_skips": counters["inductor"]["cudagraph_skips"] - skipped,
-                 "static_useful_fraction": stats.useful_fraction(), "static_ring_columns": stats.ring_columns,
-                 "static_s": seconds, "static_kv_copies_per_token": stats.kv_copies_per_token(),
-                 "static_tokens_per_s": tokens / seconds, "static_rows_per_s": len(rows) / seconds,
-                 "static_decode_steps": stats.decode_steps, **decode_split("static", seconds, stats, len(rows))}
+    out, seconds, stats = _timed_decode(runner, prepared, rows, device, decode=way)
+    step = getattr(runner.ring, "forward", None)
+    own = ({"static_cudagraph_skips": counters["inductor"]["cudagraph_skips"] - skipped} if way == "static" else
+           {"graphs_captures": stats.graph_captures, "graphs_capture_failed": getattr(step, "failed", None),
+            "graphs_replayed": isinstance(step, GraphedStep) and step.failed is None and step.replay is not None})
+    return out, {**own, f"{way}_useful_fraction": stats.useful_fraction(), f"{way}_ring_columns": stats.ring_columns,
+                 f"{way}_s": seconds, f"{way}_kv_copies_per_token": stats.kv_copies_per_token(),
+                 f"{way}_tokens_per_s": tokens / seconds, f"{way}_rows_per_s": len(rows) / seconds,
+                 f"{way}_decode_steps": stats.decode_steps, **decode_split(way, seconds, stats, len(rows))}
 
 
 @contextlib.contextmanager
@@ -1060,6 +1074,9 @@ GENERATION_COLUMNS: tuple[tuple[str, Callable[[dict], str]], ...] = (
     ("static shapes: replies equal, useful / token slots, tokens/s, ms / decode step, CUDA graphs skipped",
      lambda r: f"{r['static_same_replies']}, {r['static_useful_fraction']:.2f}, {r['static_tokens_per_s']:.1f}, "
                f"{1e3 * r['static_decode_step_s']:.1f}, {r['static_cudagraph_skips']}"),
+    ("static shapes as CUDA graphs: replies equal, tokens/s, ms / decode step, replayed (captures)",
+     lambda r: f"{r['graphs_same_replies']}, {r['graphs_tokens_per_s']:.1f}, {1e3 * r['graphs_decode_step_s']:.1f}, "
+               f"{r['graphs_replayed']} ({r['graphs_captures']})"),
     ("decode steps over chunks: one at a time / streamed (occupancy)",
      lambda r: f"{r['chunks']} x {r['chunk_rows']} rows: {r['alone_decode_steps']} ({r['alone_occupancy']:.2f}) / "
                f"{r['streamed_decode_steps']} ({r['streamed_occupancy']:.2f}), replies equal: "

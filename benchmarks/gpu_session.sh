@@ -7,10 +7,12 @@
 #   cot, sc   Qwen2.5-VL-3B at the paper's batch size 4 (CoT 64 rows; SC 16 rows x 10 samples):
 #             the decode loop at its GPU default of 64 sequences in flight, its first run over the
 #             rows (shapes new to the kernels) and its second, against plain generate on the same
-#             rows (tokens/s, rows/s), then the loop with transformers' repeat_kv attention instead
-#             of the one query packed on the KV heads, without cuDNN's attention (each a first run
-#             and a second), one decode step's profile (traces/), the loop with only the prefill
-#             group's 4 x S in flight, its static shapes, every sequence in flight at once (SC: 160),
+#             rows (tokens/s, rows/s), then its static shapes as CUDA graphs of the eager step
+#             (--decode graphs: never run on a GPU before), the loop with transformers' repeat_kv
+#             attention instead of the one query packed on the KV heads, without cuDNN's attention
+#             (each a first run and a second), one decode step's profile (traces/), the loop with
+#             only the prefill group's 4 x S in flight, its static shapes compiled, every sequence
+#             in flight at once (SC: 160),
 #             replies equal, host syncs, KV copies, and
 #             the rows in chunks of 8 one chunk at a time against one loop across them; each run's
 #             prefills' seconds (CUDA events) apart from its decode steps', which `ladbench plan`

@@ -198,6 +198,9 @@ def test_bench_inference_generation_counts_the_decode_loop_against_generate(tmp_
         assert r["plain_useful_fraction"] <= r["ours_useful_fraction"]
         assert r["static_same_replies"] and r["static_ring_columns"] > 0 and r["static_tokens_per_s"] > 0
         assert r["static_cudagraph_skips"] == 0                     # the CPU's step is not compiled
+        # the ring as CUDA graphs: on the CPU its eager step (no graph to replay), the same replies
+        assert r["graphs_same_replies"] and r["graphs_tokens_per_s"] > 0 and r["graphs_ring_columns"] > 0
+        assert not r["graphs_replayed"] and r["graphs_captures"] == 0 and r["graphs_capture_failed"] is None
         assert 0 < r["static_kv_copies_per_token"] < r["ours_kv_copies_per_token"]
         # chunks of 4 rows (2 groups), one at a time and through one loop: the same replies, both counted
         # (which takes fewer steps depends on the reply lengths: tests/test_decode.py checks the drain)
@@ -215,7 +218,8 @@ def test_bench_inference_generation_counts_the_decode_loop_against_generate(tmp_
         assert r["no_cudnn_same_replies"] and r["no_cudnn_second_run_tokens_per_s"] > 0
         # each run's seconds apart: its prefills' per row and the rest per decode step, which add up to it
         for run, seconds, steps in (("ours", "ours_s", "decode_steps"), ("ours_second_run", "ours_second_run_s",
-                                    "decode_steps"), ("static", "static_s", "static_decode_steps")):
+                                    "decode_steps"), ("static", "static_s", "static_decode_steps"),
+                                    ("graphs", "graphs_s", "graphs_decode_steps")):
             prefill, step = r[f"{run}_prefill_s_per_row"], r[f"{run}_decode_step_s"]
             assert prefill > 0 and step > 0 and r[f"{run}_prefill_s"] == pytest.approx(prefill * r["rows"])
             assert r[f"{run}_prefill_s"] + step * r[steps] == pytest.approx(r[seconds])
@@ -240,10 +244,11 @@ def test_bench_inference_traces_one_device_step_of_the_split(tmp_path):
 def test_bench_inference_generation_saves_the_ratio_to_generate_first(tiny_model, tmp_path):
     """A lent GPU's minutes are few and a part may run out of time: the generation benchmark saves
     after each measurement, the loop against plain ``generate`` first (the issue's ratio; the loop
-    run twice, its first run and its second), then the other one-query attention (twice too), the
-    loop without cuDNN's attention (twice too), the prefill group's width, the static shapes, every
-    sequence in flight (here 4 rows x 2 samples against 6 slots), the replies' equality, the host syncs, the chunks;
-    each save holds everything the earlier ones did."""
+    run twice, its first run and its second), then the static shapes as CUDA graphs, the other
+    one-query attention (twice too), the loop without cuDNN's attention (twice too), the prefill
+    group's width, the static shapes compiled, every sequence in flight (here 4 rows x 2 samples
+    against 6 slots), the replies' equality, the host syncs, the chunks; each save holds everything
+    the earlier ones did."""
     bench = load_script("bench_inference")
     args = bench.parser().parse_args(["--generation", "--n", "4", "--image-size", "56", "--threads", "1",
                                       "--gen-variants", "sc", "--gen-rows", "4", "--gen-batch", "2", "--gen-samples",
@@ -256,10 +261,10 @@ def test_bench_inference_generation_saves_the_ratio_to_generate_first(tiny_model
             "ours_second_run_tokens_per_s"} <= first
     assert not first & {"group_tokens_per_s", "packed_tokens_per_s", "static_tokens_per_s", "same_replies",
                         "syncs_per_step_max", "streamed_decode_steps", "decode_step_trace"}   # no --trace
-    assert all(earlier < later for earlier, later in zip(saved, saved[1:])) and len(saved) == 9
-    assert {"packed_tokens_per_s", "repeat_kv_second_run_tokens_per_s"} <= saved[1]
-    assert {"no_cudnn_tokens_per_s", "no_cudnn_second_run_tokens_per_s"} <= saved[2] and "group_tokens_per_s" in saved[3]
-    assert "static_tokens_per_s" in saved[4] and "wide_tokens_per_s" in saved[5] and "same_replies" in saved[6]
+    assert all(earlier < later for earlier, later in zip(saved, saved[1:])) and len(saved) == 10
+    assert "graphs_tokens_per_s" in saved[1] and {"packed_tokens_per_s", "repeat_kv_second_run_tokens_per_s"} <= saved[2]
+    assert {"no_cudnn_tokens_per_s", "no_cudnn_second_run_tokens_per_s"} <= saved[3] and "group_tokens_per_s" in saved[4]
+    assert "static_tokens_per_s" in saved[5] and "wide_tokens_per_s" in saved[6] and "same_replies" in saved[7]
     assert results[0]["model"] == "tiny" and results[0]["same_replies"] and results[0]["group_same_replies"]
     # what ladbench plan reads of a run stopped after its first save: the loop's rate at its width
     from ladbench.plan import _generation_rates

@@ -195,6 +195,70 @@ def test_a_ring_grows_for_a_longer_prompt_and_keeps_what_it_holds(ending, tmp_pa
         assert (new[key] == old[key]).all(), key
 
 
+def recording_capture(records: list):
+    """A CUDA graph's contract, kept on the CPU: a capture runs the step once (its result is the
+    first call's) and hands back a record that, replayed, reruns the step on the very input tensors
+    it was given and writes the result into one output tensor; the record also holds the ring's
+    buffers' addresses (a real one launches kernels on them), so a replay after they moved fails.
+    ``records`` gets "capture" and "replay" as they happen."""
+    def capture(step, inputs):
+        ring = step.__self__
+        addresses = [t.data_ptr() for pair in ring.kv for t in pair] + [ring.column.data_ptr()]
+        first = step(*inputs)
+        output = torch.full_like(first, float("nan"))
+
+        def replay():
+            assert [t.data_ptr() for pair in ring.kv for t in pair] + [ring.column.data_ptr()] == addresses
+            output.copy_(step(*inputs))
+            records.append("replay")
+        records.append("capture")
+        return first, replay, output
+    return capture
+
+
+@pytest.mark.parametrize("capture", ["records", "fails"])
+@pytest.mark.parametrize("prompt", sorted(VARIANTS))
+def test_graphed_ring_steps_replay_their_record_with_generates_replies(ending, tmp_path, monkeypatch, caplog, prompt,
+                                                                       capture):
+    """``--decode graphs``: the ring's eager step recorded once per ring shape (a longer prompt
+    grows the ring: a new record) and replayed with each step's inputs copied into the record's;
+    the replies stay generate's. A capture that fails says so in one warning per ring shape and
+    the step runs eagerly, with the same replies. (The CPU has no CUDA graphs: the record here is
+    :func:`recording_capture`, which fails where inputs are not copied in or the buffers move.)"""
+    from ladbench.inference import decode, graphs
+    records, sizes = [], []
+
+    def fails(step, inputs):
+        step(*inputs)
+        raise graphs.CaptureFailed("operation not permitted when stream is capturing")
+    monkeypatch.setattr(graphs, "capture_on", lambda device: recording_capture(records) if capture == "records" else fails)
+    monkeypatch.setattr(decode, "ring_capacity", lambda tokens: sizes.append(tokens) or tokens)
+    stepped, ring_step = set(), decode.Ring.step
+
+    def step(ring, replies):                    # the ring shapes whose step ran the model
+        before = ring.decoder.stats.decode_steps
+        ring_step(ring, replies)
+        if ring.decoder.stats.decode_steps > before:
+            stepped.add(ring.capacity)
+    monkeypatch.setattr(decode.Ring, "step", step)
+    adapter = ending(QWEN_BUILDS[0])
+    new, loop = generated(adapter, tmp_path / "graphs", prompt, "graphs")
+    old, _ = generated(adapter, tmp_path / "generate", prompt, "generate")
+    for key in ("text", "parsed", "n_generated"):
+        assert (new[key] == old[key]).all(), key
+    shapes = len(stepped)
+    assert len(sizes) > 1 and shapes >= 1 and loop.decode_stats.decode_steps > 2 * shapes
+    warned = [r.getMessage() for r in caplog.records if "could not be captured" in r.getMessage()]
+    if capture == "records":
+        # every step after a shape's first replays its record
+        assert records.count("capture") == loop.decode_stats.graph_captures == shapes and not warned
+        assert records.count("replay") == loop.decode_stats.decode_steps - shapes
+    else:
+        assert loop.decode_stats.graph_captures == 0 and warned == shapes * [
+            "the static shapes' decode step could not be captured as a CUDA graph (operation not permitted when "
+            "stream is capturing): it runs eagerly"]
+
+
 def _batch_sizes(monkeypatch) -> list[int]:
     """The sequences in flight at each decode step, recorded from now on (both paths)."""
     from ladbench.inference.decode import Ring, SlotDecoder

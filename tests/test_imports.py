@@ -147,7 +147,7 @@ FLOORS = {
     # importing them only when the schema loads)
     **dict.fromkeys(("ladbench.config", "ladbench.calibration", "ladbench.metrics", "ladbench.clip",
                      "ladbench.methods.settings", "ladbench.data", "ladbench.inference.prompts",
-                     "ladbench.inference.sampling", "ladbench.inference.scoring", "ladbench.inference.greedy",
+                     "ladbench.inference.sampling", "ladbench.inference.scoring", "ladbench.inference.greedy", "ladbench.inference.graphs",
                      "ladbench.inference.devices", "ladbench.inference.cache", "ladbench.inference.merge",
                      "ladbench.models.attention", "ladbench.models.compat", "ladbench.models.kernels",
                      "ladbench.models.rotary", "ladbench.models.vision", "ladbench.models.tiny_ov15",

@@ -232,6 +232,7 @@ def split_generation_file(tmp_path):
          "ours_prefill_s_per_row": 0.2, "ours_decode_step_s": 0.05,             # the first run's: not the one priced
          "ours_second_run_prefill_s_per_row": 0.15, "ours_second_run_decode_step_s": 0.025,
          "static_tokens_per_s": 450.0, "static_prefill_s_per_row": 0.14, "static_decode_step_s": 0.005,
+         "graphs_tokens_per_s": 440.0, "graphs_prefill_s_per_row": 0.145, "graphs_decode_step_s": 0.004,
          "plain_tokens_per_s": 80.0}]}))
     return read_bench_rates(f"qwen2_5_vl_3b={path}")[1]
 
@@ -255,7 +256,8 @@ def test_a_generation_job_is_priced_as_its_prefills_and_a_step_per_token_in_flig
 
 
 def test_a_generation_job_is_priced_the_way_its_config_decodes(tmp_path):
-    """``inference.decode: static`` takes the static shapes' measurement, ``generate`` plain
+    """``inference.decode: static`` takes the static shapes' measurement, ``graphs`` the same ring's
+    as CUDA graphs, ``generate`` plain
     generate's (its whole run: at the prefill group's batch x S sequences, with no split)."""
     rates, config = split_generation_file(tmp_path), paper(tmp_path)
 
@@ -263,8 +265,10 @@ def test_a_generation_job_is_priced_the_way_its_config_decodes(tmp_path):
         config["inference"]["decode"] = decode
         return {(j.model, j.benchmark, j.variant): j for j in plan_jobs(config, {"qwen2_5_vl_3b": rates})}[
             "qwen2_5_vl_3b", "coco_random_N4", "cot"]
-    static, plain = cot("static"), cot("generate")
+    static, graphs, plain = cot("static"), cot("graphs"), cot("generate")
     assert static.rate == "benchmark (static, 64 sequences in flight: prefill 0.140 s/row + 5.0 ms/step)"
     assert static.seconds == pytest.approx(5400 * 0.14 + 86400 * 0.005)
+    assert graphs.rate == "benchmark (graphs, 64 sequences in flight: prefill 0.145 s/row + 4.0 ms/step)"
+    assert graphs.seconds == pytest.approx(5400 * 0.145 + 86400 * 0.004)
     assert plain.rate == "benchmark (generate, 4 sequences in flight)"
     assert plain.seconds == pytest.approx(5400 * 1024 / 80.0)

@@ -203,7 +203,8 @@ def _generation_rates(entry: dict) -> list[GenerationRate]:
     """The generation runs of one measurement: the decode loop's at its ``slots`` (a run before
     they were recorded had its prefill group's, batch x samples) with the split of its second run
     where the file has it (of its first, else), at the prefill group's alone and with every
-    sequence in flight where it also ran so, with static shapes, and plain ``generate`` (the
+    sequence in flight where it also ran so, with static shapes (compiled, and as CUDA graphs of the
+    eager step), and plain ``generate`` (the
     prefill group's sequences)."""
     group = int(entry.get("batch", 1)) * int(entry.get("samples", 1))
     slots = entry.get("slots") or group
@@ -212,6 +213,7 @@ def _generation_rates(entry: dict) -> list[GenerationRate]:
                 ("slots", entry.get("group_slots"), "group", "group", ""),
                 ("slots", entry.get("wide_slots"), "wide", "wide", ""),
                 ("static", slots, "static", "static", ""),
+                ("graphs", slots, "graphs", "graphs", ""),
                 ("generate", group, "plain", None, "")]
     n = entry.get("n")
     rates = []

@@ -52,6 +52,10 @@ it. C grows (the ring unrolled into a longer one, a new compilation) only when a
 than any before does not fit. Joinable caches only; the others keep the padded path. On an H200
 (README) faster than ``slots``' first run, but its sampled bfloat16 replies are not ``generate``'s
 where ``slots``' are, and which is faster in a long job is not settled: not the default.
+``--decode graphs`` runs the same ring without compiling: on a GPU its eager step is captured
+once per ring shape as a CUDA graph and replayed (:mod:`ladbench.inference.graphs`), the eager
+step's kernels with one launch; on the CPU it is the eager ring, as ``static`` is there. Not yet
+run on a GPU (``bench_inference.py --generation`` measures it there).
 """
 from __future__ import annotations
 
@@ -67,6 +71,7 @@ import torch
 from ladbench.models import attention, compat
 from ladbench.models.base import not_full_attention
 
+from . import graphs
 from .greedy import repetition_penalty
 
 log = logging.getLogger(__name__)
@@ -160,7 +165,8 @@ class DecodeStats:
     token_slots: int = 0              # tokens drawn, useful or not (a finished sequence kept in the batch)
     useful_tokens: int = 0            # tokens of the replies (end token included)
     slots: int = 0                    # the batch's capacity in sequences
-    ring_columns: int = 0             # --decode static: the ring's columns (0: no ring ran)
+    ring_columns: int = 0             # --decode static / graphs: the ring's columns (0: no ring ran)
+    graph_captures: int = 0           # --decode graphs: the ring's steps captured as CUDA graphs (one a ring shape)
     widest_cache: int = 0             # the most cache columns a decode step attended (padding included)
     # KV cache positions (one sequence's keys and values at one token, every layer) copied after
     # they were computed: repeating a row per sample, admitting a sequence into the slab or a ring
@@ -469,11 +475,12 @@ class SlotDecoder:
     def __init__(self, adapter, *, samples: int, slots: int, max_new_tokens: int,
                  draw: Callable[[torch.Tensor, torch.Tensor | None, torch.Tensor], torch.Tensor],
                  sample_keys: Callable[[int, int], torch.Tensor] | None = None, static: bool = False,
-                 compile_options: dict | None = None, ring: "Ring | None" = None) -> None:
+                 compile_options: dict | None = None, graphs: bool = False, ring: "Ring | None" = None) -> None:
         self.adapter, self.samples, self.max_new_tokens, self.draw = adapter, samples, max_new_tokens, draw
         # static: the sequences in a Ring (module docstring); compile_options: its step through
-        # torch.compile with these options (None: eager; mode reduce-overhead: CUDA graphs on a GPU)
-        self.static, self.compile_options = static, compile_options
+        # torch.compile with these options (None: eager; mode reduce-overhead: CUDA graphs on a GPU);
+        # graphs: its eager step captured as a CUDA graph instead, on a GPU (inference/graphs.py)
+        self.static, self.compile_options, self.graphs = static, compile_options, graphs
         self.ring = ring                # a previous run's ring, reused where it serves (no new compilation)
         self.slots = max(slots, samples)
         self.sample_keys = sample_keys
@@ -728,7 +735,7 @@ class Ring:
 
     def __init__(self, decoder: SlotDecoder, first: Flight) -> None:
         self.decoder, self.slots, self.adapter = decoder, decoder.slots, decoder.adapter
-        self.compile_options = decoder.compile_options
+        self.compile_options, self.graphs = decoder.compile_options, decoder.graphs
         device, slots = first.logits.device, decoder.slots
         self.kv = [[torch.zeros((slots, *k.shape[1:2], 0, k.shape[-1]), dtype=k.dtype, device=device),
                     torch.zeros((slots, *v.shape[1:2], 0, v.shape[-1]), dtype=v.dtype, device=device)]
@@ -770,13 +777,19 @@ class Ring:
         forward = self._logits
         if self.compile_options is not None:
             forward = torch.compile(forward, **self.compile_options)
+        elif self.graphs and (capture := graphs.capture_on(self.column.device)) is not None:
+            forward = graphs.GraphedStep(forward, capture, on_capture=self._captured)
         self.forward = forward
+
+    def _captured(self) -> None:
+        self.decoder.stats.graph_captures += 1
 
     def serves(self, decoder: SlotDecoder, first: Flight) -> bool:
         """Whether this ring (a previous step's, its compiled step with it) can take ``decoder``'s
         sequences: as many slots or more (a stage's last, smaller step), the same compilation and
         cache layout (a longer prompt grows it)."""
         return (decoder.slots <= self.slots and decoder.compile_options == self.compile_options
+                and decoder.graphs == self.graphs
                 and decoder.adapter is self.adapter and (first.keys is None) == (self.keys is None)
                 and (first.seen is None) == (self.seen is None)
                 and [(k.shape[1], k.shape[-1], k.dtype, v.shape[-1]) for k, v in compat.plain_kv(first.cache)]

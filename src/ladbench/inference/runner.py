@@ -67,7 +67,9 @@ GPU_DECODE_SLOTS = 64
 #: own config_sha256 (merge.select_shard)
 UNHASHED = {"hashed": False}
 #: how the generative variants decode (``inference.decode``); unset means the first, the loop's slots
-DECODE_WAYS = ("slots", "static", "generate")
+DECODE_WAYS = ("slots", "static", "graphs", "generate")
+#: the ways that keep the sequences in flight in a ring of static shapes (decode.Ring)
+RING_WAYS = ("static", "graphs")
 #: the infer command's help sections of the settings' flags
 PROMPT_GROUP, EXECUTION_GROUP = "prompt and scoring", "execution"
 
@@ -167,7 +169,9 @@ class InferenceSettings(Settings):
         "samples continue from it, a finished sequence's slot taken by the next; inference/decode.py); static = "
         "the decode loop with static shapes: its sequences in fixed slots of one preallocated KV cache, each step "
         "compiled (CUDA graphs on a GPU; on an H200 faster than slots' first run, its sampled bfloat16 replies not "
-        "generate's: README); generate = transformers' generate per batch, each "
+        "generate's: README); graphs = static's ring uncompiled, each step its eager kernels replayed as one CUDA "
+        "graph on a GPU (no compilation; not yet measured there; on the CPU the same as static); generate = "
+        "transformers' generate per batch, each "
         "sample encoded as its own row: the path it replaced, at its cost (the same replies on the CPU)",
         kind=str, choices=DECODE_WAYS, group=EXECUTION_GROUP, hashed=False)
     decode_slots: int | None = setting(
@@ -577,7 +581,8 @@ class RowRunner:
                                    group_rows=first.group_size),
             max_new_tokens=options.max_new_tokens, sample_keys=sample_keys if sampler else None,
             draw=sampler.draw if sampler else lambda scores, _keys, _steps: scores.argmax(-1),
-            static=s.decode == "static", compile_options=decoding.static_compile_options(self.adapter.device),
+            static=s.decode in RING_WAYS, graphs=s.decode == "graphs",
+            compile_options=decoding.static_compile_options(self.adapter.device) if s.decode == "static" else None,
             ring=self.ring)
         self.decoder = decoder
         try:
