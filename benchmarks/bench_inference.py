@@ -792,6 +792,7 @@ def _generation_variant(r: dict, model_dir: str, args: argparse.Namespace, save:
 
     measured("host syncs per decode step", decode_step_syncs, runner, prepared)
     measured("decode steps over chunks", chunk_counts, runner, rows, args.gen_chunk, args.device)
+    measured("launches per ring step", ring_step_launches, runner, prepared)
     return r
 
 
@@ -867,6 +868,51 @@ def decode_step_syncs(runner, prepared) -> dict:
             "aten_ops_per_step": statistics.fmean(ops_per_step),
             "non_view_ops_per_step": statistics.fmean(kernel_ops_per_step),
             "decoder_layers": runner.adapter.text_config.num_hidden_layers}
+
+
+def ring_step_launches(runner, prepared) -> dict:
+    """What CUDA graphs take out of a decode step's launches, counted: the mean operations other
+    than views (:func:`count_kernel_ops`) a step of the static shapes' ring dispatches, eager
+    (``--decode static`` as the CPU runs it) and as graphs (``--decode graphs``: those outside the
+    record, the copies of its inputs, and the replay, one launch), over the steps that ran the
+    model (as graphs: those that replayed). Two untimed runs; the record here replays the step
+    unseen by the count (on a GPU a replay is one launch of all its kernels), so the counts are
+    the same on any machine, and the replies stay the eager step's."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    from ladbench.inference import decode, graphs
+    per_step: dict[str, list[int]] = {"static": [], "graphs": []}
+    step_counts: list[collections.Counter] = []           # the step being counted, and whether it replayed
+
+    def unseen_replays(step, inputs):
+        first = step(*inputs)
+        output = first.clone()
+
+        def replay():
+            with _disable_current_modes():
+                output.copy_(step(*inputs))
+            step_counts[-1]["ops"] += 1
+            step_counts[-1]["replays"] += 1
+        return first, replay, output
+
+    def counted(ring, replies):
+        before = ring.decoder.stats.decode_steps
+        with count_kernel_ops() as counts:
+            step_counts.append(counts)
+            ring_step(ring, replies)
+        if ring.decoder.stats.decode_steps > before and (way == "static" or counts["replays"]):
+            per_step[way].append(counts["ops"])
+    ring_step, capture_on = decode.Ring.step, graphs.capture_on
+    decode.Ring.step, graphs.capture_on = counted, lambda _device: unseen_replays
+    try:
+        for way in per_step:
+            runner.ring = None                            # (not a ring of an earlier run, its real graph with it)
+            with _settings(runner, decode=way):
+                runner.generate_batch(prepared)
+    finally:
+        decode.Ring.step, graphs.capture_on = ring_step, capture_on
+    return {"ring_ops_per_step": statistics.fmean(per_step["static"]),
+            "graphs_ops_per_step": statistics.fmean(per_step["graphs"])}
 
 
 def chunk_counts(runner, rows: list[int], chunk: int, device: str) -> dict:
@@ -1077,6 +1123,8 @@ GENERATION_COLUMNS: tuple[tuple[str, Callable[[dict], str]], ...] = (
     ("static shapes as CUDA graphs: replies equal, tokens/s, ms / decode step, replayed (captures)",
      lambda r: f"{r['graphs_same_replies']}, {r['graphs_tokens_per_s']:.1f}, {1e3 * r['graphs_decode_step_s']:.1f}, "
                f"{r['graphs_replayed']} ({r['graphs_captures']})"),
+    ("operations launched per ring step: eager / as CUDA graphs",
+     lambda r: f"{r['ring_ops_per_step']:.0f} / {r['graphs_ops_per_step']:.0f}"),
     ("decode steps over chunks: one at a time / streamed (occupancy)",
      lambda r: f"{r['chunks']} x {r['chunk_rows']} rows: {r['alone_decode_steps']} ({r['alone_occupancy']:.2f}) / "
                f"{r['streamed_decode_steps']} ({r['streamed_occupancy']:.2f}), replies equal: "

@@ -201,6 +201,8 @@ def test_bench_inference_generation_counts_the_decode_loop_against_generate(tmp_
         # the ring as CUDA graphs: on the CPU its eager step (no graph to replay), the same replies
         assert r["graphs_same_replies"] and r["graphs_tokens_per_s"] > 0 and r["graphs_ring_columns"] > 0
         assert not r["graphs_replayed"] and r["graphs_captures"] == 0 and r["graphs_capture_failed"] is None
+        # what a replay takes out of a ring step's launches: the forward's layers become one launch
+        assert 0 < r["graphs_ops_per_step"] < r["ring_ops_per_step"] / 2
         assert 0 < r["static_kv_copies_per_token"] < r["ours_kv_copies_per_token"]
         # chunks of 4 rows (2 groups), one at a time and through one loop: the same replies, both counted
         # (which takes fewer steps depends on the reply lengths: tests/test_decode.py checks the drain)
@@ -261,7 +263,7 @@ def test_bench_inference_generation_saves_the_ratio_to_generate_first(tiny_model
             "ours_second_run_tokens_per_s"} <= first
     assert not first & {"group_tokens_per_s", "packed_tokens_per_s", "static_tokens_per_s", "same_replies",
                         "syncs_per_step_max", "streamed_decode_steps", "decode_step_trace"}   # no --trace
-    assert all(earlier < later for earlier, later in zip(saved, saved[1:])) and len(saved) == 10
+    assert all(earlier < later for earlier, later in zip(saved, saved[1:])) and len(saved) == 11
     assert "graphs_tokens_per_s" in saved[1] and {"packed_tokens_per_s", "repeat_kv_second_run_tokens_per_s"} <= saved[2]
     assert {"no_cudnn_tokens_per_s", "no_cudnn_second_run_tokens_per_s"} <= saved[3] and "group_tokens_per_s" in saved[4]
     assert "static_tokens_per_s" in saved[5] and "wide_tokens_per_s" in saved[6] and "same_replies" in saved[7]
