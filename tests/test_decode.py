@@ -602,14 +602,19 @@ def test_torchs_sdpa_reads_a_kv_stores_strided_views_right_on_this_machine():
             assert attention.strided_kv_read_right(error, dtype) and error == 0.0
 
 
-@pytest.mark.parametrize("gpu_kernels", [False, True], ids=["cpu", "gpu kernels"])
-@pytest.mark.parametrize("prompt", sorted(VARIANTS))
+@pytest.mark.parametrize(("family", "prompt", "gpu_kernels"),
+                         [(QWEN_BUILDS[0], prompt, gpu) for prompt in sorted(VARIANTS) for gpu in (False, True)]
+                         + [(family, "sc", True) for family in DECODE_FAMILIES if family not in QWEN_BUILDS],
+                         ids=lambda value: {False: "cpu", True: "gpu kernels"}.get(value, value))
 def test_the_static_step_compiles_as_one_graph_and_replies_stay_equal(ending, tiny_model, tmp_path, monkeypatch,
-                                                                      prompt, gpu_kernels):
+                                                                      family, prompt, gpu_kernels):
     """``--decode static``: the step traces whole (``fullgraph=True``: no graph break, which CUDA
     graphs need), once per ring shape, and the compiled steps give the eager replies; also with a
     GPU's kernels: its one-query attention (``packs_on``: the query heads packed on the KV heads)
-    and its fused RMSNorms (a model loaded with them)."""
+    and its fused RMSNorms (a model loaded with them). One graph over steps also means nothing on
+    the host that changes from step to step decides what a step launches (a guard would fail and
+    recompile), which a CUDA graph of the eager step (``--decode graphs``) relies on: checked for
+    every family with a GPU's kernels."""
     from ladbench.inference import decode
     from ladbench.models import attention, kernels
     monkeypatch.setattr(attention, "packs_on", lambda device: gpu_kernels)
@@ -620,7 +625,7 @@ def test_the_static_step_compiles_as_one_graph_and_replies_stay_equal(ending, ti
         compiled.append(device)
         return {"backend": "eager", "fullgraph": True, "dynamic": False}
     monkeypatch.setattr(decode, "static_compile_options", options)
-    adapter = ending_adapter(tiny_model, QWEN_BUILDS[0]) if gpu_kernels else ending(QWEN_BUILDS[0])
+    adapter = ending_adapter(tiny_model, family) if gpu_kernels else ending(family)
     assert bool(adapter.fused_norms) == gpu_kernels
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
