@@ -681,15 +681,28 @@ def _generation_runner(model_dir: str, prompt: str, args: argparse.Namespace):
     return runner, [r for r in range(len(runner.plan))][:args.gen_rows]
 
 
-def plain_generate(runner, prepared) -> tuple[list[int], int]:
-    """``generate(num_return_sequences=S)`` on each group of a prepared step, as the stage did before
-    the decode loop: the reply lengths and the token slots computed."""
+def plain_groups(runner, prepared) -> list[dict]:
+    """The groups of a prepared step's rows as the stage encoded them before the decode loop (and
+    ``generate`` takes them): without what the loop's prefill reads on the host (made beforehand,
+    as a worker makes the loop's, so that neither side's timing holds the processor's work)."""
+    size = prepared.group_size
+    groups = []
+    for first in range(0, len(prepared.rows), size):
+        texts, images = zip(*(runner._row_inputs(r) for r in prepared.rows[first:first + size]))
+        groups.append(runner.adapter.encode_on_host(list(texts), list(images)))
+    return groups
+
+
+def plain_generate(runner, prepared, groups: list[dict]) -> tuple[list[int], int]:
+    """``generate(num_return_sequences=S)`` on each group of a prepared step (``groups``:
+    :func:`plain_groups`), as the stage did before the decode loop: the reply lengths and the token
+    slots computed."""
     from ladbench.inference.sampling import KeyedSampler, sequence_keys
     import torch
     entry, options, ad = runner.s.variant, runner.s.options, runner.adapter
     samples = entry.samples_per_row(options)
     counts, slots, first = [], 0, 0
-    for group in prepared.groups:
+    for group in groups:
         inputs = ad.to_device(group)
         rows = torch.as_tensor(prepared.rows[first:first + inputs["input_ids"].shape[0]]) + runner.plan.first_row
         kwargs = dict(do_sample=False)
@@ -738,8 +751,9 @@ def _generation_variant(r: dict, model_dir: str, args: argparse.Namespace, save:
               "device": args.device})
     ours, (ours_s, second_s), (stats, second) = _first_and_second_run(runner, prepared, rows, args.device,
                                                                       decode="slots")
+    plain = plain_groups(runner, prepared)
     t0 = time.perf_counter()
-    plain_counts, plain_slots = plain_generate(runner, prepared)
+    plain_counts, plain_slots = plain_generate(runner, prepared, plain)
     _sync(args.device)
     plain_s = time.perf_counter() - t0
     tokens = int(ours["n_generated"].sum())
@@ -839,12 +853,24 @@ def through_each_decode_step(runner, prepared, around: Callable) -> None:
 
 def decode_step_syncs(runner, prepared) -> dict:
     """Host syncs per decode step of one (untimed) run of the loop over ``prepared``: the most and
-    the mean; and the mean, over the steps that ran the model, of its aten operations (as the
-    proxies count them, the profiler's events: on a GPU each one launches a kernel or more, or
-    costs the host its dispatch, where an eager step waits on the host's launches) and of its
-    operations other than views (:func:`count_kernel_ops`: each once, as a GPU would launch it)."""
+    the mean; per prefill, the first's (where a tower plans its image grids, once) and the most of
+    any later one (counted as for a step: on the CPU a read of a host tensor counts too, so an
+    upper bound: the tower's ``tolist`` of the grids it keeps on the host is one); and the mean,
+    over the steps that ran the model, of its aten operations (as the proxies count them, the
+    profiler's events: on a GPU each one launches a kernel or more, or costs the host its
+    dispatch, where an eager step waits on the host's launches) and of its operations other than
+    views (:func:`count_kernel_ops`: each once, as a GPU would launch it)."""
     from torch.profiler import ProfilerActivity, profile
-    per_step, ops_per_step, kernel_ops_per_step = [], [], []
+
+    from ladbench.inference.decode import SlotDecoder
+    per_step, ops_per_step, kernel_ops_per_step, per_prefill = [], [], [], []
+    prefill = SlotDecoder.prefill
+
+    def prefill_syncs(decoder, inputs, first_row):
+        with count_tensor_calls(HOST_COPY_METHODS) as calls, profile(activities=[ProfilerActivity.CPU]) as prof:
+            out = prefill(decoder, inputs, first_row)
+        per_prefill.append(_syncs(collections.Counter(e.name for e in prof.events()), calls))
+        return out
 
     def profiled(step, decoder, flight, replies):
         with count_tensor_calls(HOST_COPY_METHODS) as calls, profile(activities=[ProfilerActivity.CPU]) as prof:
@@ -862,9 +888,14 @@ def decode_step_syncs(runner, prepared) -> dict:
             kernel_ops_per_step.append(kernel_ops["ops"])
         return out
     # two runs: a dispatch mode under the profiler would change what the profiler lists
-    through_each_decode_step(runner, prepared, profiled)
+    SlotDecoder.prefill = prefill_syncs
+    try:
+        through_each_decode_step(runner, prepared, profiled)
+    finally:
+        SlotDecoder.prefill = prefill
     through_each_decode_step(runner, prepared, dispatched)
-    return {"syncs_per_step_max": max(per_step), "syncs_per_step_mean": sum(per_step) / len(per_step),
+    return {"syncs_first_prefill": per_prefill[0], "syncs_per_later_prefill_max": max(per_prefill[1:], default=None),
+            "syncs_per_step_max": max(per_step), "syncs_per_step_mean": sum(per_step) / len(per_step),
             "aten_ops_per_step": statistics.fmean(ops_per_step),
             "non_view_ops_per_step": statistics.fmean(kernel_ops_per_step),
             "decoder_layers": runner.adapter.text_config.num_hidden_layers}
@@ -1112,6 +1143,8 @@ GENERATION_COLUMNS: tuple[tuple[str, Callable[[dict], str]], ...] = (
     ("prefills per row: plain / ours",
      lambda r: f"{r['plain_prefilled_rows_per_row']} / {r['ours_prefilled_rows_per_row']:.0f}"),
     ("host syncs per decode step (max)", lambda r: f"{r['syncs_per_step_max']}"),
+    ("host syncs per prefill: first / later (max)",
+     lambda r: f"{r['syncs_first_prefill']} / {r['syncs_per_later_prefill_max']}"),
     ("tokens/s: plain / ours, its first run (second)",
      lambda r: f"{r['plain_tokens_per_s']:.1f} / {r['ours_tokens_per_s']:.1f} ({r['ours_second_run_tokens_per_s']:.1f})"),
     ("rows/s: plain / ours", lambda r: f"{r['plain_rows_per_s']:.2f} / {r['ours_rows_per_s']:.2f}"),

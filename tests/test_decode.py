@@ -55,12 +55,14 @@ def ending_adapter(tiny_model, family: str):
 
 
 def generated(adapter, folder, prompt: str, decode: str, batch_size: int = 2, decode_slots: int | None = None,
-              **option_changes):
-    """One step of the infer stage over all rows: its results and the runner (counts)."""
+              settings: dict | None = None, **option_changes):
+    """One step of the infer stage over all rows: its results and the runner (counts); ``settings``:
+    other inference settings."""
     from ladbench.variants import variant
     options = dataclasses.replace(variant(prompt).options(), **{**VARIANTS[prompt], **option_changes})
     runner = demo_runner(adapter, folder, 4, bench_options=dict(n_eval=3, n_orderings=2, n_cal=1), prompt=prompt,
-                         decode=decode, options=options, batch_size=batch_size, decode_slots=decode_slots)
+                         decode=decode, options=options, batch_size=batch_size, decode_slots=decode_slots,
+                         **(settings or {}))
     return runner.generate_batch(runner.prepare(ROWS)), runner
 
 
@@ -193,6 +195,57 @@ def test_a_ring_grows_for_a_longer_prompt_and_keeps_what_it_holds(ending, tmp_pa
     assert len(sizes) > 1 and loop.decode_stats.ring_columns == max(sizes) > sizes[0]
     for key in ("text", "parsed", "n_generated"):
         assert (new[key] == old[key]).all(), key
+
+
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "internvl"])
+def test_the_loops_prefills_wait_for_nothing_on_the_host(ending, tmp_path, monkeypatch, family):
+    """The decode loop's groups are made on the host with what a prefill would otherwise read back
+    from the device (Qwen2.5-VL's M-RoPE positions, whether the group is padded, where the image
+    features go), as scoring's batches are: on a GPU each read back is a wait on the host (aten's
+    ``_local_scalar_dense``, or ``lift_fresh``: a tensor made from Python data). Every prefill after
+    the first (whose tower plans its image grids, on the host, once) waits for none, counted on the
+    CPU; until 2026-11-28 a group of 4 rows of the medium Qwen2.5-VL waited 80 to 105 times. The
+    replies stay generate's, and so with ``decide_on_host: false`` (transformers decides, for
+    comparison), whose groups hold no host decision."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from ladbench.inference import decode
+    from ladbench.models.base import IMAGE_TOKEN_INDEX, PADDED_KEY
+    if family == "qwen2_5_vl" and not compat.batched_vision_supported():
+        pytest.skip("the current lane runs transformers' own vision tower, which reads its grids itself")
+    waits: list[list[str]] = []
+
+    class HostWaits(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten._local_scalar_dense.default or (
+                    func is torch.ops.aten.lift_fresh.default and args[0].numel()):
+                waits[-1].append(str(func))
+            return func(*args, **(kwargs or {}))
+    prefill, adapter = decode.SlotDecoder.prefill, ending(family)
+    to_device, moves = type(adapter).to_device, []
+
+    def counted(decoder, inputs, first_row):
+        assert inputs[PADDED_KEY] in (True, False) and IMAGE_TOKEN_INDEX in inputs
+        waits.append([])
+        with HostWaits():
+            return prefill(decoder, inputs, first_row)
+
+    def moved(self, inputs, **kwargs):         # (the CPU cannot tell a key kept on the host from one moved)
+        if waits:
+            moves.append(kwargs.get("for_prefill", False))
+        return to_device(self, inputs, **kwargs)
+    monkeypatch.setattr(decode.SlotDecoder, "prefill", counted)
+    monkeypatch.setattr(type(adapter), "to_device", moved)
+    new, _ = generated(adapter, tmp_path / "loop", "sc", "slots")
+    assert len(waits) > 2 and all(w == [] for w in waits[1:]), waits
+    assert moves and all(moves)                # the tower's grids stay on the host (host_input_keys)
+    monkeypatch.setattr(type(adapter), "to_device", to_device)
+    monkeypatch.setattr(decode.SlotDecoder, "prefill", prefill)
+    old, _ = generated(adapter, tmp_path / "generate", "sc", "generate")
+    read_back, runner = generated(adapter, tmp_path / "read-back", "sc", "slots", settings={"decide_on_host": False})
+    assert not {PADDED_KEY, IMAGE_TOKEN_INDEX} & set(runner.prepare(ROWS[:2]).groups[0])
+    for key in ("text", "sample_parsed", "parsed", "n_generated"):
+        assert (new[key] == old[key]).all() and (read_back[key] == old[key]).all(), key
 
 
 def recording_capture(records: list):
@@ -629,8 +682,11 @@ def test_the_static_step_compiles_as_one_graph_and_replies_stay_equal(ending, ti
     assert bool(adapter.fused_norms) == gpu_kernels
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
-    new, loop = generated(adapter, tmp_path / "compiled", prompt, "static")
+    # generate first: 4.53's Qwen2.5-VL forward keeps the M-RoPE deltas of its last own position
+    # computation on the model and copies them into every output (a guard of the compiled step);
+    # the loop's prefills take their positions from the host and leave it alone, generate sets it
     old, _ = generated(adapter, tmp_path / "generate", prompt, "generate")
+    new, loop = generated(adapter, tmp_path / "compiled", prompt, "static")
     assert compiled and loop.decode_stats.ring_columns
     again = loop.generate_batch(loop.prepare(ROWS[:4]))                     # the next step of the stage
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1     # one ring, one graph, both steps
@@ -824,7 +880,7 @@ class TwoDeviceAdapter:
     def end_token_ids(self):
         return [self.END]
 
-    def to_device(self, inputs):
+    def to_device(self, inputs, *, for_prefill=False):
         return inputs
 
     def logits(self, markers, positions):

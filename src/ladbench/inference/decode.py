@@ -511,7 +511,8 @@ class SlotDecoder:
         """One prefill of a group of rows (sequence ids: its rows' first samples)."""
         ad = self.adapter
         with self.prefill_clock.span():
-            inputs = ad.to_device(inputs)
+            # made on the host with what the prefill would otherwise read back (RowRunner.prepare)
+            inputs = ad.to_device(inputs, for_prefill=True)
             logits, state = ad.prefill(inputs, use_cache=True)
         positions = ad.decode_positions(state)
         rows = inputs["input_ids"].shape[0]

@@ -138,9 +138,10 @@ class InferenceSettings(Settings):
         "next batch while the host scores and writes one (the same results); false: one batch at a time, for "
         "comparison", group=EXECUTION_GROUP, hashed=False)
     decide_on_host: bool = setting(
-        True, "scoring: whether a batch is padded and where its image features go are decided on the host as the "
-        "batch is prepared, so that a GPU's host never waits inside a batch for transformers to read them back "
-        "(the same results, bit for bit); false: transformers reads them back, for comparison",
+        True, "whether a prefill's batch (scoring's, the decode loop's groups) is padded and where its image features "
+        "go are decided on the host as the batch is prepared, so that a GPU's host never waits inside a prefill for "
+        "transformers to read them back (the same results, bit for bit); false: transformers reads them back, for "
+        "comparison",
         group=EXECUTION_GROUP, hashed=False)
     group_by_length: bool = setting(
         False, "sort the rows of each chunk by prompt length before batching (less padding; results equal up to "
@@ -404,6 +405,15 @@ class RowRunner:
         rows = [int(r) for r in rows]
         return [r for c0 in range(0, len(rows), chunk_size) for r in sorted(rows[c0:c0 + chunk_size], key=length)]
 
+    def _decided(self, inputs: dict[str, Any]) -> dict[str, Any]:
+        """A prefill's host-made inputs with the host's decisions (padding, where the image
+        features go), or without them where ``decide_on_host`` is false (transformers then reads
+        them back from the device, for comparison)."""
+        if self.s.decide_on_host:
+            return inputs
+        from ladbench.models.base import without_host_decisions
+        return without_host_decisions(inputs)
+
     def prepare(self, rows: Sequence[int], group_size: int | None = None) -> PreparedBatch:
         """The host part of a batch (runs in DataLoader workers): inputs and token segments; a
         generative variant's rows in groups of ``group_size`` (default: the batch size)."""
@@ -411,13 +421,12 @@ class RowRunner:
         texts, images = zip(*(self._row_inputs(r) for r in rows))
         if self.generative:           # groups of batch_size rows, each prefilled once (generate_chunks)
             size = group_size or self.s.batch_size
-            groups = [self.adapter.encode_on_host(list(texts[i:i + size]), list(images[i:i + size]))
+            groups = [self._decided(self.adapter.encode_on_host(list(texts[i:i + size]), list(images[i:i + size]),
+                                                                for_prefill=True))
                       for i in range(0, len(texts), size)]
             return PreparedBatch([int(r) for r in rows], {}, groups=groups, group_size=size)
         inputs, row_spans = self.adapter.encode_with_spans(list(texts), list(images), for_prefill=True)
-        if not self.s.decide_on_host:
-            from ladbench.models.base import without_host_decisions
-            inputs = without_host_decisions(inputs)
+        inputs = self._decided(inputs)
         batch = PreparedBatch([int(r) for r in rows], inputs)
         ids, mask = inputs["input_ids"].numpy(), inputs["attention_mask"].numpy()
         segs = []
