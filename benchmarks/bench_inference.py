@@ -860,6 +860,8 @@ def decode_step_syncs(runner, prepared) -> dict:
     profiler's events: on a GPU each one launches a kernel or more, or costs the host its
     dispatch, where an eager step waits on the host's launches) and of its operations other than
     views (:func:`count_kernel_ops`: each once, as a GPU would launch it)."""
+    from unittest import mock
+
     from torch.profiler import ProfilerActivity, profile
 
     from ladbench.inference.decode import SlotDecoder
@@ -888,11 +890,8 @@ def decode_step_syncs(runner, prepared) -> dict:
             kernel_ops_per_step.append(kernel_ops["ops"])
         return out
     # two runs: a dispatch mode under the profiler would change what the profiler lists
-    SlotDecoder.prefill = prefill_syncs
-    try:
+    with mock.patch.object(SlotDecoder, "prefill", prefill_syncs):
         through_each_decode_step(runner, prepared, profiled)
-    finally:
-        SlotDecoder.prefill = prefill
     through_each_decode_step(runner, prepared, dispatched)
     return {"syncs_first_prefill": per_prefill[0], "syncs_per_later_prefill_max": max(per_prefill[1:], default=None),
             "syncs_per_step_max": max(per_step), "syncs_per_step_mean": sum(per_step) / len(per_step),
@@ -909,6 +908,8 @@ def ring_step_launches(runner, prepared) -> dict:
     model (as graphs: those that replayed). Two untimed runs; the record here replays the step
     unseen by the count (on a GPU a replay is one launch of all its kernels), so the counts are
     the same on any machine, and the replies stay the eager step's."""
+    from unittest import mock
+
     from torch.utils._python_dispatch import _disable_current_modes
 
     from ladbench.inference import decode, graphs
@@ -933,15 +934,13 @@ def ring_step_launches(runner, prepared) -> dict:
             ring_step(ring, replies)
         if ring.decoder.stats.decode_steps > before and (way == "static" or counts["replays"]):
             per_step[way].append(counts["ops"])
-    ring_step, capture_on = decode.Ring.step, graphs.capture_on
-    decode.Ring.step, graphs.capture_on = counted, lambda _device: unseen_replays
-    try:
+    ring_step = decode.Ring.step
+    with mock.patch.object(decode.Ring, "step", counted), \
+            mock.patch.object(graphs, "capture_on", lambda _device: unseen_replays):
         for way in per_step:
             runner.ring = None                            # (not a ring of an earlier run, its real graph with it)
             with _settings(runner, decode=way):
                 runner.generate_batch(prepared)
-    finally:
-        decode.Ring.step, graphs.capture_on = ring_step, capture_on
     return {"ring_ops_per_step": statistics.fmean(per_step["static"]),
             "graphs_ops_per_step": statistics.fmean(per_step["graphs"])}
 

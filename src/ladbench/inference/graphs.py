@@ -56,7 +56,8 @@ def capture_cuda_graph(step: Callable[..., torch.Tensor], inputs: Sequence[torch
         with torch.cuda.graph(graph, capture_error_mode="thread_local"):
             output = step(*inputs)
     except RuntimeError as exc:
-        raise CaptureFailed(str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__) from exc
+        lines = str(exc).strip().splitlines()
+        raise CaptureFailed(lines[-1] if lines else type(exc).__name__) from exc
     return first, graph.replay, output
 
 
