@@ -58,3 +58,39 @@ def test_the_hand_kept_schema_keys_are_the_schemas():
     listed = re.findall(r"`([\w.]+)`", line.split("):", 1)[1])
     schema = yaml.safe_load((ROOT / "workflow" / "schemas" / "config.schema.yaml").read_text())
     assert sorted(listed) == sorted(hand_kept_keys(schema))
+
+
+DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def heading_anchors(markdown: str) -> set[str]:
+    """The anchors GitHub gives a document's headings: lower case, punctuation other than
+    hyphens dropped, spaces made hyphens."""
+    headings = re.findall(r"^#+ (.+)$", re.sub(r"^```.*?^```", "", markdown, flags=re.S | re.M), re.M)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in headings}
+
+
+def test_every_link_between_the_documents_resolves():
+    """README and docs/ link each other (the README's Performance section to the whole record in
+    docs/performance.md, and back): each relative link names a file that exists, and its anchor
+    a heading of that file."""
+    broken = []
+    for document in DOCUMENTS:
+        for target in re.findall(r"\]\(([^)\s]+)\)", document.read_text()):
+            if re.match(r"\w+://", target):
+                continue
+            path, _, anchor = target.partition("#")
+            linked = (document.parent / path).resolve() if path else document
+            if not linked.exists() or (anchor and anchor not in heading_anchors(linked.read_text())):
+                broken.append(f"{document.relative_to(ROOT)}: {target}")
+    assert not broken, broken
+
+
+def test_every_result_file_the_documents_cite_is_in_the_repository():
+    """A measurement the README or docs/ cite by its file under benchmarks/results/ can be read
+    there (so a table moved between documents, or a file renamed, keeps its source)."""
+    cited = {path.rstrip(".,;:)`") for document in DOCUMENTS
+             for path in re.findall(r"benchmarks/results/[\w./-]+", document.read_text())}
+    assert cited
+    missing = sorted(path for path in cited if not (ROOT / path).exists())
+    assert not missing, missing

@@ -50,7 +50,7 @@ is compiled (``torch.compile``, CUDA graphs through its ``reduce-overhead`` mode
 cache is cut or joined: a sequence that ends frees its slot, the next one's prompt is copied into
 it. C grows (the ring unrolled into a longer one, a new compilation) only when a prompt longer
 than any before does not fit. Joinable caches only; the others keep the padded path. On an H200
-(README) faster than ``slots``' first run, but its sampled bfloat16 replies are not ``generate``'s
+(docs/performance.md) faster than ``slots``' first run, but its sampled bfloat16 replies are not ``generate``'s
 where ``slots``' are, and which is faster in a long job is not settled: not the default.
 ``--decode graphs`` runs the same ring without compiling: on a GPU its eager step is captured
 once per ring shape as a CUDA graph and replayed (:mod:`ladbench.inference.graphs`), the eager

@@ -1,7 +1,7 @@
 """A step of fixed shapes captured once as a CUDA graph and replayed (``--decode graphs``).
 
 An eager decode step of a 3B model launches over a thousand kernels, one by one from Python,
-and on a GPU it waits on those launches, not on the arithmetic (README: a step of about 26 ms on
+and on a GPU it waits on those launches, not on the arithmetic (docs/performance.md: a step of about 26 ms on
 an H200 where reading the weights takes about 1.3 ms). A CUDA graph records the kernels of one
 call and replays them with a single launch. Unlike ``torch.compile`` (``--decode static``'s
 ``reduce-overhead`` mode), nothing is fused or generated: a replay runs the very kernels of the

@@ -170,7 +170,7 @@ class InferenceSettings(Settings):
         "samples continue from it, a finished sequence's slot taken by the next; inference/decode.py); static = "
         "the decode loop with static shapes: its sequences in fixed slots of one preallocated KV cache, each step "
         "compiled (CUDA graphs on a GPU; on an H200 faster than slots' first run, its sampled bfloat16 replies not "
-        "generate's: README); graphs = static's ring uncompiled, each step its eager kernels replayed as one CUDA "
+        "generate's: docs/performance.md); graphs = static's ring uncompiled, each step its eager kernels replayed as one CUDA "
         "graph on a GPU (no compilation; not yet measured there; on the CPU the same as static); generate = "
         "transformers' generate per batch, each "
         "sample encoded as its own row: the path it replaced, at its cost (the same replies on the CPU)",

@@ -4,7 +4,7 @@ that is equal in exact arithmetic and cheaper there.
 On the CPU transformers' own operations run: the paper lane's float32 bits are the reference
 (pinned scoring caches, CoT and SC replies equal to earlier runs), and a choice here may
 change them in the last place. On a GPU, bfloat16 kernels differ from the reference's eager
-path anyway (README, "Fidelity on a GPU"), and these choices are tested for equality in float32.
+path anyway (docs/performance.md, "Fidelity on a GPU"), and these choices are tested for equality in float32.
 
 * :func:`on_gpu_kernels`: the devices they are made on (one rule; each choice has its own
   switch below, which tests set to run the GPU's path on the CPU).

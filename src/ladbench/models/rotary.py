@@ -3,7 +3,7 @@
 transformers rotates every query and key ``x`` of every layer as ``x * cos + rotate_half(x) *
 sin``, where ``rotate_half(x) = cat(-x2, x1)`` (``x1``, ``x2``: the halves of the head's
 channels): two slices, a negation and a concatenation for each of q and k, in every layer of
-every forward. A decode step waits on the host's launches (README, "A decode step's
+every forward. A decode step waits on the host's launches (docs/performance.md, "A decode step's
 operations"), so each is paid in full, 36 layers a step for Qwen2.5-VL-3B.
 
 Swapping the halves, ``cat(x2, x1)``, is one kernel (:func:`swap_halves`: ``torch.roll`` on a
