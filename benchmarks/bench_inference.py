@@ -55,10 +55,13 @@ in the file's ``failed`` and under the table while the measurements after it go 
    self-consistency through the decode loop (``ladbench infer``'s path) against plain
    ``generate(num_return_sequences=S)`` on the same prepared rows (both decode through the
    model's attention function, so on a GPU both attend one query on the KV heads), tokens/s and
-   rows/s first, then the loop with only the prefill group's sequences in flight, with the other
-   attention for one query position (transformers' ``repeat_kv`` on a GPU, the query packed on
-   the KV heads on the CPU), without cuDNN's attention (``--no-cudnn-attention``), its static
-   shapes, replies equal, host syncs per decode step and decode steps over the cache's chunks.
+   rows/s first, then (``--gen-measure``, in the order named; by default all of
+   ``GENERATION_MEASUREMENTS``) its static shapes as CUDA graphs, the other attention for one
+   query position (transformers' ``repeat_kv`` on a GPU, the query packed on the KV heads on the
+   CPU), without cuDNN's attention (``--no-cudnn-attention``), the prefill group's sequences in
+   flight, its static shapes compiled, replies equal, host syncs per decode step and decode steps
+   over the cache's chunks. ``--gen-max-new-tokens study --end-boost 0``: every reply at the
+   variant's own limit, as a study's job is priced.
 
     python benchmarks/bench_inference.py --n 4 8 9 12 --reps 5 --proxies --baseline-src /tmp/old/src
     python benchmarks/bench_inference.py --device cuda --arch qwen2_5_vl_3b internvl3_8b --n 4 8 12
@@ -659,6 +662,22 @@ def write_trace(prof, device: str, stem: str) -> dict:
 
 # ------------------------------------------------------------------------ 5. generation
 GENERATION_VARIANTS = ("cot", "sc")
+#: what ``--generation`` measures after the decode loop's own first and second runs, most wanted
+#: first (a part's time limit may stop it): plain generate on the same rows, static shapes as
+#: CUDA graphs, the other one-query attention, without cuDNN's attention, a decode step's profile
+#: (with --trace), the prefill group's sequences in flight, static shapes compiled, every sequence
+#: in flight, the replies' equality, host syncs, decode steps over chunks, launches per ring step
+GENERATION_MEASUREMENTS = ("plain", "graphs", "attention", "no_cudnn", "trace", "group", "static", "wide", "replies",
+                           "syncs", "chunks", "launches")
+
+
+def reply_limit(value: str) -> int | str:
+    """``--gen-max-new-tokens``: a number of tokens, or ``study`` (the variant's own limit)."""
+    if value == "study":
+        return value
+    if not value.isdigit() or int(value) < 1:
+        raise argparse.ArgumentTypeError(f"expected a number of tokens or 'study', not {value!r}")
+    return int(value)
 
 
 def _generation_runner(model_dir: str, prompt: str, args: argparse.Namespace):
@@ -670,8 +689,8 @@ def _generation_runner(model_dir: str, prompt: str, args: argparse.Namespace):
 
     from ladbench.variants import variant
     options = variant(prompt).options()
-    options = dataclasses.replace(options, max_new_tokens=args.gen_max_new_tokens,
-                                  **({"samples": args.gen_samples} if prompt == "sc" else {}))
+    limit = options.max_new_tokens if args.gen_max_new_tokens == "study" else args.gen_max_new_tokens
+    options = dataclasses.replace(options, max_new_tokens=limit, **({"samples": args.gen_samples} if prompt == "sc" else {}))
     runner = _runner(model_dir, args.n[0], attention="capture", image_size=args.image_size, device=args.device,
                      n_eval=args.gen_rows, family=args.family, prompt=prompt, options=options,
                      batch_size=args.gen_batch, decode_slots=args.gen_slots)
@@ -720,21 +739,16 @@ def plain_generate(runner, prepared, groups: list[dict]) -> tuple[list[int], int
 
 def generation_worker(model_dir: str, name: str, args: argparse.Namespace, results: list[dict],
                       save: Callable[[], None] = lambda: None) -> None:
-    """Per variant, appended to ``results`` (``model``: ``name``): the decode loop
-    (``ladbench infer``'s path) against plain ``generate`` on the same prepared rows, their seconds
-    (device work only) and tokens/s, the loop's in its first run over the rows and its second
-    (on an H200 the first ran at 377 tokens/s and the other attention, timed after it, at 484:
-    kernels that build a plan per new shape pay it in a first run); then static shapes as CUDA
-    graphs of the eager step (``--decode graphs``; captured in its warm-up run); the loop with the
-    other attention for one query position (:func:`attention_counts`, both runs) and without
-    cuDNN's attention (both runs); with ``--trace``, one decode step's profile
-    (:func:`decode_step_trace`); only the prefill group's sequences in flight; static shapes
-    compiled (``--decode static``; its compilation in its warm-up run); every sequence in flight
-    at once (:func:`wide_counts`); replies equal; host syncs per decode step (a separate, untimed
-    run); decode steps over chunks. Each timed run's prefills apart from its
-    decode steps (:func:`decode_split`). Most wanted first, ``save()`` after each: a run its time
-    limit stops keeps what it measured. A measurement that fails is listed in the variant's
-    ``failed`` (:func:`attempt`) and the others go on."""
+    """Per variant, appended to ``results`` (``model``: ``name``): the decode loop (``ladbench
+    infer``'s path), its first run over the rows and its second (on an H200 the first ran at 377
+    tokens/s and the other attention, timed after it, at 484: kernels that build a plan per new
+    shape pay it in a first run), then ``args.gen_measure``'s measurements in the order named
+    (:data:`GENERATION_MEASUREMENTS`; by default plain ``generate`` on the same rows first, the
+    issue's ratio, then static shapes as CUDA graphs of the eager step, ``--decode graphs``,
+    captured in its warm-up run). Each timed run's prefills apart from its decode steps
+    (:func:`decode_split`). Most wanted first, ``save()`` after each: a run its time limit stops
+    keeps what it measured. A measurement that fails is listed in the variant's ``failed``
+    (:func:`attempt`) and the others go on."""
     for prompt in args.gen_variants:
         r: dict = {"variant": prompt, "model": name, "failed": []}
         results.append(r)
@@ -744,69 +758,76 @@ def generation_worker(model_dir: str, name: str, args: argparse.Namespace, resul
 
 
 def _generation_variant(r: dict, model_dir: str, args: argparse.Namespace, save: Callable[[], None]) -> dict:
-    """:func:`generation_worker`'s measurements of one variant into ``r`` (returned)."""
+    """:func:`generation_worker`'s measurements of one variant into ``r`` (returned): the decode
+    loop's first and second runs, then ``args.gen_measure``'s measurements in the order named."""
     runner, rows = _generation_runner(model_dir, r["variant"], args)
     prepared = runner.prepare(rows)
     r.update({"rows": len(rows), "n": args.n[0], "samples": runner.samples, "batch": args.gen_batch,
-              "device": args.device})
+              "device": args.device, "max_new_tokens": runner.s.options.max_new_tokens, "end_boost": args.end_boost})
     ours, (ours_s, second_s), (stats, second) = _first_and_second_run(runner, prepared, rows, args.device,
                                                                       decode="slots")
-    plain = plain_groups(runner, prepared)
-    t0 = time.perf_counter()
-    plain_counts, plain_slots = plain_generate(runner, prepared, plain)
-    _sync(args.device)
-    plain_s = time.perf_counter() - t0
     tokens = int(ours["n_generated"].sum())
     r.update({
-        "slots": stats.slots, "useful_tokens": tokens, "reply_lengths": sorted(set(int(x) for x in plain_counts)),
+        "slots": stats.slots, "useful_tokens": tokens,
         "ours_token_slots": stats.token_slots, "ours_useful_fraction": stats.useful_fraction(),
-        "ours_occupancy": stats.occupancy(), "plain_token_slots": plain_slots,
-        "plain_useful_fraction": sum(plain_counts) / plain_slots,
-        "ours_prefilled_rows_per_row": stats.prefilled_rows / len(rows), "plain_prefilled_rows_per_row": r["samples"],
+        "ours_occupancy": stats.occupancy(), "ours_prefilled_rows_per_row": stats.prefilled_rows / len(rows),
         "ours_prefilled_tokens": stats.prefilled_tokens, "decode_steps": stats.decode_steps,
         "ours_kv_copies_per_token": stats.kv_copies_per_token(),
         # the cache columns of the widest decode step, beside the longest prompt and reply: a
         # stream's cache is as wide as its longest sequence in flight, not wider by a column a step
         "ours_widest_cache": stats.widest_cache, "longest_prompt": longest_prompt(prepared),
-        "ours_s": ours_s, "plain_s": plain_s, "ours_tokens_per_s": tokens / ours_s,
-        "plain_tokens_per_s": sum(plain_counts) / plain_s, "ours_rows_per_s": len(rows) / ours_s,
-        "plain_rows_per_s": len(rows) / plain_s,
+        "ours_s": ours_s, "ours_tokens_per_s": tokens / ours_s, "ours_rows_per_s": len(rows) / ours_s,
         "ours_second_run_s": second_s, "ours_second_run_tokens_per_s": tokens / second_s,
         **decode_split("ours", ours_s, stats, len(rows)), **decode_split("ours_second_run", second_s, second, len(rows)),
         "strided_kv_read_error": strided_read_error(runner)})
     save()
-
-    def measured(what: str, measure: Callable[..., dict], *margs) -> None:
-        r.update(attempt(r["failed"], what, measure, *margs) or {})
-        save()
     replies = {"same_replies": ours["text"]}                # the loop's and the static shapes' replies
+
+    def plain() -> dict:
+        groups = plain_groups(runner, prepared)
+        t0 = time.perf_counter()
+        counts, slots = plain_generate(runner, prepared, groups)
+        _sync(args.device)
+        seconds = time.perf_counter() - t0
+        return {"reply_lengths": sorted(set(counts)), "plain_token_slots": slots, "plain_useful_fraction": sum(counts) / slots,
+                "plain_prefilled_rows_per_row": r["samples"], "plain_s": seconds,
+                "plain_tokens_per_s": sum(counts) / seconds, "plain_rows_per_s": len(rows) / seconds}
 
     def ring(way: str) -> dict:
         out, counts = ring_counts(runner, prepared, rows, tokens, args.device, way)
         replies[f"{way}_same_replies"] = out["text"]
         return counts
-    # next to the loop's first and second runs: the eager step's kernels with one launch a step
-    # (a GPU's eager step waits on its launches), never yet measured
-    measured("static shapes as CUDA graphs", ring, "graphs")
-    measured("attention on the KV heads", attention_counts, runner, prepared, rows, ours, (ours_s, second_s),
-             args.device)
-    measured("without cuDNN's attention", without_cudnn_counts, runner, prepared, rows, ours, args.device)
-    if args.trace:
-        measured("a decode step's profile", decode_step_trace, runner, prepared, args.device,
-                 os.path.join(args.trace, f"{r['model']}-{r['variant']}-decode-step"))
-    measured("the prefill group's sequences in flight", group_counts, runner, prepared, rows, stats, ours, args.device)
-    measured("static shapes", ring, "static")
-    measured("every sequence in flight", wide_counts, runner, prepared, rows, stats, ours, args.device)
 
     def replies_equal() -> dict:
         with _settings(runner, decode="generate"):
             reference = runner.generate_batch(prepared)["text"]               # each sample its own row
         return {key: bool((texts == reference).all()) for key, texts in replies.items()}
-    measured("replies equal", replies_equal)
-
-    measured("host syncs per decode step", decode_step_syncs, runner, prepared)
-    measured("decode steps over chunks", chunk_counts, runner, rows, args.gen_chunk, args.device)
-    measured("launches per ring step", ring_step_launches, runner, prepared)
+    trace = os.path.join(args.trace, f"{r['model']}-{r['variant']}-decode-step") if args.trace else None
+    measurements: dict[str, tuple[str, Callable[[], dict]]] = {
+        "plain": ("plain generate", plain),
+        # next to the loop's own runs: the eager step's kernels with one launch a step (a GPU's
+        # eager step waits on its launches), never yet measured
+        "graphs": ("static shapes as CUDA graphs", lambda: ring("graphs")),
+        "attention": ("attention on the KV heads", lambda: attention_counts(runner, prepared, rows, ours,
+                                                                            (ours_s, second_s), args.device)),
+        "no_cudnn": ("without cuDNN's attention", lambda: without_cudnn_counts(runner, prepared, rows, ours, args.device)),
+        "trace": ("a decode step's profile", lambda: decode_step_trace(runner, prepared, args.device, trace)),
+        "group": ("the prefill group's sequences in flight",
+                  lambda: group_counts(runner, prepared, rows, stats, ours, args.device)),
+        "static": ("static shapes", lambda: ring("static")),
+        "wide": ("every sequence in flight", lambda: wide_counts(runner, prepared, rows, stats, ours, args.device)),
+        "replies": ("replies equal", replies_equal),
+        "syncs": ("host syncs per decode step", lambda: decode_step_syncs(runner, prepared)),
+        "chunks": ("decode steps over chunks", lambda: chunk_counts(runner, rows, args.gen_chunk, args.device)),
+        "launches": ("launches per ring step", lambda: ring_step_launches(runner, prepared)),
+    }
+    assert tuple(measurements) == GENERATION_MEASUREMENTS
+    for name in args.gen_measure:
+        if name == "trace" and trace is None:
+            continue                                       # (a profile only where --trace names its folder)
+        what, measure = measurements[name]
+        r.update(attempt(r["failed"], what, measure) or {})
+        save()
     return r
 
 
@@ -1135,6 +1156,7 @@ GENERATION_COLUMNS: tuple[tuple[str, Callable[[dict], str]], ...] = (
     ("variant", lambda r: r["variant"]),
     ("rows x samples", lambda r: f"{r['rows']} x {r['samples']}"),
     ("device", lambda r: r["device"]),
+    ("longest reply (end boost)", lambda r: f"{r['max_new_tokens']} ({r['end_boost']:g})"),
     ("replies equal", lambda r: f"{r['same_replies']}"),
     ("useful / token slots: plain generate", lambda r: f"{r['plain_useful_fraction']:.2f}"),
     ("ours", lambda r: f"{r['ours_useful_fraction']:.2f}"),
@@ -1452,10 +1474,17 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--gen-chunk", type=int, default=8,
                    help="generation: rows per chunk of the cache, for decode steps one chunk at a time against "
                         "streamed across chunks (8)")
-    p.add_argument("--gen-max-new-tokens", type=int, default=24, help="generation: longest reply (24)")
+    p.add_argument("--gen-max-new-tokens", type=reply_limit, default=24,
+                   help="generation: longest reply (24); 'study': the variant's own, as the study runs it (CoT 1,024, "
+                        "SC 512)")
     p.add_argument("--end-boost", type=float, default=2.0,
                    help="generation: scale of the end-of-turn row of the LM head (random weights seldom end a "
-                        "reply; 2 gives replies of mixed length on the tiny model)")
+                        "reply; 2 gives replies of mixed length on the tiny model; 0: every reply runs to its limit, "
+                        "as ladbench plan prices a job)")
+    p.add_argument("--gen-measure", nargs="+", default=list(GENERATION_MEASUREMENTS), choices=GENERATION_MEASUREMENTS,
+                   metavar="NAME",
+                   help="generation: what to measure after the decode loop's own first and second runs, in this order "
+                        f"(default, most wanted first: {' '.join(GENERATION_MEASUREMENTS)})")
     p.add_argument("--json", default=None, help="also write the raw results here")
     p.add_argument("--trace", default=None, metavar="DIR",
                    help="GPU part 'split': also profile one device step per (arch, N) with torch.profiler into DIR, "

@@ -17,6 +17,13 @@
 #             the rows in chunks of 8 one chunk at a time against one loop across them; each run's
 #             prefills' seconds (CUDA events) apart from its decode steps', which `ladbench plan`
 #             prices the study's longer replies with: generation_cot.json, generation_sc.json
+#   cot_study, sc_study  Qwen2.5-VL-3B, cot's and sc's rows with every reply at the study's own limit
+#             (CoT 1,024 tokens, SC 512; the end-of-turn logit zeroed, as `ladbench plan` prices a job),
+#             so that each decode step reads the KV cache of a study's reply: the decode loop's first
+#             and second run (64 in flight), then its static shapes as CUDA graphs, and for SC plain
+#             generate on the same rows (the issue's ratio at the study's lengths), each file rewritten
+#             as they come: generation_{cot,sc}_study.json (180 s and 240 s; plan takes, per job, the run
+#             whose reply limit is nearest its own)
 #   internvl_gen  InternVL3-8B (an 8B decoder, as the study's other two models have): CoT (32 rows)
 #             and SC (16 rows x 10 samples), each with 150 s, through the decode loop against plain
 #             generate: the measurements of cot and sc in their order, each file rewritten as they
@@ -46,13 +53,16 @@
 # runs out of time keeps what it measured; a measurement that fails (a compilation, the profiler)
 # is listed in its file's "failed" and under its table, and the part goes on.
 # The parts of a call share one model build per architecture (--arch-dir, outside the results).
-# Replies stop at 64 tokens to fit the time; the paper's run to 512 (SC) and 1,024 (CoT), whose
-# longer KV caches make late decode steps read more (each run's prefills are timed apart from its
-# decode steps, so `ladbench plan` prices the longer replies by their steps; the slots loop's
-# sequences live in a slab since 2026-11-28: no GPU has run it before this script's next call).
-# The default parts (norms widths attention cot sc) take under 9 minutes by their limits. On an H200
-# (2026-11-27) the scoring part took about 3 minutes; cot ran out of its 210 s in its last
-# measurement (the chunks) and sc out of its 150 s likewise.
+# In cot, sc and internvl_gen replies stop at 64 tokens to fit their many comparisons; the paper's
+# run to 512 (SC) and 1,024 (CoT), whose longer KV caches make late decode steps read more: the
+# study parts time the loop and the CUDA graphs there (each run's prefills are timed apart from its
+# decode steps, so `ladbench plan` prices a job by its steps; the slots loop's sequences live in a
+# slab since 2026-11-28: no GPU has run it before this script's next call).
+# The default parts (sc_study cot_study attention norms widths) take 9 minutes by their limits
+# (540 s); `cot sc` (the comparisons at 64-token replies: attention, cuDNN, static shapes compiled,
+# sequences in flight, syncs, chunks, launches; 410 s) is the next call. On an H200 (2026-11-27)
+# the scoring part took about 3 minutes; cot ran out of its 210 s in its last measurement (the
+# chunks) and sc out of its 150 s likewise.
 #   run: bash benchmarks/gpu_session.sh [PART ...]   (carry: .whl, made by `make gpu-wheels`: the
 #   packages of benchmarks/gpu_wheels.txt, which the GPU machine's python lacks)
 # Results go to $GPU_SESSION_DIR (default /tmp/gpu-session). Where $OUT is set (the device tool's
@@ -66,11 +76,12 @@
 #   sessions fails CI instead of a lent GPU's few minutes; its plan.txt is plan's refusal of CPU rates.
 set -euo pipefail
 parts=("$@")
-[ ${#parts[@]} -gt 0 ] || parts=(norms widths attention cot sc)
+[ ${#parts[@]} -gt 0 ] || parts=(sc_study cot_study attention norms widths)
 for part in "${parts[@]}"; do
   case $part in
-    attention|cot|sc|internvl_gen|internvl|scoring|patch|widths|vision|norms) ;;
-    *) echo "gpu_session.sh: unknown part '$part' (attention, cot, sc, internvl_gen, internvl, scoring, patch, widths, vision, norms)" >&2
+    attention|cot|sc|cot_study|sc_study|internvl_gen|internvl|scoring|patch|widths|vision|norms) ;;
+    *) echo "gpu_session.sh: unknown part '$part' (attention, cot, sc, cot_study, sc_study, internvl_gen, internvl," \
+            "scoring, patch, widths, vision, norms)" >&2
        exit 2 ;;
   esac
 done
@@ -80,11 +91,13 @@ mkdir -p "$out"
 if [ -n "${GPU_SESSION_SMOKE:-}" ]; then
   device=cpu size=(--arch-scale small --image-size 56 --reps 1 --batch 2)      # --batch: the split's
   scoring_rows=8 scoring_batch=4 internvl_batch=4 cot_rows=4 sc_rows=2 samples=2 new_tokens=4 internvl_cot_rows=2
+  study_tokens=$new_tokens
   patch_args=(--rows 64 --reps 1) widths_args=(--rows 64 --reps 1 --small) attention_args=(--batches 2 --keys 64 --reps 1 --fresh-steps 1)
   vision_args=(--rows 576 --reps 1 --small --backend eager) norms_args=(--reps 1 --small)
 else
   device=cuda size=()
   scoring_rows=256 scoring_batch=32 internvl_batch=8 cot_rows=64 sc_rows=16 samples=10 new_tokens=64
+  study_tokens=study          # each variant's own reply limit (CoT 1,024, SC 512)
   internvl_cot_rows=32
   patch_args=(--reps 5) widths_args=(--reps 10) attention_args=(--reps 10) vision_args=(--rows 18432 2304 --reps 10)
   norms_args=(--reps 20)
@@ -140,6 +153,12 @@ generation() {
   run "$1" "$2" --arch "$3" --generation --gen-variants "$4" --gen-rows "$5" --gen-batch 4 \
     --gen-samples "$samples" --gen-max-new-tokens "$new_tokens" --trace "$out/traces"
 }
+# study NAME SECONDS ARCH VARIANT ROWS MEASUREMENT...: the loop with every reply at the study's limit
+# (the end-of-turn logit zeroed), then only the measurements named, in their order
+study() {
+  run "$1" "$2" --arch "$3" --generation --gen-variants "$4" --gen-rows "$5" --gen-batch 4 \
+    --gen-samples "$samples" --gen-max-new-tokens "$study_tokens" --end-boost 0 --gen-measure "${@:6}"
+}
 rates=()
 for part in "${parts[@]}"; do
   case $part in
@@ -147,6 +166,8 @@ for part in "${parts[@]}"; do
                  "${attention_args[@]}" ;;
     cot|sc) generation "generation_$part" "$([ "$part" = cot ] && echo 240 || echo 170)" qwen2_5_vl_3b "$part" \
               "$([ "$part" = cot ] && echo "$cot_rows" || echo "$sc_rows")" ;;
+    cot_study) study generation_cot_study 180 qwen2_5_vl_3b cot "$cot_rows" graphs ;;
+    sc_study) study generation_sc_study 240 qwen2_5_vl_3b sc "$sc_rows" graphs plain ;;
     internvl_gen)
       for variant in cot sc; do
         generation "generation_internvl_$variant" 150 internvl3_8b "$variant" \
@@ -163,7 +184,8 @@ for part in "${parts[@]}"; do
   esac
 done
 # the paper study's GPU hours at the rates measured (the measured models' jobs; the others stay assumed)
-for name in scoring generation_cot generation_sc scoring_internvl generation_internvl_cot generation_internvl_sc; do
+for name in scoring generation_cot generation_sc generation_cot_study generation_sc_study scoring_internvl \
+            generation_internvl_cot generation_internvl_sc; do
   model=$(case $name in *internvl*) echo internvl3_8b ;; *) echo qwen2_5_vl_3b ;; esac)
   [ -s "$out/$name.json" ] && rates+=(--rates "$model=$out/$name.json")
 done

@@ -229,7 +229,7 @@ def test_bench_inference_generation_counts_the_decode_loop_against_generate(tmp_
             assert prefill > 0 and step > 0 and r[f"{run}_prefill_s"] == pytest.approx(prefill * r["rows"])
             assert r[f"{run}_prefill_s"] + step * r[steps] == pytest.approx(r[seconds])
     assert rows["sc"]["plain_prefilled_rows_per_row"] == 2 and rows["cot"]["plain_prefilled_rows_per_row"] == 1
-    assert [cells[:3] for cells in table_rows(out, "sc")] == [["sc", "8 x 2", "cpu"]]
+    assert [cells[:4] for cells in table_rows(out, "sc")] == [["sc", "8 x 2", "cpu", "8 (2)"]]
 
 
 def test_bench_inference_traces_one_device_step_of_the_split(tmp_path):
@@ -248,12 +248,12 @@ def test_bench_inference_traces_one_device_step_of_the_split(tmp_path):
 
 def test_bench_inference_generation_saves_the_ratio_to_generate_first(tiny_model, tmp_path):
     """A lent GPU's minutes are few and a part may run out of time: the generation benchmark saves
-    after each measurement, the loop against plain ``generate`` first (the issue's ratio; the loop
-    run twice, its first run and its second), then the static shapes as CUDA graphs, the other
+    after each measurement, the loop first (run twice, its first run and its second), then plain
+    ``generate`` on the same rows (the issue's ratio), the static shapes as CUDA graphs, the other
     one-query attention (twice too), the loop without cuDNN's attention (twice too), the prefill
     group's width, the static shapes compiled, every sequence in flight (here 4 rows x 2 samples
-    against 6 slots), the replies' equality, the host syncs, the chunks; each save holds everything
-    the earlier ones did."""
+    against 6 slots), the replies' equality, the host syncs, the chunks, the ring's launches; each
+    save holds everything the earlier ones did."""
     bench = load_script("bench_inference")
     args = bench.parser().parse_args(["--generation", "--n", "4", "--image-size", "56", "--threads", "1",
                                       "--gen-variants", "sc", "--gen-rows", "4", "--gen-batch", "2", "--gen-samples",
@@ -262,24 +262,51 @@ def test_bench_inference_generation_saves_the_ratio_to_generate_first(tiny_model
     saved: list[set[str]] = []
     bench.generation_worker(tiny_model("qwen2_5_vl"), "tiny", args, results, lambda: saved.append(set(results[-1])))
     first = saved[0]
-    assert {"ours_tokens_per_s", "plain_tokens_per_s", "ours_rows_per_s", "plain_rows_per_s", "slots",
-            "ours_second_run_tokens_per_s"} <= first
-    assert not first & {"group_tokens_per_s", "packed_tokens_per_s", "static_tokens_per_s", "same_replies",
-                        "syncs_per_step_max", "streamed_decode_steps", "decode_step_trace"}   # no --trace
-    assert all(earlier < later for earlier, later in zip(saved, saved[1:])) and len(saved) == 11
-    assert "graphs_tokens_per_s" in saved[1] and {"packed_tokens_per_s", "repeat_kv_second_run_tokens_per_s"} <= saved[2]
-    assert {"no_cudnn_tokens_per_s", "no_cudnn_second_run_tokens_per_s"} <= saved[3] and "group_tokens_per_s" in saved[4]
-    assert "static_tokens_per_s" in saved[5] and "wide_tokens_per_s" in saved[6] and "same_replies" in saved[7]
+    assert {"ours_tokens_per_s", "ours_rows_per_s", "slots", "ours_second_run_tokens_per_s", "max_new_tokens"} <= first
+    assert not first & {"plain_tokens_per_s", "group_tokens_per_s", "packed_tokens_per_s", "static_tokens_per_s",
+                        "same_replies", "syncs_per_step_max", "streamed_decode_steps", "decode_step_trace"}  # no --trace
+    assert all(earlier < later for earlier, later in zip(saved, saved[1:])) and len(saved) == 12
+    assert {"plain_tokens_per_s", "plain_rows_per_s", "reply_lengths"} <= saved[1] and "graphs_tokens_per_s" in saved[2]
+    assert {"packed_tokens_per_s", "repeat_kv_second_run_tokens_per_s"} <= saved[3]
+    assert {"no_cudnn_tokens_per_s", "no_cudnn_second_run_tokens_per_s"} <= saved[4] and "group_tokens_per_s" in saved[5]
+    assert "static_tokens_per_s" in saved[6] and "wide_tokens_per_s" in saved[7] and "same_replies" in saved[8]
     assert results[0]["model"] == "tiny" and results[0]["same_replies"] and results[0]["group_same_replies"]
-    # what ladbench plan reads of a run stopped after its first save: the loop's rate at its width
+    assert (results[0]["max_new_tokens"], results[0]["end_boost"]) == (6, 2.0)
+    # what ladbench plan reads of a run stopped after its second save: the loop's rate at its width
     from ladbench.plan import _generation_rates
-    stopped = {key: results[0][key] for key in first}
+    stopped = {key: results[0][key] for key in saved[1]}
     (rate, plain) = _generation_rates(stopped)
     assert (rate.prompt, rate.way, rate.slots, rate.tokens_per_s) == ("sc", "slots", 6, results[0]["ours_tokens_per_s"])
-    assert rate.run == "second run" and rate.n == 4
+    assert rate.run == "second run" and rate.n == 4 and rate.reply_limit == 6
     assert (rate.prefill_s_per_row, rate.decode_step_s) == (results[0]["ours_second_run_prefill_s_per_row"],
                                                            results[0]["ours_second_run_decode_step_s"])
     assert (plain.way, plain.slots, plain.split()) == ("generate", 2 * 2, False)   # generate: the group's, whole runs
+
+
+def test_bench_inference_generation_measures_what_it_is_asked_in_its_order_at_the_studys_reply_limit(tiny_model):
+    """``--gen-measure``: after the loop's own two runs only the measurements named, in the order
+    named (a GPU part at the study's reply lengths wants the CUDA graphs before plain ``generate``);
+    ``--gen-max-new-tokens study``: each variant's own limit, as the study runs it, recorded."""
+    from ladbench.variants import variant
+    bench = load_script("bench_inference")
+    args = bench.parser().parse_args(["--generation", "--n", "4", "--image-size", "56", "--threads", "1",
+                                      "--gen-rows", "2", "--gen-batch", "2", "--gen-samples", "2",
+                                      "--gen-max-new-tokens", "study", "--end-boost", "0",
+                                      "--gen-measure", "graphs", "plain"])
+    model = tiny_model("qwen2_5_vl")
+    for prompt in ("cot", "sc"):
+        runner, _ = bench._generation_runner(model, prompt, args)
+        assert runner.s.options.max_new_tokens == variant(prompt).options().max_new_tokens
+        assert runner.adapter.model.get_output_embeddings().weight[runner.adapter.end_of_turn_id].abs().max() == 0
+    args.gen_max_new_tokens, args.gen_variants = 3, ["sc"]
+    results: list[dict] = []
+    saved: list[set[str]] = []
+    bench.generation_worker(model, "tiny", args, results, lambda: saved.append(set(results[-1])))
+    assert len(saved) == 3 and "graphs_tokens_per_s" in saved[1] and "plain_tokens_per_s" not in saved[1]
+    assert "plain_tokens_per_s" in saved[2] and not saved[2] & {"static_tokens_per_s", "same_replies", "chunks"}
+    assert (results[0]["max_new_tokens"], results[0]["end_boost"]) == (3, 0.0) and results[0]["reply_lengths"] == [3]
+    with pytest.raises(SystemExit):
+        bench.parser().parse_args(["--generation", "--gen-max-new-tokens", "long"])
 
 
 def test_bench_inference_generation_goes_on_past_a_failed_measurement(tiny_model, tmp_path, monkeypatch):
@@ -306,9 +333,10 @@ def test_bench_inference_generation_goes_on_past_a_failed_measurement(tiny_model
     json.dumps(r)                                                      # what --json writes
     table = bench.generation_table(results)
     (cells,) = table_rows(table, "cot")
-    static_column = [header for header, _ in bench.GENERATION_COLUMNS].index(
+    headers = [header for header, _ in bench.GENERATION_COLUMNS]
+    static_column = headers.index(
         "static shapes: replies equal, useful / token slots, tokens/s, ms / decode step, CUDA graphs skipped")
-    assert cells[static_column] == "-" and cells[3] == "True"
+    assert cells[static_column] == "-" and cells[headers.index("replies equal")] == "True"
     assert "- failed (cot): static shapes: RuntimeError: BackendCompilerFailed: no CUDA graphs here" in table
 
 
@@ -434,8 +462,8 @@ def test_gpu_session_script_runs_its_commands_on_the_cpu(tmp_path):
     missing = session("cot", PYTHONPATH=str(blocker), GPU_SESSION_DIR=str(tmp_path / "refused"))
     assert missing.returncode == 3 and "No module named 'jsonschema'" in missing.stderr
     assert "make gpu-wheels" in missing.stderr and not (tmp_path / "refused" / "generation_cot.json").exists()
-    done = session("attention", "scoring", "internvl", "cot", "sc", "internvl_gen", "patch", "widths", "vision",
-                   "norms")
+    done = session("attention", "scoring", "internvl", "cot", "sc", "cot_study", "sc_study", "internvl_gen", "patch",
+                   "widths", "vision", "norms")
     assert done.returncode == 0, done.stderr[-3000:]
     assert (out / "gpu.txt").read_text().splitlines() == ["no nvidia-smi (cpu)", "plan: exit 2"]
     for name, arch, ns in (("scoring", "qwen2_5_vl_3b", [4, 8]), ("scoring_internvl", "internvl3_8b", [4])):
@@ -464,6 +492,14 @@ def test_gpu_session_script_runs_its_commands_on_the_cpu(tmp_path):
         assert entry["same_replies"] and entry["static_same_replies"] and "streamed_decode_steps" in entry
         assert entry["ours_second_run_tokens_per_s"] > 0 and entry["repeat_kv_second_run_tokens_per_s"] > 0
         assert Path(entry["decode_step_trace"]["operators"]).is_file()
+    # the study parts: every reply at its limit (the smoke's 4 tokens for the study's own), the loop's
+    # two runs, then only the CUDA graphs and, for SC, plain generate
+    for variant, measured in (("cot", set()), ("sc", {"plain_tokens_per_s"})):
+        (entry,) = json.loads((out / f"generation_{variant}_study.json").read_text())["generation"]
+        assert (entry["variant"], entry["max_new_tokens"], entry["end_boost"], entry["reply_lengths"] if measured else
+                [4]) == (variant, 4, 0.0, [4])
+        assert entry["ours_second_run_decode_step_s"] > 0 and entry["graphs_decode_step_s"] > 0
+        assert {"plain_tokens_per_s", "static_tokens_per_s", "same_replies"} & set(entry) == measured
     assert f"--rates: {out / 'scoring.json'}: measured on 'cpu', not a GPU" in (out / "plan.txt").read_text()
     patch = json.loads((out / "patch_embed.json").read_text())["results"]
     assert [(r["rows"], r["max_rel_diff"] < 1e-5) for r in patch] == [(64, True)] * 2

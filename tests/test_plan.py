@@ -272,3 +272,33 @@ def test_a_generation_job_is_priced_the_way_its_config_decodes(tmp_path):
     assert graphs.seconds == pytest.approx(5400 * 0.145 + 86400 * 0.004)
     assert plain.rate == "benchmark (generate, 4 sequences in flight)"
     assert plain.seconds == pytest.approx(5400 * 1024 / 80.0)
+
+
+def test_a_generation_job_is_priced_at_the_reply_limit_nearest_its_own(tmp_path):
+    """A GPU session times the loop with replies stopped at 64 tokens and, in its study parts, at
+    the variant's own limit (CoT 1,024): a longer reply's steps read a longer KV cache. Both files
+    are kept, whatever their order, and a CoT job takes the run whose limit is nearest its 1,024; a
+    file that recorded no limit (before 2026-11-28) only where nothing else was measured."""
+    import json
+
+    def generation(name, limit, step):
+        entry = {"variant": "cot", "model": "a", "n": 4, "batch": 4, "samples": 1, "slots": 64, "ours_tokens_per_s": 400.0,
+                 "ours_second_run_prefill_s_per_row": 0.15, "ours_second_run_decode_step_s": step}
+        path = tmp_path / name
+        path.write_text(json.dumps({"device": "cuda", "generation": [{**entry, **limit}]}))
+        return f"qwen2_5_vl_3b={path}"
+    short, study, unrecorded = (generation("short.json", {"max_new_tokens": 64}, 0.004),
+                                generation("study.json", {"max_new_tokens": 1024}, 0.006),
+                                generation("old.json", {}, 0.003))
+    config = paper(tmp_path)
+
+    def cot(*specs):
+        jobs = {(j.model, j.benchmark, j.variant): j for j in plan_jobs(config, bench_rates(list(specs)))}
+        return jobs["qwen2_5_vl_3b", "coco_random_N4", "cot"]
+    for specs in ((short, study), (study, short), (unrecorded, short, study)):
+        job = cot(*specs)
+        assert job.seconds == pytest.approx(5400 * 0.15 + 86400 * 0.006)
+        assert job.rate == ("benchmark (64 sequences in flight, replies to 1024 tokens, second run: prefill 0.150 "
+                            "s/row + 6.0 ms/step)")
+    assert "replies to 64 tokens" in cot(unrecorded, short).rate
+    assert cot(unrecorded).seconds == pytest.approx(5400 * 0.15 + 86400 * 0.003)

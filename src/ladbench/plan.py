@@ -75,16 +75,22 @@ class BenchRates:
         m, b, rate, over = _nearest_on_log_scale([e for e in self.scoring if e[0] == measured_n], batch)
         return rate * m / n, f"N = {m}{f' x {m}/{n}' if m != n else ''}, batch {b}{over}"
 
-    def generation_rate(self, prompt: str, way: str, slots: int) -> "GenerationRate | None":
+    def generation_rate(self, prompt: str, way: str, slots: int, reply_limit: int) -> "GenerationRate | None":
         """The generation of ``prompt`` the ``way`` it decodes (``inference.decode``) measured at the
-        sequences in flight nearest ``slots`` (on a log scale, the smaller on a tie); None where
-        that way was not measured."""
+        sequences in flight nearest ``slots`` (on a log scale, the smaller on a tie), and of those
+        the one whose replies ran nearest the job's ``reply_limit`` (a longer reply's decode steps
+        read a longer KV cache; a file that did not record its limit comes last); None where that
+        way was not measured."""
         entries = [e for e in self.generation if e.prompt == prompt and e.way == way]
-        return _nearest_on_log_scale(entries, slots, size_of=lambda e: e.slots) if entries else None
+        if not entries:
+            return None
+        nearest = _nearest_on_log_scale(entries, slots, size_of=lambda e: e.slots).slots
+        return min((e for e in entries if e.slots == nearest),
+                   key=lambda e: math.inf if e.reply_limit is None else abs(math.log(e.reply_limit / reply_limit)))
 
     def merged(self, other: "BenchRates") -> "BenchRates":
         """Both files' rates for one model (a GPU session writes scoring and generation apart);
-        the later file's generation of a prompt, a way and a number of sequences wins."""
+        the later file's generation of a prompt, a way, a number of sequences and a reply limit wins."""
         later = {e.key for e in other.generation}
         kept = tuple(e for e in self.generation if e.key not in later)
         return BenchRates(f"{self.source} + {other.source}", self.scoring + other.scoring, kept + other.generation)
@@ -106,10 +112,11 @@ class GenerationRate:
     decode_step_s: float | None = None
     n: int | None = None                        # the candidates of the rows measured
     run: str = ""                               # which run the split is of ("second run": shapes met before)
+    reply_limit: int | None = None              # the longest reply the run allowed (files since 2026-11-28)
 
     @property
-    def key(self) -> tuple[str, str, int]:
-        return self.prompt, self.way, self.slots
+    def key(self) -> tuple[str, str, int, int | None]:
+        return self.prompt, self.way, self.slots, self.reply_limit
 
     def split(self) -> bool:
         return self.prefill_s_per_row is not None and self.decode_step_s is not None
@@ -119,7 +126,8 @@ class GenerationRate:
         prefill per row scales by N / the measured N (a row's prompt grows with N, as the scoring
         rates' do); a step's time is the benchmark's, at its short replies' KV lengths."""
         way = "" if self.way == DECODE_WAYS[0] else f"{self.way}, "
-        label = f"{way}{self.slots} sequences in flight"
+        replies = f", replies to {self.reply_limit} tokens" if self.reply_limit else ""
+        label = f"{way}{self.slots} sequences in flight{replies}"
         if not self.split():
             return {"generated_tokens_per_s": self.tokens_per_s}, f"benchmark ({label})"
         scale = n / self.n if self.n else 1.0
@@ -225,7 +233,8 @@ def _generation_rates(entry: dict) -> list[GenerationRate]:
             if split_name else (None, None)
         rates.append(GenerationRate(str(entry["variant"]), way, int(size), rate,
                                     None if prefill is None else float(prefill), None if step is None else float(step),
-                                    int(n) if n else None, split_run if step is not None else ""))
+                                    int(n) if n else None, split_run if step is not None else "",
+                                    int(limit) if (limit := entry.get("max_new_tokens")) else None))
     return rates
 
 
@@ -319,7 +328,8 @@ def benchmark_attrs(config: dict, model: str, prompt: str, n: int, rates: BenchR
     where the benchmark did not measure that kind of job."""
     batch = config["models"][model].get("batch_size") or config["inference"]["batch_size"]
     if _generating(prompt):
-        taken = rates.generation_rate(prompt, decode_way(config), decode_slots(config, prompt, batch))
+        taken = rates.generation_rate(prompt, decode_way(config), decode_slots(config, prompt, batch),
+                                      prompt_options(config, prompt).max_new_tokens)
         return None if taken is None else taken.attrs(n)
     taken = rates.rows_per_s(n, batch)
     return None if taken is None else ({"rows_per_s": taken[0]}, f"benchmark ({taken[1]})")
