@@ -22,7 +22,7 @@
 #             so that each decode step reads the KV cache of a study's reply: the decode loop's first
 #             and second run (64 in flight), then its static shapes as CUDA graphs, and for SC plain
 #             generate on the same rows (the issue's ratio at the study's lengths), each file rewritten
-#             as they come: generation_{cot,sc}_study.json (180 s and 240 s; plan takes, per job, the run
+#             as they come: generation_{cot,sc}_study.json (210 s and 240 s; plan takes, per job, the run
 #             whose reply limit is nearest its own)
 #   internvl_gen  InternVL3-8B (an 8B decoder, as the study's other two models have): CoT (32 rows)
 #             and SC (16 rows x 10 samples), each with 150 s, through the decode loop against plain
@@ -58,9 +58,10 @@
 # study parts time the loop and the CUDA graphs there (each run's prefills are timed apart from its
 # decode steps, so `ladbench plan` prices a job by its steps; the slots loop's sequences live in a
 # slab since 2026-11-28: no GPU has run it before this script's next call).
-# The default parts (sc_study cot_study attention norms widths) take 9 minutes by their limits
-# (540 s); `cot sc` (the comparisons at 64-token replies: attention, cuDNN, static shapes compiled,
-# sequences in flight, syncs, chunks, launches; 410 s) is the next call. On an H200 (2026-11-27)
+# The default parts (sc_study cot_study attention norms) take 9 minutes by their limits (530 s;
+# a study part's warm-up on 2 rows runs its replies to the limit too); `cot sc widths` (the
+# comparisons at 64-token replies: attention, cuDNN, static shapes compiled, sequences in flight,
+# syncs, chunks, launches; and the padded widths; 450 s) is the next call. On an H200 (2026-11-27)
 # the scoring part took about 3 minutes; cot ran out of its 210 s in its last measurement (the
 # chunks) and sc out of its 150 s likewise.
 #   run: bash benchmarks/gpu_session.sh [PART ...]   (carry: .whl, made by `make gpu-wheels`: the
@@ -76,7 +77,7 @@
 #   sessions fails CI instead of a lent GPU's few minutes; its plan.txt is plan's refusal of CPU rates.
 set -euo pipefail
 parts=("$@")
-[ ${#parts[@]} -gt 0 ] || parts=(sc_study cot_study attention norms widths)
+[ ${#parts[@]} -gt 0 ] || parts=(sc_study cot_study attention norms)
 for part in "${parts[@]}"; do
   case $part in
     attention|cot|sc|cot_study|sc_study|internvl_gen|internvl|scoring|patch|widths|vision|norms) ;;
@@ -166,7 +167,7 @@ for part in "${parts[@]}"; do
                  "${attention_args[@]}" ;;
     cot|sc) generation "generation_$part" "$([ "$part" = cot ] && echo 240 || echo 170)" qwen2_5_vl_3b "$part" \
               "$([ "$part" = cot ] && echo "$cot_rows" || echo "$sc_rows")" ;;
-    cot_study) study generation_cot_study 180 qwen2_5_vl_3b cot "$cot_rows" graphs ;;
+    cot_study) study generation_cot_study 210 qwen2_5_vl_3b cot "$cot_rows" graphs ;;
     sc_study) study generation_sc_study 240 qwen2_5_vl_3b sc "$sc_rows" graphs plain ;;
     internvl_gen)
       for variant in cot sc; do
