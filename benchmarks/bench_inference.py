@@ -662,13 +662,22 @@ def write_trace(prof, device: str, stem: str) -> dict:
 
 # ------------------------------------------------------------------------ 5. generation
 GENERATION_VARIANTS = ("cot", "sc")
-#: what ``--generation`` measures after the decode loop's own first and second runs, most wanted
-#: first (a part's time limit may stop it): plain generate on the same rows, static shapes as
-#: CUDA graphs, the other one-query attention, without cuDNN's attention, a decode step's profile
-#: (with --trace), the prefill group's sequences in flight, static shapes compiled, every sequence
-#: in flight, the replies' equality, host syncs, decode steps over chunks, launches per ring step
-GENERATION_MEASUREMENTS = ("plain", "graphs", "attention", "no_cudnn", "trace", "group", "static", "wide", "replies",
-                           "syncs", "chunks", "launches")
+#: what ``--generation`` measures after the decode loop's own first and second runs, by name (``--gen-measure``),
+#: most wanted first (a part's time limit may stop it): what each is, as a failure names it
+GENERATION_MEASUREMENTS = {
+    "plain": "plain generate",                          # on the same rows: the issue's ratio
+    "graphs": "static shapes as CUDA graphs",           # the eager step's kernels, one launch a step; never yet on a GPU
+    "attention": "attention on the KV heads",           # the other one-query attention, both runs
+    "no_cudnn": "without cuDNN's attention",            # both runs
+    "trace": "a decode step's profile",                 # with --trace only
+    "group": "the prefill group's sequences in flight",
+    "static": "static shapes",                          # compiled
+    "wide": "every sequence in flight",
+    "replies": "replies equal",
+    "syncs": "host syncs per decode step",
+    "chunks": "decode steps over chunks",
+    "launches": "launches per ring step",
+}
 
 
 def reply_limit(value: str) -> int | str:
@@ -803,30 +812,25 @@ def _generation_variant(r: dict, model_dir: str, args: argparse.Namespace, save:
             reference = runner.generate_batch(prepared)["text"]               # each sample its own row
         return {key: bool((texts == reference).all()) for key, texts in replies.items()}
     trace = os.path.join(args.trace, f"{r['model']}-{r['variant']}-decode-step") if args.trace else None
-    measurements: dict[str, tuple[str, Callable[[], dict]]] = {
-        "plain": ("plain generate", plain),
-        # next to the loop's own runs: the eager step's kernels with one launch a step (a GPU's
-        # eager step waits on its launches), never yet measured
-        "graphs": ("static shapes as CUDA graphs", lambda: ring("graphs")),
-        "attention": ("attention on the KV heads", lambda: attention_counts(runner, prepared, rows, ours,
-                                                                            (ours_s, second_s), args.device)),
-        "no_cudnn": ("without cuDNN's attention", lambda: without_cudnn_counts(runner, prepared, rows, ours, args.device)),
-        "trace": ("a decode step's profile", lambda: decode_step_trace(runner, prepared, args.device, trace)),
-        "group": ("the prefill group's sequences in flight",
-                  lambda: group_counts(runner, prepared, rows, stats, ours, args.device)),
-        "static": ("static shapes", lambda: ring("static")),
-        "wide": ("every sequence in flight", lambda: wide_counts(runner, prepared, rows, stats, ours, args.device)),
-        "replies": ("replies equal", replies_equal),
-        "syncs": ("host syncs per decode step", lambda: decode_step_syncs(runner, prepared)),
-        "chunks": ("decode steps over chunks", lambda: chunk_counts(runner, rows, args.gen_chunk, args.device)),
-        "launches": ("launches per ring step", lambda: ring_step_launches(runner, prepared)),
+    measurements: dict[str, Callable[[], dict]] = {
+        "plain": plain,
+        "graphs": lambda: ring("graphs"),
+        "attention": lambda: attention_counts(runner, prepared, rows, ours, (ours_s, second_s), args.device),
+        "no_cudnn": lambda: without_cudnn_counts(runner, prepared, rows, ours, args.device),
+        "trace": lambda: decode_step_trace(runner, prepared, args.device, trace),
+        "group": lambda: group_counts(runner, prepared, rows, stats, ours, args.device),
+        "static": lambda: ring("static"),
+        "wide": lambda: wide_counts(runner, prepared, rows, stats, ours, args.device),
+        "replies": replies_equal,
+        "syncs": lambda: decode_step_syncs(runner, prepared),
+        "chunks": lambda: chunk_counts(runner, rows, args.gen_chunk, args.device),
+        "launches": lambda: ring_step_launches(runner, prepared),
     }
-    assert tuple(measurements) == GENERATION_MEASUREMENTS
+    assert measurements.keys() == GENERATION_MEASUREMENTS.keys()
     for name in args.gen_measure:
         if name == "trace" and trace is None:
             continue                                       # (a profile only where --trace names its folder)
-        what, measure = measurements[name]
-        r.update(attempt(r["failed"], what, measure) or {})
+        r.update(attempt(r["failed"], GENERATION_MEASUREMENTS[name], measurements[name]) or {})
         save()
     return r
 
@@ -1475,8 +1479,7 @@ def parser() -> argparse.ArgumentParser:
                    help="generation: rows per chunk of the cache, for decode steps one chunk at a time against "
                         "streamed across chunks (8)")
     p.add_argument("--gen-max-new-tokens", type=reply_limit, default=24,
-                   help="generation: longest reply (24); 'study': the variant's own, as the study runs it (CoT 1,024, "
-                        "SC 512)")
+                   help="generation: longest reply (24); 'study': the variant's own limit, as the study runs it")
     p.add_argument("--end-boost", type=float, default=2.0,
                    help="generation: scale of the end-of-turn row of the LM head (random weights seldom end a "
                         "reply; 2 gives replies of mixed length on the tiny model; 0: every reply runs to its limit, "

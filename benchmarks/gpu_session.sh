@@ -28,6 +28,10 @@
 #             and SC (16 rows x 10 samples), each with 150 s, through the decode loop against plain
 #             generate: the measurements of cot and sc in their order, each file rewritten as they
 #             come, so that the limit keeps the first rates: generation_internvl_{cot,sc}.json
+#   internvl_study  InternVL3-8B, internvl_gen's rows with every reply at the study's own limit, as
+#             cot_study and sc_study: the loop's two runs, then its CUDA graphs, 180 s each (an 8B
+#             decoder: its KV cache holds 56 KB a position in bfloat16, 1.6 times the 3B's):
+#             generation_internvl_{cot,sc}_study.json
 #   internvl  InternVL3-8B: infer rows/s at N = 4, batch 8 (also with transformers reading the
 #             padding and the image-token count back, --no-decide-on-host), and the split with a
 #             trace: scoring_internvl.json (about 5 minutes: a second call when the device budget allows)
@@ -80,8 +84,9 @@ parts=("$@")
 [ ${#parts[@]} -gt 0 ] || parts=(sc_study cot_study attention norms)
 for part in "${parts[@]}"; do
   case $part in
-    attention|cot|sc|cot_study|sc_study|internvl_gen|internvl|scoring|patch|widths|vision|norms) ;;
-    *) echo "gpu_session.sh: unknown part '$part' (attention, cot, sc, cot_study, sc_study, internvl_gen, internvl," \
+    attention|cot|sc|cot_study|sc_study|internvl_gen|internvl_study|internvl|scoring|patch|widths|vision|norms) ;;
+    *) echo "gpu_session.sh: unknown part '$part' (attention, cot, sc, cot_study, sc_study, internvl_gen," \
+            "internvl_study, internvl," \
             "scoring, patch, widths, vision, norms)" >&2
        exit 2 ;;
   esac
@@ -169,6 +174,11 @@ for part in "${parts[@]}"; do
               "$([ "$part" = cot ] && echo "$cot_rows" || echo "$sc_rows")" ;;
     cot_study) study generation_cot_study 210 qwen2_5_vl_3b cot "$cot_rows" graphs ;;
     sc_study) study generation_sc_study 240 qwen2_5_vl_3b sc "$sc_rows" graphs plain ;;
+    internvl_study)
+      for variant in cot sc; do
+        study "generation_internvl_${variant}_study" 180 internvl3_8b "$variant" \
+          "$([ "$variant" = cot ] && echo "$internvl_cot_rows" || echo "$sc_rows")" graphs
+      done ;;
     internvl_gen)
       for variant in cot sc; do
         generation "generation_internvl_$variant" 150 internvl3_8b "$variant" \
@@ -186,7 +196,7 @@ for part in "${parts[@]}"; do
 done
 # the paper study's GPU hours at the rates measured (the measured models' jobs; the others stay assumed)
 for name in scoring generation_cot generation_sc generation_cot_study generation_sc_study scoring_internvl \
-            generation_internvl_cot generation_internvl_sc; do
+            generation_internvl_cot generation_internvl_sc generation_internvl_cot_study generation_internvl_sc_study; do
   model=$(case $name in *internvl*) echo internvl3_8b ;; *) echo qwen2_5_vl_3b ;; esac)
   [ -s "$out/$name.json" ] && rates+=(--rates "$model=$out/$name.json")
 done

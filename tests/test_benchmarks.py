@@ -436,7 +436,8 @@ def test_steady_rows_per_s_leaves_out_the_first_half_of_the_rows():
 @pytest.mark.slow
 def test_gpu_session_script_runs_its_commands_on_the_cpu(tmp_path):
     """``GPU_SESSION_SMOKE=1 bash benchmarks/gpu_session.sh PART ...``: every command of the script a
-    lent GPU runs (the attention kernels, CoT and SC generation with a decode step's profile, scoring
+    lent GPU runs (the attention kernels, CoT and SC generation with a decode step's profile and at the
+    study's reply limits, scoring
     with traces for both architectures, the plan, the patch embedding, the padded widths, the
     compiled vision block, the fused norms), on the CPU at the small architectures, so that a flag renamed between
     GPU sessions fails here and not on the GPU. Each part writes its file; plan refuses the CPU's
@@ -462,8 +463,8 @@ def test_gpu_session_script_runs_its_commands_on_the_cpu(tmp_path):
     missing = session("cot", PYTHONPATH=str(blocker), GPU_SESSION_DIR=str(tmp_path / "refused"))
     assert missing.returncode == 3 and "No module named 'jsonschema'" in missing.stderr
     assert "make gpu-wheels" in missing.stderr and not (tmp_path / "refused" / "generation_cot.json").exists()
-    done = session("attention", "scoring", "internvl", "cot", "sc", "cot_study", "sc_study", "internvl_gen", "patch",
-                   "widths", "vision", "norms")
+    done = session("attention", "scoring", "internvl", "cot", "sc", "cot_study", "sc_study", "internvl_gen",
+                   "internvl_study", "patch", "widths", "vision", "norms")
     assert done.returncode == 0, done.stderr[-3000:]
     assert (out / "gpu.txt").read_text().splitlines() == ["no nvidia-smi (cpu)", "plan: exit 2"]
     for name, arch, ns in (("scoring", "qwen2_5_vl_3b", [4, 8]), ("scoring_internvl", "internvl3_8b", [4])):
@@ -493,11 +494,15 @@ def test_gpu_session_script_runs_its_commands_on_the_cpu(tmp_path):
         assert entry["ours_second_run_tokens_per_s"] > 0 and entry["repeat_kv_second_run_tokens_per_s"] > 0
         assert Path(entry["decode_step_trace"]["operators"]).is_file()
     # the study parts: every reply at its limit (the smoke's 4 tokens for the study's own), the loop's
-    # two runs, then only the CUDA graphs and, for SC, plain generate
-    for variant, measured in (("cot", set()), ("sc", {"plain_tokens_per_s"})):
-        (entry,) = json.loads((out / f"generation_{variant}_study.json").read_text())["generation"]
-        assert (entry["variant"], entry["max_new_tokens"], entry["end_boost"], entry["reply_lengths"] if measured else
-                [4]) == (variant, 4, 0.0, [4])
+    # two runs, then only the CUDA graphs and, for the 3B's SC, plain generate
+    for name, model, variant, measured in (
+            ("generation_cot_study", "qwen2_5_vl_3b", "cot", set()),
+            ("generation_sc_study", "qwen2_5_vl_3b", "sc", {"plain_tokens_per_s"}),
+            ("generation_internvl_cot_study", "internvl3_8b", "cot", set()),
+            ("generation_internvl_sc_study", "internvl3_8b", "sc", set())):
+        (entry,) = json.loads((out / f"{name}.json").read_text())["generation"]
+        assert (entry["variant"], entry["model"], entry["max_new_tokens"], entry["end_boost"]) == (variant, model, 4, 0.0)
+        assert entry.get("reply_lengths", [4]) == [4]
         assert entry["ours_second_run_decode_step_s"] > 0 and entry["graphs_decode_step_s"] > 0
         assert {"plain_tokens_per_s", "static_tokens_per_s", "same_replies"} & set(entry) == measured
     assert f"--rates: {out / 'scoring.json'}: measured on 'cpu', not a GPU" in (out / "plan.txt").read_text()

@@ -124,7 +124,8 @@ class GenerationRate:
     def attrs(self, n: int) -> tuple[dict, str]:
         """Cache-like attributes of a job at N = ``n`` (:func:`job_seconds`), and their label. The
         prefill per row scales by N / the measured N (a row's prompt grows with N, as the scoring
-        rates' do); a step's time is the benchmark's, at its short replies' KV lengths."""
+        rates' do); a step's time is the benchmark's, at the KV lengths of its replies (the label
+        gives their limit where the file recorded it)."""
         way = "" if self.way == DECODE_WAYS[0] else f"{self.way}, "
         replies = f", replies to {self.reply_limit} tokens" if self.reply_limit else ""
         label = f"{way}{self.slots} sequences in flight{replies}"
