@@ -75,6 +75,7 @@ import argparse
 import atexit
 import collections
 import contextlib
+import dataclasses
 import functools
 import json
 import math
@@ -287,8 +288,33 @@ def count_kernel_ops():
         yield counts
 
 
-def _syncs(ops: collections.Counter, calls: collections.Counter) -> int:
-    return sum(ops[k] for k in SYNC_OPS) + sum(calls.values())
+@dataclasses.dataclass
+class HostSyncs:
+    """What :func:`count_host_syncs` counted in its block: the profiler's events by name and the
+    calls of the host-copy methods."""
+    ops: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    calls: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+
+    @property
+    def syncs(self) -> int:
+        """The host's waits on the device: ``.item()`` and its kind, and every host copy."""
+        return sum(self.ops[k] for k in SYNC_OPS) + sum(self.calls.values())
+
+    @property
+    def aten_ops(self) -> int:
+        return sum(v for k, v in self.ops.items() if k.startswith("aten::"))
+
+
+@contextlib.contextmanager
+def count_host_syncs():
+    """The block's host syncs and aten operations (:class:`HostSyncs`, filled when it ends), as
+    the proxies count them: the CPU profiler's events, and the host-copy methods' calls."""
+    from torch.profiler import ProfilerActivity, profile
+    counted = HostSyncs()
+    with count_tensor_calls(HOST_COPY_METHODS) as calls, profile(activities=[ProfilerActivity.CPU]) as prof:
+        yield counted
+    counted.ops.update(e.name for e in prof.events())
+    counted.calls.update(calls)
 
 
 def vision_tower_syncs(adapter, inputs: dict) -> int:
@@ -297,22 +323,19 @@ def vision_tower_syncs(adapter, inputs: dict) -> int:
     import inspect
 
     import torch
-    from torch.profiler import ProfilerActivity, profile
 
     tower = adapter.model.model.get_image_features
     names = inspect.signature(tower).parameters
     kwargs = {k: v for k, v in inputs.items() if k in names}
-    with torch.no_grad(), count_tensor_calls(HOST_COPY_METHODS) as calls, \
-            profile(activities=[ProfilerActivity.CPU]) as prof:
+    with torch.no_grad(), count_host_syncs() as counted:
         tower(**kwargs)
-    return _syncs(collections.Counter(e.name for e in prof.events()), calls)
+    return counted.syncs
 
 
 def proxy_worker(n: int, model_dir: str, batch: int, image_size: int, vision: str, family: str | None = None) -> dict:
     """Syncs and aten operations per row of the device step of one prepared batch (family auto:
     also those of its vision tower alone)."""
     import torch
-    from torch.profiler import ProfilerActivity, profile
 
     runner = _runner(model_dir, n, attention="capture", image_size=image_size, device="cpu", n_eval=batch,
                      vision=vision, family=family)
@@ -324,17 +347,15 @@ def proxy_worker(n: int, model_dir: str, batch: int, image_size: int, vision: st
         runner.encode_rows = lambda _rows: encoded
         step_input = rows
     runner.score_batch(step_input)                                         # warm-up, plans cached
-    with count_tensor_calls(HOST_COPY_METHODS) as calls, profile(activities=[ProfilerActivity.CPU]) as prof:
+    with count_host_syncs() as counted:
         t0 = time.perf_counter()
         runner.score_batch(step_input)
         seconds = time.perf_counter() - t0
-    ops = collections.Counter(e.name for e in prof.events())
     with count_kernel_ops() as kernel_ops:       # (apart: a dispatch mode changes what the profiler lists)
         runner.score_batch(step_input)
-    syncs = sum(ops[k] for k in SYNC_OPS)
-    result = {"n": n, "batch": batch, "vision": vision, "syncs_per_row": _syncs(ops, calls) / batch,
-              "item_per_row": syncs / batch, "tolist_cpu_per_row": sum(calls.values()) / batch,
-              "aten_ops_per_row": sum(v for k, v in ops.items() if k.startswith("aten::")) / batch,
+    result = {"n": n, "batch": batch, "vision": vision, "syncs_per_row": counted.syncs / batch,
+              "item_per_row": sum(counted.ops[k] for k in SYNC_OPS) / batch,
+              "tolist_cpu_per_row": sum(counted.calls.values()) / batch, "aten_ops_per_row": counted.aten_ops / batch,
               "non_view_ops_per_row": kernel_ops["ops"] / batch,
               "step_s_per_row": seconds / batch, "threads": torch.get_num_threads()}
     if family == "auto":
@@ -692,8 +713,6 @@ def reply_limit(value: str) -> int | str:
 def _generation_runner(model_dir: str, prompt: str, args: argparse.Namespace):
     """A CoT or SC runner over ``--gen-rows`` rows (captions of three lengths) whose model's end-of-turn
     logit is scaled by ``--end-boost`` (random weights seldom end a reply: this makes lengths mixed)."""
-    import dataclasses
-
     import torch
 
     from ladbench.variants import variant
@@ -867,13 +886,12 @@ def attempt(failed: list[dict], what: str, measure: Callable[..., T], *args, **k
 def through_each_decode_step(runner, prepared, around: Callable) -> None:
     """One (untimed) run of the loop over ``prepared`` whose every decode step is made by
     ``around(step, decoder, flight, replies)``, ``step`` the loop's own (restored after)."""
+    from unittest import mock
+
     from ladbench.inference.decode import SlotDecoder
     step = SlotDecoder.step
-    SlotDecoder.step = lambda decoder, flight, replies: around(step, decoder, flight, replies)
-    try:
+    with mock.patch.object(SlotDecoder, "step", lambda decoder, flight, replies: around(step, decoder, flight, replies)):
         runner.generate_batch(prepared)
-    finally:
-        SlotDecoder.step = step
 
 
 def decode_step_syncs(runner, prepared) -> dict:
@@ -887,25 +905,22 @@ def decode_step_syncs(runner, prepared) -> dict:
     views (:func:`count_kernel_ops`: each once, as a GPU would launch it)."""
     from unittest import mock
 
-    from torch.profiler import ProfilerActivity, profile
-
     from ladbench.inference.decode import SlotDecoder
     per_step, ops_per_step, kernel_ops_per_step, per_prefill = [], [], [], []
     prefill = SlotDecoder.prefill
 
     def prefill_syncs(decoder, inputs, first_row):
-        with count_tensor_calls(HOST_COPY_METHODS) as calls, profile(activities=[ProfilerActivity.CPU]) as prof:
+        with count_host_syncs() as counted:
             out = prefill(decoder, inputs, first_row)
-        per_prefill.append(_syncs(collections.Counter(e.name for e in prof.events()), calls))
+        per_prefill.append(counted.syncs)
         return out
 
     def profiled(step, decoder, flight, replies):
-        with count_tensor_calls(HOST_COPY_METHODS) as calls, profile(activities=[ProfilerActivity.CPU]) as prof:
+        with count_host_syncs() as counted:
             out = step(decoder, flight, replies)
-        ops = collections.Counter(e.name for e in prof.events())
-        per_step.append(_syncs(ops, calls))
+        per_step.append(counted.syncs)
         if out is not None:                             # (a step after which nothing is in flight runs no model)
-            ops_per_step.append(sum(v for k, v in ops.items() if k.startswith("aten::")))
+            ops_per_step.append(counted.aten_ops)
         return out
 
     def dispatched(step, decoder, flight, replies):
@@ -1123,7 +1138,6 @@ def _timed_decode(runner, prepared, rows: list[int], device: str, warm_up: bool 
     """``runner.generate_batch`` with these inference ``settings`` (e.g. ``decode="static"``), after a
     warm-up on two rows unless ``warm_up`` is false: its results, its seconds and its decode
     counts; the settings restored."""
-    import dataclasses
     with _settings(runner, **settings):
         if warm_up:
             runner.generate_batch(runner.prepare(rows[:2]))

@@ -194,11 +194,11 @@ for part in "${parts[@]}"; do
     norms) limited norms 30 "$python" benchmarks/bench_norms.py --device "$device" "${norms_args[@]}" ;;
   esac
 done
-# the paper study's GPU hours at the rates measured (the measured models' jobs; the others stay assumed)
-for name in scoring generation_cot generation_sc generation_cot_study generation_sc_study scoring_internvl \
-            generation_internvl_cot generation_internvl_sc generation_internvl_cot_study generation_internvl_sc_study; do
-  model=$(case $name in *internvl*) echo internvl3_8b ;; *) echo qwen2_5_vl_3b ;; esac)
-  [ -s "$out/$name.json" ] && rates+=(--rates "$model=$out/$name.json")
+# the paper study's GPU hours at the rates measured (the measured models' jobs; the others stay
+# assumed): every scoring and generation file the parts wrote, each of its part's architecture
+for file in "$out"/scoring*.json "$out"/generation*.json; do
+  model=$(case $file in *internvl*) echo internvl3_8b ;; *) echo qwen2_5_vl_3b ;; esac)
+  [ -s "$file" ] && rates+=(--rates "$model=$file")
 done
 if [ ${#rates[@]} -gt 0 ]; then
   "$python" -m ladbench plan --gpus 8 "${rates[@]}" > "$out/plan.txt" 2>&1 || echo "plan: exit $?" >> "$out/gpu.txt"
