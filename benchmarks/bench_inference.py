@@ -800,7 +800,7 @@ def _generation_variant(r: dict, model_dir: str, args: argparse.Namespace, save:
         "ours_token_slots": stats.token_slots, "ours_useful_fraction": stats.useful_fraction(),
         "ours_occupancy": stats.occupancy(), "ours_prefilled_rows_per_row": stats.prefilled_rows / len(rows),
         "ours_prefilled_tokens": stats.prefilled_tokens, "decode_steps": stats.decode_steps,
-        "ours_kv_copies_per_token": stats.kv_copies_per_token(),
+        "ours_kv_copies_per_token": stats.kv_copies_per_token(), **kv_reads("ours", stats),
         # the cache columns of the widest decode step, beside the longest prompt and reply: a
         # stream's cache is as wide as its longest sequence in flight, not wider by a column a step
         "ours_widest_cache": stats.widest_cache, "longest_prompt": longest_prompt(prepared),
@@ -862,6 +862,13 @@ def strided_read_error(runner) -> float | None:
     from ladbench.inference.decode import Slab
     store = runner.decoder.store if runner.decoder is not None else None
     return store.view_read_error if isinstance(store, Slab) else None
+
+
+def kv_reads(name: str, stats) -> dict:
+    """The KV cache positions a run's decode steps read per reply token, and the share of them its
+    sequences hold (``name_...``): with the weights, what a GPU's decode step reads from memory
+    (x the bytes of a position: 36 KB for Qwen2.5-VL-3B in bfloat16)."""
+    return {f"{name}_kv_reads_per_token": stats.kv_reads_per_token(), f"{name}_kv_reads_held": stats.kv_reads_held()}
 
 
 def longest_prompt(prepared) -> int:
@@ -1056,7 +1063,7 @@ def ring_counts(runner, prepared, rows: list[int], tokens: int, device: str, way
            {"graphs_captures": stats.graph_captures, "graphs_capture_failed": getattr(step, "failed", None),
             "graphs_replayed": isinstance(step, GraphedStep) and step.failed is None and step.replay is not None})
     return out, {**own, f"{way}_useful_fraction": stats.useful_fraction(), f"{way}_ring_columns": stats.ring_columns,
-                 f"{way}_s": seconds, f"{way}_kv_copies_per_token": stats.kv_copies_per_token(),
+                 f"{way}_s": seconds, f"{way}_kv_copies_per_token": stats.kv_copies_per_token(), **kv_reads(way, stats),
                  f"{way}_tokens_per_s": tokens / seconds, f"{way}_rows_per_s": len(rows) / seconds,
                  f"{way}_decode_steps": stats.decode_steps, **decode_split(way, seconds, stats, len(rows))}
 
@@ -1214,6 +1221,9 @@ GENERATION_COLUMNS: tuple[tuple[str, Callable[[dict], str]], ...] = (
                f"({r['no_cudnn_same_replies']})"),
     ("KV positions copied per token: ours / static",
      lambda r: f"{r['ours_kv_copies_per_token']:.0f} / {r['static_kv_copies_per_token']:.0f}"),
+    ("KV positions read per token (share held): ours / static shapes",
+     lambda r: f"{r['ours_kv_reads_per_token']:.0f} ({r['ours_kv_reads_held']:.2f}) / "
+               f"{r['static_kv_reads_per_token']:.0f} ({r['static_kv_reads_held']:.2f})"),
     ("widest cache (columns) / longest prompt + reply (ours)",
      lambda r: f"{r['ours_widest_cache']} / {r['longest_prompt'] + max(r['reply_lengths'])}"),
 )

@@ -207,6 +207,9 @@ def test_bench_inference_generation_counts_the_decode_loop_against_generate(tmp_
         # what a replay takes out of a ring step's launches: the forward's layers become one launch
         assert 0 < r["graphs_ops_per_step"] < r["ring_ops_per_step"] / 2
         assert 0 < r["static_kv_copies_per_token"] < r["ours_kv_copies_per_token"]
+        # a ring reads every column of every slot at each step; the slab only its sequences' widest
+        assert 0 < r["static_kv_reads_held"] < r["ours_kv_reads_held"] <= 1
+        assert r["ours_kv_reads_per_token"] < r["static_kv_reads_per_token"] == r["graphs_kv_reads_per_token"]
         # chunks of 4 rows (2 groups), one at a time and through one loop: the same replies, both counted
         # (which takes fewer steps depends on the reply lengths: tests/test_decode.py checks the drain)
         assert r["chunks"] == 2 and r["streamed_same_replies"]

@@ -932,3 +932,33 @@ def test_the_loop_decodes_a_cache_spread_over_two_devices(caplog, static):
     warned = [r.getMessage() for r in caplog.records if "static shapes keep the KV cache on one device" in r.getMessage()]
     assert warned == (["static shapes keep the KV cache on one device, and this model's spans cpu, meta: the slots "
                        "loop decodes it"] if static else [])
+
+
+def test_kv_positions_held_by_hand():
+    """Prompt 5, reply 3 (end token included): two tokens fed, attending 6 and 7 positions; a
+    one-token reply is fed nothing; samples of a row share its prompt."""
+    from ladbench.inference.decode import kv_positions_held
+    assert kv_positions_held([5], [3]) == 6 + 7
+    assert kv_positions_held([5, 2], [[3, 1], [2, 4]]) == (6 + 7) + 0 + 3 + (3 + 4 + 5)
+
+
+@pytest.mark.parametrize("prompt", sorted(VARIANTS))
+def test_kv_reads_counted_against_what_the_sequences_hold(ending, tmp_path, prompt):
+    """What the sequences hold is the same however they decode (the same replies, the same prompts).
+    One sequence in flight (CoT, batch 1, one slot), a step reads exactly that. More in flight, the
+    slab also reads the columns a shorter sequence pads to the longest; the ring (``--decode
+    graphs``, eager on the CPU) reads every column of every slot at every step."""
+    adapter = ending(QWEN_BUILDS[0])
+    runs = {}
+    for decode, batch, slots in (("slots", 1, 1), ("slots", 2, None), ("graphs", 2, None)):
+        out, runner = generated(adapter, tmp_path / f"{decode}{batch}", prompt, decode, batch_size=batch,
+                                decode_slots=slots)
+        runs[decode, batch] = out["text"], runner.decode_stats
+    (alone_text, alone), (slab_text, slab), (ring_text, ring) = runs.values()
+    assert (alone_text == slab_text).all() and (slab_text == ring_text).all()
+    assert alone.kv_positions_held == slab.kv_positions_held == ring.kv_positions_held > 0
+    if prompt == "cot":
+        assert alone.kv_positions_read == alone.kv_positions_held and alone.kv_reads_held() == 1
+    assert slab.kv_positions_held < slab.kv_positions_read < ring.kv_positions_read
+    assert ring.kv_positions_read == ring.decode_steps * ring.slots * ring.ring_columns
+    assert ring.kv_reads_per_token() == ring.kv_positions_read / ring.useful_tokens

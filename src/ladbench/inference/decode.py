@@ -66,6 +66,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
+import numpy as np
 import torch
 
 from ladbench.models import attention, compat
@@ -174,6 +175,11 @@ class DecodeStats:
     # on the padded path the dynamic cache's append (transformers concatenates: the whole cache each
     # step); the token a step computes not counted
     kv_positions_copied: int = 0
+    # KV cache positions the decode steps' attention read: each step, its sequences x the columns it
+    # attends (padding, and a ring's columns no slot holds, included: a dense attention reads them all);
+    # beside what the sequences hold (:func:`kv_positions_held`), the KV traffic a layout wastes
+    kv_positions_read: int = 0
+    kv_positions_held: int = 0
     # seconds of the prefills (vision included), on the device's clock (:class:`PrefillClock`): the
     # part of a run that grows with its rows, the rest with its decode steps (``ladbench plan``
     # prices a study's longer replies from the two apart)
@@ -191,12 +197,39 @@ class DecodeStats:
         weights (x the bytes a position holds: 36 KB for Qwen2.5-VL-3B in bfloat16)."""
         return self.kv_positions_copied / max(self.useful_tokens, 1)
 
+    def kv_reads_per_token(self) -> float:
+        """KV cache positions read per reply token: with the weights, the memory a GPU's decode step
+        reads (x 36 KB a position for Qwen2.5-VL-3B in bfloat16, against about 6 GB of weights a step)."""
+        return self.kv_positions_read / max(self.useful_tokens, 1)
+
+    def kv_reads_held(self) -> float:
+        """The share of the KV positions the decode steps read that their sequences hold (1: no
+        padding, no unheld ring columns; the rest is memory traffic for nothing)."""
+        return self.kv_positions_held / max(self.kv_positions_read, 1)
+
     def add(self, other: "DecodeStats") -> None:
         for name in self.__dataclass_fields__:
             if name not in WIDTHS:
                 setattr(self, name, getattr(self, name) + getattr(other, name))
         for name in WIDTHS:
             setattr(self, name, max(getattr(self, name), getattr(other, name)))
+
+
+def host_lengths(mask: torch.Tensor) -> list[int]:
+    """Each row's tokens in a padding mask [B, T], read where it is made, on the host (RowRunner.prepare);
+    one on the device is read back (a host sync)."""
+    return (mask.numpy() if mask.device.type == "cpu" else mask.cpu().numpy()).sum(1).tolist()
+
+
+def kv_positions_held(prompt_lengths: Any, reply_lengths: Any) -> int:
+    """The KV positions a decode loop's attention must read at the least: a sequence whose prompt
+    holds P tokens and whose reply L (its end token included) is fed its first L - 1 tokens, the
+    k-th attending P + k positions. ``prompt_lengths`` [R] (padding not counted), ``reply_lengths``
+    [R] or [R, S] (S samples of a row share its prompt). :attr:`DecodeStats.kv_positions_read`
+    over this: the share of a step's KV reads that padding or unheld columns cost."""
+    fed = np.maximum(np.asarray(reply_lengths, dtype=np.int64) - 1, 0)
+    prompt = np.asarray(prompt_lengths, dtype=np.int64).reshape(len(fed), *([1] * (fed.ndim - 1)))
+    return int((fed * prompt + fed * (fed + 1) // 2).sum())
 
 
 @dataclass
@@ -510,6 +543,7 @@ class SlotDecoder:
     def prefill(self, inputs: dict[str, torch.Tensor], first_row: int) -> Flight:
         """One prefill of a group of rows (sequence ids: its rows' first samples)."""
         ad = self.adapter
+        self._prompt_lengths.update(enumerate(host_lengths(inputs["attention_mask"]), first_row))
         with self.prefill_clock.span():
             # made on the host with what the prefill would otherwise read back (RowRunner.prepare)
             inputs = ad.to_device(inputs, for_prefill=True)
@@ -546,6 +580,7 @@ class SlotDecoder:
         self._pending, self._parked, self._next_sample, self._rows_seen = iter(groups), None, [], 0
         self._replies: dict[int, list[int]] = {}        # sequence -> its tokens so far (rows in flight)
         self._unended: dict[int, int] = {}              # row in flight -> its samples still decoding
+        self._prompt_lengths: dict[int, int] = {}       # row in flight -> its prompt's tokens
         self._rows_ended: list[int] = []                # rows whose samples have all ended, not yet yielded
         flight = self._fresh(self.slots)                # the first prefill decides ``joinable``
         if flight is not None and self.static and self.joinable:
@@ -575,9 +610,10 @@ class SlotDecoder:
 
     def _sequence_ended(self, seq: int) -> None:
         row = seq // self.samples
+        self.stats.kv_positions_held += kv_positions_held([self._prompt_lengths[row]], [len(self._replies[seq])])
         self._unended[row] -= 1
         if not self._unended[row]:
-            del self._unended[row]
+            del self._unended[row], self._prompt_lengths[row]
             self._rows_ended.append(row)
 
     def _ended_rows(self) -> Iterator[tuple[int, list[list[int]]]]:
@@ -696,6 +732,7 @@ class SlotDecoder:
             flight.seen = flight.seen.scatter(1, fed[:, None], True)
         flight.mask = torch.cat([flight.mask, flight.mask.new_ones(len(keep), 1)], 1)
         self.stats.widest_cache = max(self.stats.widest_cache, flight.mask.shape[1])
+        self.stats.kv_positions_read += len(keep) * flight.mask.shape[1]
         # a joinable cache is full attention only: the padding mask of a one-token query is the whole
         # mask, handed over as such (4-D), so that transformers does not read it back to see if it can skip it
         mask = attention.additive_mask(flight.mask, flight.slab.kv[0][0].dtype) if flight.slab is not None else flight.mask
@@ -717,11 +754,21 @@ def static_compile_options(device: Any) -> dict | None:
     return {"mode": "reduce-overhead", "dynamic": False} if torch.device(device).type == "cuda" else None
 
 
+#: columns a ring keeps beyond its first prompt and the reply limit: the prompts of one job differ
+#: only by their captions' tokens (every image of a study is the same size), and its rows are
+#: prefilled shortest first within a chunk (``RowRunner.grouped_by_length``); a longer one grows the ring
+RING_PROMPT_MARGIN = 64
+#: a ring's columns are whole blocks of this many (fewer distinct shapes, fewer compilations)
+RING_BLOCK = 128
+
+
 def ring_capacity(tokens: int) -> int:
-    """Columns of a ring for sequences of up to ``tokens`` tokens (prompt and reply): a quarter
-    more, so that later prompts a little longer than the first fit, in whole blocks of 256 (fewer
-    distinct shapes, fewer compilations)."""
-    return 256 * math.ceil(1.25 * tokens / 256)
+    """Columns of a ring for sequences of up to ``tokens`` tokens (prompt and reply). Every step
+    attends every column of every slot (a dense attention over a static shape), so a column held
+    for nothing is read for nothing at each step: the margin is for the prompts, not a share of
+    the whole (until 2026-11-28 a quarter more: 3,840 columns for CoT's 1,900-token prompts and
+    1,024-token replies where 3,072 now hold them)."""
+    return RING_BLOCK * math.ceil((tokens + RING_PROMPT_MARGIN) / RING_BLOCK)
 
 
 class Ring:
@@ -866,6 +913,7 @@ class Ring:
             # logits were drawn from above), so this replay may reuse their memory
             torch.compiler.cudagraph_mark_step_begin()
         self.logits = self.forward(fed, length, self.positions)
+        d.stats.kv_positions_read += self.slots * self.capacity            # every slot, every column
         self.length = length + 1
         self.positions = self.positions + 1
         self.steps = self.steps + 1
