@@ -867,7 +867,10 @@ def strided_read_error(runner) -> float | None:
 def kv_reads(name: str, stats) -> dict:
     """The KV cache positions a run's decode steps read per reply token, and the share of them its
     sequences hold (``name_...``): with the weights, what a GPU's decode step reads from memory
-    (x the bytes of a position: 36 KB for Qwen2.5-VL-3B in bfloat16)."""
+    (x the bytes of a position: 36 KB for Qwen2.5-VL-3B in bfloat16). An older checkout (--baseline-src,
+    PYTHONPATH) before 2026-11-28 did not count them: none."""
+    if not hasattr(stats, "kv_reads_per_token"):
+        return {}
     return {f"{name}_kv_reads_per_token": stats.kv_reads_per_token(), f"{name}_kv_reads_held": stats.kv_reads_held()}
 
 
