@@ -950,12 +950,9 @@ def test_kv_reads_counted_against_what_the_sequences_hold(ending, tmp_path, prom
     differ in length); the ring (``--decode graphs``, eager on the CPU) reads every column of every
     slot at every step, more."""
     adapter = ending(QWEN_BUILDS[0])
-    runs = {}
-    for decode, batch, slots in (("slots", 1, 1), ("slots", 2, None), ("graphs", 2, None)):
-        out, runner = generated(adapter, tmp_path / f"{decode}{batch}", prompt, decode, batch_size=batch,
-                                decode_slots=slots)
-        runs[decode, batch] = out["text"], runner.decode_stats
-    (alone_text, alone), (slab_text, slab), (ring_text, ring) = runs.values()
+    runs = [generated(adapter, tmp_path / f"{decode}{batch}", prompt, decode, batch_size=batch, decode_slots=slots)
+            for decode, batch, slots in (("slots", 1, 1), ("slots", 2, None), ("graphs", 2, None))]
+    (alone_text, alone), (slab_text, slab), (ring_text, ring) = [(out["text"], runner.decode_stats) for out, runner in runs]
     assert (alone_text == slab_text).all() and (slab_text == ring_text).all()
     assert alone.kv_positions_held == slab.kv_positions_held == ring.kv_positions_held > 0
     if prompt == "cot":
