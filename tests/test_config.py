@@ -235,6 +235,31 @@ def test_the_workflow_stops_at_start_up_naming_the_key(tmp_path):
     assert "study.yaml: evaluation.methods[1]: 'bogus' is not one of" in result.stdout + result.stderr
 
 
+
+def test_a_snakemake_start_imports_no_torch(tmp_path):
+    """Snakemake reads the Snakefile, the config and its schema at every start: a dry run, and
+    each job of a SLURM run, which runs a Snakemake of its own. The schema is filled from the
+    settings carriers, the organism's among them; none of that may import torch or transformers
+    (2026-11-28: the organism's settings came with its training's torch, 2.3 s of a 5 s dry run
+    on this machine, paid again by every SLURM job)."""
+    import json
+    import subprocess
+    import sys
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    from workflow_runner import FULL_DEMO_CONFIG, environment, snakemake_command
+    command = snakemake_command(tmp_path, "--dry-run", "--cores", "1", configfile=FULL_DEMO_CONFIG)
+    modules = tmp_path / "modules.json"           # what the process had imported when it ended
+    script = ("import atexit, json, runpy, sys; path = sys.argv.pop(1); atexit.register(lambda: open(path, 'w')"
+              ".write(json.dumps(sorted(sys.modules)))); sys.argv[0] = 'snakemake'; runpy.run_module('snakemake', "
+              "run_name='__main__')")
+    result = subprocess.run([sys.executable, "-c", script, str(modules), *command[1:]], capture_output=True,
+                            text=True, env=environment(), timeout=300)
+    assert "train_organism" in result.stdout, result.stderr[-2000:]                   # the dry run planned it
+    imported = set(json.loads(modules.read_text()))
+    assert "ladbench.organism_settings" in imported                             # the schema's carriers were read
+    assert not {name.split(".")[0] for name in imported} & {"torch", "transformers"}
+
 def test_reproduce_reference_sets_every_protocol_choice(tmp_path):
     from ladbench.config import REFERENCE_PROTOCOL
     config = yaml.safe_load(open(DEMO))

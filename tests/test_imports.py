@@ -151,7 +151,7 @@ FLOORS = {
                      "ladbench.inference.devices", "ladbench.inference.cache", "ladbench.inference.merge",
                      "ladbench.models.attention", "ladbench.models.compat", "ladbench.models.kernels",
                      "ladbench.models.rotary", "ladbench.models.vision", "ladbench.models.tiny_ov15",
-                     "ladbench.report.render", "ladbench.study_paths", "ladbench.records"), 1),
+                     "ladbench.report.render", "ladbench.study_paths", "ladbench.records", "ladbench.organism_settings"), 1),
     # 2, what the stages are made of: models (adapters, tiny builds), methods, prompt variants,
     # benchmarks, features, the arrays of a cache and the checks of inputs
     **dict.fromkeys(("ladbench.models", "ladbench.methods", "ladbench.variants", "ladbench.benchmark",
