@@ -186,6 +186,7 @@ def test_organism_seeds_sweeps_the_demo_recipe_with_changes_the_schema_checks(tm
 
 
 def test_bench_inference_generation_counts_the_decode_loop_against_generate(tmp_path):
+    from ladbench.models import compat
     out = run_script("bench_inference.py", "--generation", "--n", "4", "--image-size", "56", "--threads", "1",
                      "--gen-rows", "8", "--gen-batch", "2", "--gen-samples", "2", "--gen-max-new-tokens", "8",
                      "--gen-chunk", "4", "--gen-slots", "6", "--json", str(tmp_path / "raw.json"))
@@ -195,8 +196,10 @@ def test_bench_inference_generation_counts_the_decode_loop_against_generate(tmp_
         assert r["same_replies"] and r["syncs_per_step_max"] <= 1 and r["ours_prefilled_rows_per_row"] == 1
         assert 0 < r["non_view_ops_per_step"] < r["aten_ops_per_step"]
         # a prefill reads back at most the grids the batched tower keeps on the host (its plans made
-        # by the timed runs before: tests/test_decode.py counts a first prefill's apart)
-        assert r["syncs_per_later_prefill_max"] <= 1 and r["syncs_first_prefill"] <= 1
+        # by the timed runs before: tests/test_decode.py counts a first prefill's apart); the current
+        # lane runs transformers' own tower, which reads its grids back itself
+        if compat.batched_vision_supported():
+            assert r["syncs_per_later_prefill_max"] <= 1 and r["syncs_first_prefill"] <= 1
         assert r["ours_useful_fraction"] == r["useful_tokens"] / r["ours_token_slots"] >= 0.9
         assert r["plain_useful_fraction"] <= r["ours_useful_fraction"]
         assert r["static_same_replies"] and r["static_ring_columns"] > 0 and r["static_tokens_per_s"] > 0
