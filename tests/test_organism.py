@@ -305,3 +305,17 @@ def test_model_kind_is_read_from_the_folders_metadata(tmp_path):
     assert model_kind(organism) == TINY_ORGANISM
     assert model_kind(random_model) == TINY_RANDOM
     assert model_kind(str(tmp_path)) == PRETRAINED
+
+
+def test_the_rule_retrains_when_the_training_code_or_its_defaults_change(tmp_path):
+    """train_organism hands over only the keys the config gives; the others are OrganismSettings'
+    defaults, so the module that states them is an input of the rule beside the training's code:
+    a default changed there retrains the organism, as a change of the training does."""
+    from importlib.util import find_spec
+    from workflow_runner import FULL_DEMO_CONFIG, snakemake
+
+    planned = snakemake(tmp_path, "--dry-run", configfile=FULL_DEMO_CONFIG).split("rule train_organism:")[1]
+    line = next(line for line in planned.splitlines() if line.strip().startswith("input:"))
+    inputs = {os.path.realpath(path.strip().removesuffix("(cached)").strip()) for path in line.split(":", 1)[1].split(",")}
+    modules = {os.path.realpath(find_spec(name).origin) for name in ("ladbench.organism", "ladbench.organism_settings")}
+    assert modules <= inputs, inputs

@@ -9,6 +9,8 @@ rule train_organism:
         directory(study.tiny_model_dir("{model}")),
     input:
         code=workflow.source_path("../../src/ladbench/organism.py"),
+        # the settings' defaults: what the config leaves out (organism_flags hands over only its keys)
+        settings=workflow.source_path("../../src/ladbench/organism_settings.py"),
     params:
         options=study.organism_flags,
     wildcard_constraints:
