@@ -18,6 +18,18 @@ for _variable in ("MPLCONFIGDIR", "XDG_CACHE_HOME", "XDG_CONFIG_HOME"):
     os.environ[_variable] = session_folder(f"ladbench-{_variable.lower()}-")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+# Under pytest-xdist (`make test`: one worker per core) each worker's torch and BLAS would
+# start one thread per core, so the machine ran twice as many busy threads as it has cores,
+# spinning while they waited for one another (tests/test_decode.py on the current lane, two
+# workers on two cores: 282 s, and 55 s with a core each). Each worker gets its share of the
+# cores; the processes it starts inherit it (a Snakemake job gets its rule's `threads`
+# instead). A value the caller set wins.
+_workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _workers > 1:
+    _share = str(max(1, len(os.sched_getaffinity(0)) // _workers))
+    for _variable in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(_variable, _share)
+
 # Tiny-model fixtures (built once per session), shared by the model and inference tests.
 from conftest_models import auto_adapter, hf_offline, tiny_adapter, tiny_arch_model, tiny_model  # noqa: E402,F401
 
