@@ -64,3 +64,16 @@ LONGEST_FIRST = ("test_organism.py", "test_slurm.py", "test_shards.py", "test_sa
 def pytest_collection_modifyitems(items: list) -> None:
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
+
+
+def pytest_itemcollected(item) -> None:          # (before `-m lanes` selects among the items)
+    """``@pytest.mark.current_lane(reason)``: a test of the current lane only is skipped elsewhere
+    and marked ``lanes``, so that `make test-current` runs it. (A skip on the paper lane alone ran
+    it nowhere: ten tests of windowed layers and family auto's refusals, until 2026-11-29.)"""
+    from ladbench.models import compat
+    mark = item.get_closest_marker("current_lane")
+    if mark is None:
+        return
+    item.add_marker(pytest.mark.lanes)
+    if not compat.on_current_lane():
+        item.add_marker(pytest.mark.skip(reason=mark.args[0] if mark.args else "runs on the current lane only"))

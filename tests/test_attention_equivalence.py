@@ -10,7 +10,6 @@ import torch
 from conftest_models import FAMILIES, TINY_IMAGE_SIZE, make_demo_benchmark
 from ladbench.benchmark import load_benchmark
 from ladbench.data.coco import load_image_table
-from ladbench.models import compat
 from ladbench.models.attention import sofa_attention_bias, sofa_layers
 from ladbench.inference.cache import plan_rows
 from ladbench.inference.runner import InferenceSettings, RowRunner, image_paths
@@ -100,7 +99,7 @@ def test_sofa_sigma_zero_is_vanilla_and_sigma_positive_changes_scores(family, ti
     assert np.abs(on["scores"] - vanilla["scores"]).max() > 1e-3
 
 
-@pytest.mark.skipif(not compat.on_current_lane(), reason="position biases and sinks reach the kernel in transformers 5.x")
+@pytest.mark.current_lane("position biases and sinks reach the kernel in transformers 5.x")
 def test_attention_sinks_and_position_bias_by_hand():
     """A call with a position bias and per-query sinks (Inkling 2): the kernel's output is
     softmax([q.k * scale + bias + mask, sink])[..., :-1] @ V, written out here, and the captured

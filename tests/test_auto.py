@@ -16,8 +16,7 @@ import torch
 from conftest_models import TINY_IMAGE_SIZE, demo_runner, make_demo_benchmark
 from ladbench.models import compat
 
-pytestmark = [pytest.mark.slow, pytest.mark.lanes,
-              pytest.mark.skipif(not compat.on_current_lane(), reason="family auto runs on the current lane")]
+pytestmark = [pytest.mark.slow, pytest.mark.current_lane("family auto runs on the current lane")]
 
 if compat.on_current_lane():
     from ladbench.models.tiny_archs import BUILDS, FAMILY_BUILDS_AUTO_RUNS

@@ -233,28 +233,77 @@ def test_the_workflow_stops_at_start_up_naming_the_key(tmp_path):
     assert "study.yaml: evaluation.methods[1]: 'bogus' is not one of" in result.stdout + result.stderr
 
 
-def test_a_snakemake_start_imports_no_torch(tmp_path):
-    """Snakemake reads the Snakefile, the config and its schema at every start: a dry run, and
-    each job of a SLURM run, which runs a Snakemake of its own. The schema is filled from the
-    settings carriers, the organism's among them; none of that may import torch or transformers
-    (2026-11-28: the organism's settings came with its training's torch, which made the demo's
-    dry run 5.0 s where it now takes 2.3 s, paid twice again by every SLURM job)."""
+def snakemake_start(workdir) -> tuple[str, set[str]]:
+    """A dry run of this workflow on the demo's config in ``workdir``: its output, and the modules
+    its process had imported when it ended."""
     import json
     import subprocess
     import sys
 
     from workflow_runner import FULL_DEMO_CONFIG, environment, snakemake_command
-    command = snakemake_command(tmp_path, "--dry-run", "--cores", "1", configfile=FULL_DEMO_CONFIG)
-    modules = tmp_path / "modules.json"           # what the process had imported when it ended
+    command = snakemake_command(workdir, "--dry-run", "--cores", "1", configfile=FULL_DEMO_CONFIG)
+    modules = workdir / "modules.json"
     script = ("import atexit, json, runpy, sys; path = sys.argv.pop(1); atexit.register(lambda: open(path, 'w')"
               ".write(json.dumps(sorted(sys.modules)))); sys.argv[0] = 'snakemake'; runpy.run_module('snakemake', "
               "run_name='__main__')")
     result = subprocess.run([sys.executable, "-c", script, str(modules), *command[1:]], capture_output=True,
                             text=True, env=environment(), timeout=300)
-    assert "train_organism" in result.stdout, result.stderr[-2000:]                   # the dry run planned it
-    imported = set(json.loads(modules.read_text()))
+    return result.stdout + result.stderr, set(json.loads(modules.read_text()))
+
+
+def test_a_snakemake_start_imports_no_torch(tmp_path, tiny_model):
+    """Snakemake reads the Snakefile, the config and its schema at every start: a dry run, and
+    each job of a SLURM run, which runs a Snakemake of its own. The schema is filled from the
+    settings carriers, the organism's among them; none of that may import torch or transformers
+    (2026-11-28: the organism's settings came with its training's torch, which made the demo's
+    dry run 5.0 s where it now takes 2.3 s, paid twice again by every SLURM job). Nor may the
+    start-up checks of the models' config.json once the models are built: their windows are read
+    from the file where it settles them (until 2026-11-29 each start after the demo's models were
+    built imported transformers for them, 5 s more)."""
+    import shutil
+
+    from ladbench.study_paths import StudyPaths
+    from workflow_runner import FULL_DEMO_CONFIG
+
+    def torch_free(modules: set[str]) -> bool:
+        return not {name.split(".")[0] for name in modules} & {"torch", "transformers"}
+    output, imported = snakemake_start(tmp_path)
+    assert "train_organism" in output, output[-3000:]                            # it planned the DAG
     assert "ladbench.organism_settings" in imported                             # the schema's carriers were read
-    assert not {name.split(".")[0] for name in imported} & {"torch", "transformers"}
+    assert torch_free(imported)
+    config = load_config(FULL_DEMO_CONFIG)
+    files = [tmp_path / StudyPaths(config).model_dir(name) / "config.json" for name in config["models"]]
+    for file in files:
+        file.parent.mkdir(parents=True)
+        file.write_text("{")
+    output, _ = snakemake_start(tmp_path)                  # the start reads the demo's models' files there
+    assert "its config.json cannot be read" in output, output[-3000:]
+    built = tiny_model("qwen2_5_vl")              # the demo's models as demo_model builds them: config.json
+    for file in files:
+        shutil.copy(f"{built}/config.json", file)
+    output, imported = snakemake_start(tmp_path)
+    assert "train_organism" in output, output[-3000:]
+    assert torch_free(imported)
+
+
+def test_a_cluster_jobs_snakemake_leaves_the_model_checks_to_its_run(tmp_path):
+    """A SLURM job runs two Snakemakes of its own (``--mode remote``, its one job targeted): the
+    run that submitted it checked the models' files at its start, so they skip that. Here a
+    model's config.json that cannot be read stops the run's start, naming it, and not a job's."""
+    import subprocess
+
+    from workflow_runner import FULL_DEMO_CONFIG, environment, snakemake_command
+    file = tmp_path / "results" / "demo" / "models" / "tiny_qwen2_5_vl" / "config.json"
+    file.parent.mkdir(parents=True)
+    file.write_text("{")
+
+    def dry_run(*args: str) -> subprocess.CompletedProcess:
+        command = snakemake_command(tmp_path, "--dry-run", "--cores", "1", *args, configfile=FULL_DEMO_CONFIG)
+        return subprocess.run(command, capture_output=True, text=True, env=environment(), timeout=300)
+    run = dry_run()
+    assert run.returncode != 0 and "models.tiny_qwen2_5_vl: its config.json cannot be read" in run.stdout + run.stderr
+    job = dry_run("--mode", "remote", "--target-jobs", "demo_scenes:dataset=scenes", "--allowed-rules", "demo_scenes")
+    assert job.returncode == 0 and "demo_scenes" in job.stdout, job.stdout[-2000:] + job.stderr[-2000:]
 
 
 def test_reproduce_reference_sets_every_protocol_choice(tmp_path):

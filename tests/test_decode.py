@@ -692,7 +692,7 @@ def test_the_static_step_compiles_as_one_graph_and_replies_stay_equal(ending, ti
         assert (again[key] == old[key][:4]).all(), key
 
 
-@pytest.mark.skipif(not compat.on_current_lane(), reason="family auto's architectures run on the current lane")
+@pytest.mark.current_lane("family auto's architectures run on the current lane")
 def test_a_cache_transformers_repeats_only_in_part_sends_self_consistency_through_generate(auto_adapter, tmp_path):
     """Unlimited-OCR's cache layers keep the prompt's keys beside their window, which transformers'
     generic repeat leaves at the prompt's batch: the loop finds it when it repeats the cache for the

@@ -71,3 +71,23 @@ def test_the_pin_check_can_fail():
     assert pins(["torch==2.14.1"]) != pins(["torch==2.14.0"])
     with pytest.raises(AssertionError):
         pins(["pillow"])
+
+
+def test_a_test_of_the_current_lane_only_runs_in_make_test_current(tmp_path):
+    """`make test-current` selects the tests marked ``lanes``; a test skipped off the current lane
+    by a skipif of its own, without that mark, ran on neither lane (ten tests of windowed layers
+    and family auto's refusals, until 2026-11-29). Such a test carries ``current_lane(reason)``,
+    from which tests/conftest.py makes both the skip and the mark: `make test-current`'s selection
+    holds those tests, and no test file skips by the lane any other way."""
+    import re
+    import subprocess
+    import sys
+    by_hand = re.compile(r"skipif\(\s*not\s+(compat\.)?on_current_lane\(\)")
+    assert [p.name for p in sorted((ROOT / "tests").glob("*.py")) if by_hand.search(p.read_text())] == []
+    result = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                             "-m", "lanes and not slurm", "tests/test_windows.py", "tests/test_hub_checks.py"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=300)
+    selected = result.stdout
+    assert "test_windows.py::test_a_mistral_text_model_windowed_on_every_layer" in selected, result.stdout[-2000:]
+    assert "test_hub_checks.py::test_a_refused_architecture_on_the_hub_is_refused_before_any_job" in selected
+    assert "test_windows.py::test_gemma3_layers_are_five_windowed_to_one_global" not in selected   # lane-free: not marked

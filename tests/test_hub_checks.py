@@ -11,11 +11,10 @@ import pytest
 from ladbench import model_checks
 from ladbench.cli import main
 from ladbench.config import ConfigError
-from ladbench.models import compat
 from test_inputs import refused
 from test_user_errors import demo_config
 
-current_lane = pytest.mark.skipif(not compat.on_current_lane(), reason="family auto runs on the current lane")
+current_lane = pytest.mark.current_lane("family auto runs on the current lane")
 LAD = {"top_k": 2, "k_beyond_range": "lower", "windowed_layers": "refuse", "layers_beyond_depth": "clip"}
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 

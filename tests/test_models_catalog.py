@@ -15,7 +15,7 @@ from ladbench.models import compat
 ROOT = Path(__file__).resolve().parents[1]
 PROXIES = ROOT / "benchmarks" / "results" / "auto-architectures.json"
 pytestmark = pytest.mark.lanes
-current_lane = pytest.mark.skipif(not compat.on_current_lane(), reason="family auto runs on the current lane")
+current_lane = pytest.mark.current_lane("family auto runs on the current lane")
 
 
 @current_lane

@@ -89,7 +89,7 @@ def test_llava_onevision_multi_image_prompts_are_not_tiled(tiny_adapter):
         (1, 1 + per_image), (1 + per_image, 1 + 2 * per_image), (2 + 2 * per_image, 2 + 3 * per_image)]
 
 
-@pytest.mark.skipif(not compat.on_current_lane(), reason="current-lane start-up check")
+@pytest.mark.current_lane("current-lane start-up check")
 def test_ov15_refuses_the_current_lane_in_one_line(tmp_path):
     with pytest.raises(LaneError, match=r"^model family 'llava_ov15' runs only on the paper lane[^\n]*\.venv \(make install\)$"):
         load_adapter("llava_ov15", str(tmp_path / "never-read"), device="cpu", trust_remote_code=True)
@@ -207,7 +207,7 @@ def test_a_compiled_tower_asked_for_where_there_is_none_says_so_in_one_line(fami
     assert vision.compiled_towers(adapter.model) == 0
 
 
-@pytest.mark.skipif(not compat.on_current_lane(), reason="current-lane fallback")
+@pytest.mark.current_lane("current-lane fallback")
 def test_current_lane_runs_the_native_vision_tower(tiny_adapter):
     adapter = tiny_adapter("qwen2_5_vl")
     assert adapter.vision == "native" and "forward" not in vars(adapter.model.model.visual)
@@ -222,7 +222,7 @@ def test_native_vision_tower_stays_selectable(tiny_model):
         load_adapter("qwen2_5_vl", tiny_model("qwen2_5_vl"), device="cpu", vision="fast")
 
 
-@pytest.mark.skipif(not compat.on_current_lane(), reason="family auto runs on the current lane")
+@pytest.mark.current_lane("family auto runs on the current lane")
 def test_demo_model_builds_an_architecture_that_infer_runs_offline(hf_offline, tmp_path, capsys):
     """The README's "run your own model": ``demo-model --architecture`` builds a tested
     architecture's tiny model, and ``ladbench infer`` runs it through family auto into a cache."""

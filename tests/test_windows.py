@@ -5,6 +5,7 @@ window from config.json (ladbench.windows) and from the capture (the cache's
 layers, an architecture family auto refuses, and a folder without a chat template."""
 from __future__ import annotations
 
+import copy
 import io
 import json
 import shutil
@@ -16,12 +17,11 @@ from conftest_models import TINY_IMAGE_SIZE, make_demo_benchmark
 from ladbench.cli import main
 from ladbench.config import ConfigError
 from ladbench.methods import LadSettings, select_layers, selection_warnings
-from ladbench.models import compat
 from ladbench.windows import compact, layer_windows
 from test_inputs import refused
 from test_user_errors import demo_config
 
-current_lane = pytest.mark.skipif(not compat.on_current_lane(), reason="family auto runs on the current lane")
+current_lane = pytest.mark.current_lane("family auto runs on the current lane")
 
 #: google/gemma-3-4b-it's text config, as its published config.json states it (docs/method.md)
 GEMMA3_4B = {"model_type": "gemma3", "text_config": {"model_type": "gemma3_text", "num_hidden_layers": 34,
@@ -43,6 +43,45 @@ def test_window_per_layer_from_layer_types_and_none_when_switched_off():
     assert layer_windows({"num_hidden_layers": 2, "sliding_window": None}) == [0, 0]
     assert layer_windows({"num_hidden_layers": 2, "sliding_window": 16}) == [16, 16]     # Mistral: every layer
     assert compact([20, 21, 22, 24, 30, 31]) == "20-22, 24, 30-31"
+
+
+@pytest.mark.lanes
+def test_where_the_file_settles_the_windows_its_config_class_agrees(monkeypatch):
+    """Where config.json alone says no layer has a window, the start-up checks read it without
+    transformers (whose import brings torch: 5 s at every Snakemake start). For every architecture
+    the installed transformers knows, its default config as its file would say it, and that file with
+    windows switched off, the window given as none, or every layer's type given as full attention:
+    wherever the file settles the windows, its class gives the same. (A window given as none does
+    not settle them: transformers 5.23's dots3_note sets its own, 512, in its place.)"""
+    from transformers import AutoConfig
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    from ladbench import windows
+
+    def with_the_class(file: dict) -> list[int]:
+        monkeypatch.setattr(windows, "_settled_by_the_file", lambda text: False)
+        try:
+            return layer_windows(file)
+        finally:
+            monkeypatch.undo()
+    settled, differ = 0, []
+    for model_type in sorted(CONFIG_MAPPING_NAMES):
+        try:
+            default = AutoConfig.for_model(model_type).to_dict()
+        except Exception:                   # noqa: BLE001 (a type that needs arguments, or remote code)
+            continue
+        depth = windows.text_config(default).get("num_hidden_layers")
+        if not isinstance(depth, int):
+            continue
+        for change in ({}, {"use_sliding_window": False}, {"sliding_window": None},
+                       {"layer_types": ["full_attention"] * depth}):
+            file = copy.deepcopy(default)
+            windows.text_config(file).update(change)
+            if windows._settled_by_the_file(windows.text_config(file)):
+                settled += 1
+                if layer_windows(file) != with_the_class(file):
+                    differ.append((model_type, change))
+    assert differ == [] and settled > 100, (differ, settled)
 
 
 def test_the_selection_never_takes_a_windowed_layer():

@@ -1,5 +1,5 @@
-"""Sliding-window attention, read from a model's ``config.json`` without loading it (torch-free:
-the workflow's start-up checks use it too), and the layers LAD may read because of it.
+"""Sliding-window attention, read from a model's ``config.json`` without loading it (the
+workflow's start-up checks use it too), and the layers LAD may read because of it.
 
 A decoder layer with a sliding window of ``w`` tokens lets the last query see only the last
 ``w`` keys: in a prompt longer than that, the first images lie partly or wholly outside it and
@@ -15,7 +15,9 @@ The window of each layer comes from the text config: ``layer_types`` (``sliding_
 / ``full_attention``, transformers 5.x) with ``sliding_window``; else Gemma 3's older
 ``sliding_window_pattern`` (every p-th layer global); else ``sliding_window`` on every layer
 unless ``use_sliding_window`` is false (Qwen2). transformers' config class fills what the file
-omits (Mistral's default window 4,096) where the installed transformers knows the architecture.
+omits (Mistral's default window 4,096) where the installed transformers knows the architecture;
+it is not asked where the file alone says that no layer has a window (the demo's models, Qwen2's
+``use_sliding_window: false``), since importing it imports torch, seconds at every start.
 """
 from __future__ import annotations
 
@@ -60,18 +62,32 @@ def layer_windows(config: Mapping[str, Any]) -> list[int]:
 
 def _with_class_defaults(text: Mapping[str, Any]) -> Mapping[str, Any]:
     """``text`` with what transformers' config class of its model type adds (a window the file
-    omits, ``layer_types`` computed from older keys); the file alone where the installed
-    transformers does not know the type."""
+    omits, ``layer_types`` computed from older keys); the file alone where it settles every
+    layer's window itself, or where the installed transformers does not know the type."""
     model_type = text.get("model_type")
-    if not model_type:
+    if not model_type or _settled_by_the_file(text):
         return text
+    keys = ("num_hidden_layers", "sliding_window", "layer_types", "sliding_window_pattern", "use_sliding_window")
     try:
         from transformers import AutoConfig
         resolved = AutoConfig.for_model(model_type, **{k: v for k, v in text.items() if k != "model_type"})
+        # (a per-layer config refuses a global read of its window with an error of its own)
+        return {**text, **{key: getattr(resolved, key) for key in keys if hasattr(resolved, key)}}
     except Exception:                  # noqa: BLE001 (an unknown type or an older lane: the file as written)
         return text
-    keys = ("num_hidden_layers", "sliding_window", "layer_types", "sliding_window_pattern", "use_sliding_window")
-    return {**text, **{key: getattr(resolved, key) for key in keys if hasattr(resolved, key)}}
+
+
+def _settled_by_the_file(text: Mapping[str, Any]) -> bool:
+    """Whether ``text`` alone says that no layer has a window, whatever its config class would
+    add: the depth given, and windows switched off or ``layer_types`` given without a windowed
+    layer. (A window given as none is not enough: a class may set its own in its place.) Then
+    transformers, and torch with it, need not be imported: about 5 s that every Snakemake start
+    would pay, each SLURM job's two included."""
+    if "num_hidden_layers" not in text:
+        return False
+    types = text.get("layer_types")
+    return text.get("use_sliding_window") is False or (bool(types) and not any(kind in SLIDING_LAYER_TYPES
+                                                                                 for kind in types))
 
 
 def windowed(windows: Sequence[int]) -> list[int]:

@@ -76,16 +76,20 @@ def _unmarked(path: str, **_: Any) -> str:
 
 
 def start(config: dict, config_files: Sequence[str], schema_path: str,
-          report: Callable[..., Any] = _unmarked) -> tuple[Study, list[str]]:
+          report: Callable[..., Any] = _unmarked, in_job: bool = False) -> tuple[Study, list[str]]:
     """Everything knowable at start-up, checked before any job runs: each config file (duplicate
     keys, with their line), every value against the schema (defaults filled into ``config``),
     the names that refer to each other and what the config names on this machine (model
     folders, offline caches). Returns the study (``report``: Snakemake's ``report()``) and the
-    warnings to print; raises ConfigError."""
+    warnings to print; raises ConfigError. ``in_job``: the Snakemake of one job (a cluster
+    job's), whose run already checked everything: the values are filled, the models' files are
+    not read again."""
     source = config_source(config_files)
     for path in config_files:
         read_yaml(path)
     validate_config(config, load_schema(schema_path), source=source)
+    if in_job:
+        return Study(config, report), []
     check_environment(config, source=source)
     warnings = startup_warnings(config) + check_models(config, source)      # each model's config.json, if here
     return Study(config, report), [f"{source}: {warning}" for warning in warnings]
