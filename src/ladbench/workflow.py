@@ -82,15 +82,15 @@ def start(config: dict, config_files: Sequence[str], schema_path: str,
     the names that refer to each other and what the config names on this machine (model
     folders, offline caches). Returns the study (``report``: Snakemake's ``report()``) and the
     warnings to print; raises ConfigError. ``in_job``: the Snakemake of one job (a cluster
-    job's), whose run already checked everything: the values are filled, the models' files are
-    not read again."""
+    job's): what the config names is checked again on its machine, which may not be its run's,
+    but not the models' files, which its run checked (and warned of) at its start."""
     source = config_source(config_files)
     for path in config_files:
         read_yaml(path)
     validate_config(config, load_schema(schema_path), source=source)
+    check_environment(config, source=source)
     if in_job:
         return Study(config, report), []
-    check_environment(config, source=source)
     warnings = startup_warnings(config) + check_models(config, source)      # each model's config.json, if here
     return Study(config, report), [f"{source}: {warning}" for warning in warnings]
 

@@ -7,7 +7,7 @@ from ladbench.atomic import LockedError, lock_output_dir
 from ladbench.config import ConfigError
 from ladbench.workflow import flags, name_pattern, output_folder, start, start_run
 
-# A cluster job's Snakemake (two per SLURM job) skips the checks its run made at its start.
+# A cluster job's Snakemake (two per SLURM job) skips the model checks its run made at its start.
 _in_job = workflow.remote_exec or workflow.subprocess_exec
 try:
     study, _warnings = start(
