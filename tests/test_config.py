@@ -292,8 +292,9 @@ def test_a_cluster_jobs_snakemake_leaves_the_model_checks_to_its_run(tmp_path):
     model's config.json that cannot be read stops the run's start, naming it, and not a job's."""
     import subprocess
 
+    from ladbench.study_paths import StudyPaths
     from workflow_runner import FULL_DEMO_CONFIG, environment, snakemake_command
-    file = tmp_path / "results" / "demo" / "models" / "tiny_qwen2_5_vl" / "config.json"
+    file = tmp_path / StudyPaths(load_config(FULL_DEMO_CONFIG)).model_dir("tiny_qwen2_5_vl") / "config.json"
     file.parent.mkdir(parents=True)
     file.write_text("{")
 

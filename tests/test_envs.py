@@ -73,7 +73,7 @@ def test_the_pin_check_can_fail():
         pins(["pillow"])
 
 
-def test_a_test_of_the_current_lane_only_runs_in_make_test_current(tmp_path):
+def test_a_test_of_the_current_lane_only_runs_in_make_test_current():
     """`make test-current` selects the tests marked ``lanes``; a test skipped off the current lane
     by a skipif of its own, without that mark, ran on neither lane (ten tests of windowed layers
     and family auto's refusals, until 2026-11-29). Such a test carries ``current_lane(reason)``,
