@@ -24,6 +24,10 @@ def test_mean_pairwise_spearman_by_hand():
     # three orderings: pairs (0,1) = 1, (0,2) = -1, (1,2) = -1 -> mean -1/3
     three = np.array([[[1, 2, 3], [10, 20, 30], [3, 2, 1]]], dtype=float)
     np.testing.assert_allclose(mean_pairwise_spearman(three), [-1 / 3])
+    # N = 2: centred ranks (-1/2, 1/2), norms sqrt(1/2): still a defined pair
+    np.testing.assert_allclose(mean_pairwise_spearman(np.array([[[1, 2], [2, 1]], [[1, 2], [5, 7]]], dtype=float)), [-1, 1])
+    with pytest.raises(ValueError, match="T >= 2 orderings"):
+        mean_pairwise_spearman(np.zeros((2, 1, 3)))
 
 
 def test_spearman_handles_ties_with_average_ranks():
@@ -90,13 +94,34 @@ def test_divergence_summary_from_raw_attention_layers():
     via_attn = divergence_summary(scores, order, attn=attn, n_boot=0, settings=LadSettings(top_k=2, layer_range=(1, 4)))
     assert direct["rho_attention"] == via_attn["rho_attention"]
     assert via_attn["attention"]["ci_low"] is None
+    assert (direct["attention_evidence"], via_attn["attention_evidence"]) == ("given", "raw")
     prior = rng.random(size=(5, 4)) + 0.1
     purified = divergence_summary(scores, order, attn=attn, attn_prior=prior, n_boot=0, settings=LadSettings(top_k=2, layer_range=(1, 4)))
     expected = divergence_summary(scores, order, n_boot=0, attn_evidence=purified_attention(
         attn, prior, LadSettings(top_k=2, layer_range=(1, 4))))
-    assert purified["rho_attention"] == expected["rho_attention"]
+    assert purified["rho_attention"] == expected["rho_attention"] and purified["attention_evidence"] == "purified"
     with pytest.raises(ValueError, match="needs attn_evidence"):
         divergence_summary(scores, order)
+
+
+def test_the_paired_difference_and_each_summary_by_hand():
+    """attention - logits is taken instance by instance (a paired difference), and each summary
+    is the mean, the sample std (ddof = 1) and the bootstrap interval of its defined instances."""
+    order = np.tile(np.arange(3), (3, 2, 1))                    # the identity ordering: positions are identities
+    scores = np.array([[[1, 2, 3], [3, 2, 1]], [[1, 2, 3], [1, 3, 2]], [[1, 2, 3], [1, 2, 3]]], dtype=float)
+    attention = scores[[2, 2, 1]]                               # rho: logits -1, 0.5, 1; attention 1, 1, 0.5
+    result = divergence_summary(scores, order, attn_evidence=attention, n_boot=0)
+    np.testing.assert_allclose(result["rho_logits"], [-1.0, 0.5, 1.0])
+    np.testing.assert_allclose(result["rho_attention"], [1.0, 1.0, 0.5])
+    difference = result["attention_minus_logits"]               # per instance 2, 0.5, -0.5
+    assert difference["mean"] == pytest.approx(2 / 3)
+    # deviations 4/3, -1/6, -7/6: squares 114/36, over 3 - 1
+    assert difference["std"] == pytest.approx(np.sqrt(19 / 12))
+    assert result["logits"]["mean"] == pytest.approx(1 / 6) and result["attention"]["mean"] == pytest.approx(5 / 6)
+    # every resample of a constant sample has its mean: the interval is that value, the NaN left out
+    constant = spearman_summary(np.array([0.25, 0.25, np.nan, 0.25]), n_boot=200)
+    assert (constant["mean"], constant["std"], constant["n_undefined"]) == (pytest.approx(0.25), 0.0, 1)
+    assert constant["ci_low"] == pytest.approx(0.25) and constant["ci_high"] == pytest.approx(0.25)
 
 
 def test_identity_indexing_round_trip():
@@ -111,6 +136,9 @@ def test_profiles_by_hand():
     np.testing.assert_allclose(profile.mean, [[3.0, 4.0], [3.0, 4.0]])
     np.testing.assert_allclose(profile.std[0], [np.sqrt(8.0), np.sqrt(8.0)])  # ddof = 1 of (1, 5) and (2, 6)
     assert np.all(np.isnan(profile.std[1])) and profile.count.tolist() == [2, 1]
+    # three rows at position 0: values 1, 2, 6 (mean 3, squares 4 + 1 + 9 over 3 - 1 rows)
+    three = profiles(np.array([[1.0, 0.0], [2.0, 0.0], [6.0, 0.0], [0.0, 1.0]]), np.array([0, 0, 0, 1]))
+    np.testing.assert_allclose(three.std[0], [np.sqrt(7.0), 0.0])
     # works on [I, T, N] too
     profile3 = profiles(scores.reshape(3, 1, 2), target.reshape(3, 1))
     np.testing.assert_allclose(profile3.mean, profile.mean)
