@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -19,9 +20,10 @@ from ladbench.analysis import (
     SweepSettings,
     analyze,
     dcal_sizes_for_pool,
+    position_profiles,
     row_result,
 )
-from ladbench.arrays import calibration_arrays, eval_arrays
+from ladbench.arrays import EvalArrays, calibration_arrays, eval_arrays
 
 N, LAYERS, N_EVAL, N_POOL, T = 4, 3, 40, 12, 5
 
@@ -163,6 +165,24 @@ def test_profiles_are_distributions_grouped_by_ground_truth(analysis):
     assert np.all(np.argmax(mean, axis=1) == np.arange(N))
 
 
+def test_profile_rows_by_hand():
+    """Figures 2-3's rows: softmax of the scores, the raw attention's shares (a row of zero
+    attention: uniform, not 0/0) and softmax(log pi~) at tau = 1, per ordering."""
+    scores = np.log([[[1.0, 3.0, 4.0], [4.0, 1.0, 3.0]]])                               # [I = 1, T = 2, N = 3]
+    attn = np.array([[[[0.2, 0.6, 0.2]], [[0.0, 0.0, 0.0]]]])                          # [1, 2, Lyr = 1, 3]
+    arrays = EvalArrays(scores=scores, attn=attn, target_pos=np.array([[1, 0]]), order=np.array([[[0, 1, 2], [1, 2, 0]]]))
+    prior = np.array([[0.5, 0.25, 0.25]])
+    base = methods.LadSettings(top_k=1)
+    _, rows = position_profiles(arrays, SimpleNamespace(attn_prior=prior), base)
+    np.testing.assert_allclose(rows["probability"], [[[1 / 8, 3 / 8, 4 / 8], [4 / 8, 1 / 8, 3 / 8]]])
+    np.testing.assert_allclose(rows["attention_share"], [[[0.2, 0.6, 0.2], [1 / 3, 1 / 3, 1 / 3]]])
+    log_pi = methods.purified_attention(attn, prior, base)
+    expected = np.exp(log_pi) / np.exp(log_pi).sum(-1, keepdims=True)
+    np.testing.assert_allclose(rows["purified_share"], expected)
+    # attention over prior 0.2 / 0.5, 0.6 / 0.25, 0.2 / 0.25, normalised
+    np.testing.assert_allclose(rows["purified_share"][0, 0], [0.4 / 3.6, 2.4 / 3.6, 0.8 / 3.6])
+
+
 def test_variant_that_cannot_run_is_reported_not_raised(planted_cache):
     cache = read_cache(str(planted_cache))
     arrays, cal = eval_arrays(cache), calibration_arrays(cache)
@@ -191,8 +211,6 @@ def test_a_registered_method_joins_the_readouts_the_ablation_table_and_the_figur
     """A method is its kernel and one registration: declared a readout, an ablation row and a
     colour, it is in the analysis file's readouts and ablation rows, in Table 4 and Table 7 and
     in the figures' colours, with no list elsewhere edited."""
-    from types import SimpleNamespace
-
     from ladbench.report.figures import OKABE_ITO, method_colors, method_markers
     from ladbench.report.tables import table4, table7
 

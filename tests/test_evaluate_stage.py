@@ -44,6 +44,8 @@ def test_undefined_metrics_are_written_as_null_and_printed_as_a_dash(tmp_path, c
     result = json.loads(out.read_text())["methods"]["vanilla"]
     assert result["acc_mean"] == pytest.approx(100.0) and result["rstd"] is None
     assert "RStd –" in capsys.readouterr().out
+    record = json.loads(out.read_text())           # what it was computed over: 3 instances, 1 ordering, N = 4
+    assert (record["n_instances"], record["n_orderings"], record["n_candidates"]) == (3, 1, N)
     with np.load(out.with_suffix(".npz")) as predictions:
         assert predictions["pred_vanilla"].tolist() == [[0], [0], [0]]
 
@@ -64,3 +66,13 @@ def test_the_printed_summary_line_shows_undefined_metrics_as_a_dash():
     from ladbench.evaluation import metrics_line
     line = metrics_line("lad", {"acc_mean": 51.7, "acc_std": 1.38, "rstd": None, "cons": 6.61, "extra": 1})
     assert line == "                 lad: Acc 51.70 ± 1.38  RStd –  Cons 6.61"
+
+
+def test_configured_methods_apply_to_the_vanilla_prompt_only():
+    """evaluation.methods chooses among the readouts of the one scoring pass (the vanilla prompt's
+    cache); a cache of another prompt variant keeps its variant's own methods."""
+    from ladbench.evaluation import default_methods
+    from ladbench.variants import variant
+    assert default_methods("vanilla", ["lad", "vanilla"]) == ["lad", "vanilla"]
+    assert default_methods("vanilla") == list(variant("vanilla").methods) == ["vanilla", "pride", "lad"]
+    assert default_methods("cot", ["lad", "vanilla"]) == list(variant("cot").methods) == ["generated"]
