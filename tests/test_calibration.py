@@ -51,6 +51,32 @@ def test_score_matrix_rejects_a_position_without_rows_and_bad_names():
         score_matrix(CAL_SCORES, CAL_TARGET, "median")
 
 
+@pytest.mark.parametrize("scores, target, message", [
+    (CAL_SCORES[:, :, :1], CAL_TARGET, r"must be \[C, N\(shift\), N\(position\)\]"),   # [C, N, N'] with N' != N
+    (CAL_SCORES[0], CAL_TARGET, r"must be \[C, N\(shift\), N\(position\)\]"),          # not [C, N, N]
+    (CAL_SCORES, CAL_TARGET[:1], "does not match"),
+    (CAL_SCORES, CAL_TARGET + 1, r"outside 0\.\.1"),                                  # position N
+    (CAL_SCORES, CAL_TARGET - 1, r"outside 0\.\.1"),                                  # position -1
+])
+def test_malformed_calibration_inputs_are_refused(scores, target, message):
+    with pytest.raises(ValueError, match=message):
+        score_matrix(scores, target, "reference")
+    if message.startswith("must"):
+        with pytest.raises(ValueError, match=message):
+            pride_prior_original(scores)                           # the label-free estimate checks its scores too
+
+
+@pytest.mark.parametrize("L", [np.zeros((2, 3)), np.zeros(2), np.zeros((1, 1))])
+def test_bias_matrix_refuses_what_is_not_a_square_matrix_of_two_positions_or_more(L):
+    with pytest.raises(ValueError, match="square"):
+        bias_matrix(L)
+
+
+def test_log_softmax_is_stable_at_large_scores():
+    from ladbench.calibration import log_softmax
+    np.testing.assert_allclose(log_softmax(np.array([1000.0, 1000.0 - np.log(3.0)])), np.log([0.75, 0.25]))
+
+
 def test_bias_matrix_hand_examples():
     # L = [[3, 1], [0.5, 3.5]]: gaps 3-1 = 2 and 3.5-0.5 = 3, so k = 3; B = L - 3 I.
     B, k = bias_matrix(np.array([[3.0, 1.0], [0.5, 3.5]]))

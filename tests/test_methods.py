@@ -87,6 +87,9 @@ def test_layer_selection_by_strength_with_ties_and_range():
     assert select_layers(attn, 3, layer_range=(2, 3)).tolist() == [3, 2]
     with pytest.raises(ValueError, match="holds only 2"):
         select_layers(attn, 3, layer_range=(2, 3), k_beyond_range="error")
+    # a K equal to the range's size, and a range of one layer, are not beyond it
+    assert select_layers(attn, 2, layer_range=(2, 3), k_beyond_range="error").tolist() == [3, 2]
+    assert select_layers(attn, 1, layer_range=(2, 2), k_beyond_range="error").tolist() == [2]
     assert select_layers(attn, 2, layer_range=(2, 9)).tolist() == [3, 2]  # clipped to the last layer
     # a family default (first, last, of) is the same share of this model's 4 layers
     assert select_layers(attn, 2, layer_range=(21, 35, 36)).tolist() == [3, 2]   # 21..35 of 36 -> 2..3 of 4
