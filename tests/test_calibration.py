@@ -34,6 +34,8 @@ def test_score_matrix_reference_averages_raw_scores_by_target_position():
     # Rows with the target at 0: [2, 0] and [4, 2]; at 1: [1, 3] and [0, 4].
     L = score_matrix(CAL_SCORES, CAL_TARGET, "reference")
     np.testing.assert_allclose(L, [[3.0, 1.0], [0.5, 3.5]])
+    # one row at each position: the rows themselves
+    np.testing.assert_allclose(score_matrix(CAL_SCORES[:1], CAL_TARGET[:1], "reference"), [[2.0, 0.0], [1.0, 3.0]])
 
 
 def test_score_matrix_paper_averages_probabilities_then_logs():

@@ -1,6 +1,7 @@
 """docs/architecture.md says what the code does, where a test can check it: its stage table
 names every `ladbench` subcommand and the command module that defines it, and its list of the
-schema keys kept by hand is the schema's."""
+schema keys kept by hand is the schema's; docs/method.md's table of choices states the config's
+defaults."""
 
 from __future__ import annotations
 
@@ -58,6 +59,33 @@ def test_the_hand_kept_schema_keys_are_the_schemas():
     listed = re.findall(r"`([\w.]+)`", line.split("):", 1)[1])
     schema = yaml.safe_load((ROOT / "workflow" / "schemas" / "config.schema.yaml").read_text())
     assert sorted(listed) == sorted(hand_kept_keys(schema))
+
+
+def documented_defaults() -> dict[tuple[str, str], str]:
+    """docs/method.md's table of choices: (config section, key) -> the default its last column
+    opens with, where that is a value (`x`, or a number) and the row is one config key."""
+    text = (ROOT / "docs" / "method.md").read_text()
+    section = text[text.index("| choice | config key | paper | reference | default |"):]
+    defaults = {}
+    for line in section.splitlines()[2:]:
+        if not line.startswith("|"):
+            break
+        cells = [cell.strip() for cell in line.strip("|").split("|")]
+        key, default = re.match(r"`(\w+)\.(\w+)`", cells[1]), re.match(r"`([^`]+)`|(\d+)\b", cells[-1])
+        if key and default:
+            defaults[key.groups()] = default.group(1) or default.group(2)
+    return defaults
+
+
+def test_the_table_of_choices_gives_the_schemas_defaults():
+    """Each default docs/method.md's table of choices states is the config's (the settings
+    carriers fill the schema's defaults)."""
+    from ladbench.config import load_schema
+    properties = load_schema()["properties"]
+    documented = documented_defaults()
+    assert len(documented) >= 18, documented              # the table's rows of one key and a value
+    actual = {(section, key): str(properties[section]["properties"][key]["default"]) for section, key in documented}
+    assert actual == documented
 
 
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
