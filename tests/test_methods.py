@@ -100,6 +100,11 @@ def test_layer_selection_by_strength_with_ties_and_range():
     batch = np.stack([attn, attn[::-1]])
     assert select_layers(batch, 1)[:, 0].tolist() == [3, 2]
     assert select_layers(batch, 1, ties="lowest")[:, 0].tolist() == [1, 0]
+    # and so do the rows of a cache, [I, T, Lyr, N], under every tie rule
+    rows = np.stack([batch, batch[::-1], batch])                                          # [3, 2, 4, 2]
+    for ties in ("highest", "lowest", "argsort"):
+        flat = select_layers(rows.reshape(6, 4, 2), 2, ties=ties)
+        assert select_layers(rows, 2, ties=ties).tolist() == flat.reshape(3, 2, 2).tolist(), ties
 
 
 def test_layer_selection_matches_the_reference_rule_on_many_ties():
@@ -116,9 +121,12 @@ def test_layer_selection_matches_the_reference_rule_on_many_ties():
 
 def test_selection_warnings_name_lowered_k_and_counted_ties():
     attn = np.array([[[0.125, 0.125], [0.25, 0.5], [0.125, 0.25], [0.5, 0.25]],     # tie at K = 1
-                     [[0.125, 0.125], [0.25, 0.5], [0.125, 0.25], [0.5, 0.5]]])     # no tie
+                     [[0.125, 0.125], [0.25, 0.5], [0.125, 0.25], [0.5, 0.5]],      # no tie
+                     [[0.25, 0.5], [0.25, 0.5], [0.125, 0.25], [0.5, 0.25]]])       # tie at K = 1
     warnings = selection_warnings(attn, LadSettings(top_k=1))
-    assert len(warnings) == 1 and warnings[0].startswith("1 of 2 rows have a tie")
+    assert len(warnings) == 1 and warnings[0].startswith("2 of 3 rows have a tie")
+    # rows [I, T, Lyr, N], as a cache holds them, are counted as the same rows flat
+    assert selection_warnings(attn.reshape(3, 1, 4, 2), LadSettings(top_k=1)) == warnings
     warnings = selection_warnings(attn, LadSettings(top_k=5, layer_range=(2, 3)))
     assert warnings == ["top_k = 5 is larger than the 2 layers of the range (2, 3); K lowered to 2 "
                         "(k_beyond_range = lower, the reference's rule)"]
@@ -136,6 +144,15 @@ def test_purified_attention_paper_by_hand():
     # mean(log(a / prior)) = [0.5 log(0.4 * 1.6), 0.5 log(1.2 * 0.266667)] = log([0.8, 0.565685])
     log_pi = purified_attention(ATTN, PRIOR, LadSettings(top_k=2, layer_mean="paper"))
     np.testing.assert_allclose(np.exp(log_pi), [0.8, 0.565685], atol=1e-6)
+
+
+def test_purified_attention_of_zero_attention_is_finite():
+    """An image given no attention in a selected layer (or a layer the model lacks, taken as 0)
+    is very unlikely, not undefined: its log is taken of 0 + a tiny constant under both means."""
+    zero = np.array([[0.0, 0.6], [0.0, 0.2]])                   # image 0 unattended in both layers
+    for mean in ("reference", "paper"):
+        log_pi = purified_attention(zero, PRIOR, LadSettings(top_k=2, layer_mean=mean))
+        assert np.isfinite(log_pi).all() and log_pi[0] < log_pi[1], mean
 
 
 def test_purified_attention_without_prior_and_with_one_layer():

@@ -44,14 +44,14 @@ def test_the_parse_table(reply, n, exact, as_int):
 
 
 def test_vanilla_generate_reads_by_the_setting_and_the_differences_are_warned():
-    texts = np.array([["03", "2"], ["３", "x"]], dtype=object)
-    arrays = SimpleNamespace(scores=np.zeros((2, 2, 4)), greedy_text=texts)
+    texts = np.array([["03", "2"], ["３", "x"], ["1", "4"]], dtype=object)
+    arrays = SimpleNamespace(scores=np.zeros((3, 2, 4)), greedy_text=texts)
     vanilla_generate = methods.METHODS["vanilla_generate"]
-    assert vanilla_generate(arrays, None, methods.MethodSettings()).tolist() == [[-1, 1], [-1, -1]]   # exact
+    assert vanilla_generate(arrays, None, methods.MethodSettings()).tolist() == [[-1, 1], [-1, -1], [0, 3]]   # exact
     settings = methods.MethodSettings(readout=methods.ReadoutSettings(reply_parse="int"))
-    assert vanilla_generate(arrays, None, settings).tolist() == [[2, 1], [2, -1]]
-    assert methods.reply_parse_warnings(arrays, "int") == [
-        "2 of 4 greedy replies name another position when each run of digits is read by int() (leading zeros, "
+    assert vanilla_generate(arrays, None, settings).tolist() == [[2, 1], [2, -1], [0, 3]]
+    assert methods.reply_parse_warnings(arrays, "int") == [                # "03" and "３": the others read alike
+        "2 of 6 greedy replies name another position when each run of digits is read by int() (leading zeros, "
         "non-ASCII decimal digits; reply_parse = int, the reference's)"]
     assert methods.reply_parse_warnings(arrays, "exact") == []
 
