@@ -24,6 +24,7 @@ from ladbench.metrics import (
     standard_metric,
     summarize,
 )
+from ladbench.metrics import _percentile_interval, edge_statistics_warnings
 
 # Hand example: I = 4 instances, T = 2 orderings, N = 3.
 # instance 0: identity 0 is the target; predicted right under both orderings (identity 0, 0).
@@ -141,6 +142,12 @@ def test_paired_bootstrap_detects_a_real_difference_and_not_a_null_one():
     assert result["difference"] > 0 and result["ci_low"] > 0 and result["p_value"] < 0.01
     same = paired_bootstrap(pred, pred, target, order, "acc_mean", n_boot=500, seed=1)
     assert same["difference"] == 0.0 and same["p_value"] == 1.0
+    # two-sided: the same p-value with the methods swapped; every resample's difference of one
+    # sign: each tail is (1 + count) / (1 + n_boot), so p = 2 / 2001
+    worse = paired_bootstrap(pred, better, target, order, "acc_mean", n_boot=2000, seed=1)
+    assert worse["difference"] == -result["difference"] and worse["p_value"] == result["p_value"]
+    assert result["p_value"] == pytest.approx(2 / 2001) and (worse["ci_low"], worse["ci_high"]) == pytest.approx(
+        (-result["ci_high"], -result["ci_low"]))
     # Under the null (two equally good, independent methods) p < 0.05 about 5 % of the time.
     rejections = 0
     for repetition in range(150):
@@ -243,3 +250,40 @@ def test_percentile_intervals_agree_with_scipy_bootstrap():
         assert ours.estimate == pytest.approx(float(by_indices[name](np.arange(n_inst))))
         assert ours.ci_low == pytest.approx(theirs.low, abs=tolerance), name
         assert ours.ci_high == pytest.approx(theirs.high, abs=tolerance), name
+
+
+def test_percentile_interval_by_hand():
+    """The central ci of the replicates by numpy's linear quantiles, NaN replicates left out."""
+    replicates = np.arange(101.0)
+    assert _percentile_interval(replicates, 0.9) == pytest.approx((5.0, 95.0))
+    assert _percentile_interval(np.append(replicates, np.nan), 0.5) == pytest.approx((25.0, 75.0))
+    for ci in (0.0, 1.0):
+        with pytest.raises(ValueError, match="ci must be in"):
+            _percentile_interval(replicates, ci)
+
+
+@pytest.mark.parametrize("pred, target, order, message", [
+    (np.zeros((2, 3)), np.zeros((2, 2)), np.zeros((2, 2, 3)), r"must both be \[I, T\]"),
+    (np.zeros(2), np.zeros(2), np.zeros((2, 1, 3)), r"must both be \[I, T\]"),
+    (np.zeros((2, 2)), np.zeros((2, 2)), np.zeros((2, 3, 3)), r"must be \[I, T, N\] matching"),
+    (np.zeros((2, 2)), np.zeros((2, 2)), np.zeros((2, 2)), r"must be \[I, T, N\] matching"),
+    (np.full((2, 2), 3), np.zeros((2, 2)), np.zeros((2, 2, 3)), r"positions 0\.\.2 or -1"),   # position N
+])
+def test_summarize_refuses_malformed_predictions(pred, target, order, message):
+    with pytest.raises(ValueError, match=message):
+        summarize(pred.astype(int), target.astype(int), order.astype(int), 3, n_boot=0)
+
+
+def test_bootstrap_needs_an_instance_and_a_resample():
+    assert bootstrap_indices(1, 1, 0).tolist() == [[0]]
+    for n_instances, n_boot in ((0, 5), (5, 0)):
+        with pytest.raises(ValueError, match="n_instances >= 1 and n_boot >= 1"):
+            bootstrap_indices(n_instances, n_boot, 0)
+
+
+def test_edge_statistics_warn_of_one_ordering_only():
+    target = np.array([[0, 1], [2, 0]])
+    assert edge_statistics_warnings(target, 3, "reference") == []                        # T = 2, every position held
+    one = edge_statistics_warnings(target[:, :1], 3, "reference")
+    assert [w.split(":")[0] for w in one] == ["T = 1 ordering", "position(s) [1] never hold the ground truth"]
+    assert edge_statistics_warnings(target[:, :1], 3, "undefined") == []
