@@ -9,6 +9,7 @@ from ladbench.calibration import (
     bias_matrix,
     draw_calibration_instances,
     fit_calibration,
+    log_softmax,
     pride_prior_original,
     pride_prior_reference,
     score_matrix,
@@ -75,7 +76,6 @@ def test_bias_matrix_refuses_what_is_not_a_square_matrix_of_two_positions_or_mor
 
 
 def test_log_softmax_is_stable_at_large_scores():
-    from ladbench.calibration import log_softmax
     np.testing.assert_allclose(log_softmax(np.array([1000.0, 1000.0 - np.log(3.0)])), np.log([0.75, 0.25]))
 
 
