@@ -76,3 +76,23 @@ def test_configured_methods_apply_to_the_vanilla_prompt_only():
     assert default_methods("vanilla", ["lad", "vanilla"]) == ["lad", "vanilla"]
     assert default_methods("vanilla") == list(variant("vanilla").methods) == ["vanilla", "pride", "lad"]
     assert default_methods("cot", ["lad", "vanilla"]) == list(variant("cot").methods) == ["generated"]
+
+
+def test_a_cache_of_cyclic_shifts_is_read_by_the_shift_readers_only_and_scored_at_shift_0():
+    from ladbench.arrays import EvalArrays
+    from ladbench.evaluation import check_shifts, unshifted
+    check_shifts("p.h5", ["permutation_average"], shifted=True)
+    check_shifts("p.h5", ["vanilla", "lad"], shifted=False)
+    with pytest.raises(ValueError, match=r"p\.h5: .*\['permutation_average'\] only, not \['vanilla'\]"):
+        check_shifts("p.h5", ["permutation_average", "vanilla"], shifted=True)
+    shifts = np.arange(2 * 1 * N * N).reshape(2, 1, N, N)                      # [I, T, N(shift), N]
+    arrays = unshifted(EvalArrays(scores=shifts, attn=None, target_pos=shifts[..., 0], order=shifts))
+    assert arrays.scores.tolist() == shifts[:, :, 0].tolist() and arrays.attn is None
+    assert arrays.target_pos.tolist() == shifts[:, :, 0, 0].tolist()
+
+
+def test_methods_that_need_a_calibration_are_refused_without_one():
+    from ladbench.evaluation import predict_all
+    from ladbench.methods import MethodSettings
+    with pytest.raises(ValueError, match=r"methods \['lad', 'pride'\] need --calibration"):
+        predict_all(["vanilla", "pride", "lad"], None, None, MethodSettings())
