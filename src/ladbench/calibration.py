@@ -279,14 +279,6 @@ class Calibration:
     source: dict[str, Any] = field(default_factory=dict)
     warnings: tuple[str, ...] = ()  # where a fitting rule decided (recorded in the evaluation output)
 
-    @property
-    def n_candidates(self) -> int:
-        return int(self.B.shape[0])
-
-    @property
-    def n_layers(self) -> int:
-        return int(self.attn_prior.shape[0])
-
     def to_npz(self, path: str | os.PathLike) -> None:
         """Write the arrays (names of formats.md §5) plus ``settings_*`` scalars, atomically."""
         settings = {f"settings_{key}": np.asarray(value) for key, value in self.settings.items()}
