@@ -198,13 +198,23 @@ def test_cli_writes_strict_json_and_arrays(planted_cache, tmp_path):
           "--dcal-draws", "2", "--taus", "2", "5", "--bootstrap", "50", "--out", str(out)])
     document = json.loads(out.read_text(), parse_constant=lambda name: pytest.fail(f"non-strict JSON: {name}"))
     assert document["settings"]["dcal_sizes"] == [1, 5] and document["n_calibration_pool"] == N_POOL
+    sizes = [document[key] for key in ("n_instances", "n_orderings", "n_candidates", "n_layers")]
+    assert sizes == [N_EVAL, T, N, LAYERS]
     with np.load(out.with_suffix(".npz")) as data:
         assert {"rho_logits", "rho_attention_raw", "rho_attention_purified", "probability", "target_pos"} <= set(data.files)
 
 
-def test_analyze_refuses_too_large_dcal(planted_cache):
+def test_analyze_refuses_too_large_dcal(planted_cache, capsys):
     with pytest.raises(ValueError, match="calibration pool has 12"):
         analyze(str(planted_cache), methods.MethodSettings(), n_cal=50, seeds=[0])
+    # the whole pool is a |D_cal| it can draw; a swept size above the pool is swept at it, and said
+    quick = dict(n_cal=N_POOL, seeds=[0], boot=Bootstrap(10, 0.95, 0))
+    for sizes, warned in (((5, N_POOL), ""), ((5, N_POOL + 1), f"[{N_POOL + 1}] above the calibration pool of 12")):
+        document, _ = analyze(str(planted_cache), methods.MethodSettings(), **quick,
+                              sweeps=SweepSettings(dcal_sizes=sizes, dcal_draws=1, taus=(1,)))
+        assert [row["n_cal"] for row in document["dcal_sweep"]] == [5, N_POOL]
+        err = capsys.readouterr().err
+        assert warned in err if warned else "warning" not in err
 
 
 def test_a_registered_method_joins_the_readouts_the_ablation_table_and_the_figures(planted_cache, monkeypatch):
