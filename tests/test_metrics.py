@@ -268,6 +268,7 @@ def test_percentile_interval_by_hand():
     (np.zeros((2, 2)), np.zeros((2, 2)), np.zeros((2, 3, 3)), r"must be \[I, T, N\] matching"),
     (np.zeros((2, 2)), np.zeros((2, 2)), np.zeros((2, 2)), r"must be \[I, T, N\] matching"),
     (np.full((2, 2), 3), np.zeros((2, 2)), np.zeros((2, 2, 3)), r"positions 0\.\.2 or -1"),   # position N
+    (np.full((2, 2), -2), np.zeros((2, 2)), np.zeros((2, 2, 3)), r"positions 0\.\.2 or -1"),  # below "unparsable"
 ])
 def test_summarize_refuses_malformed_predictions(pred, target, order, message):
     with pytest.raises(ValueError, match=message):
