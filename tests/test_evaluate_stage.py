@@ -41,11 +41,11 @@ def test_undefined_metrics_are_written_as_null_and_printed_as_a_dash(tmp_path, c
     cache = target_at_position_zero_cache(tmp_path)
     out = tmp_path / "eval.json"
     main(["evaluate", "--cache", str(cache), "--methods", "vanilla", "--bootstrap", "20", "--out", str(out)])
-    result = json.loads(out.read_text())["methods"]["vanilla"]
+    record = json.loads(out.read_text())
+    result = record["methods"]["vanilla"]
     assert result["acc_mean"] == pytest.approx(100.0) and result["rstd"] is None
     assert "RStd –" in capsys.readouterr().out
-    record = json.loads(out.read_text())           # what it was computed over: 3 instances, 1 ordering, N = 4
-    assert (record["n_instances"], record["n_orderings"], record["n_candidates"]) == (3, 1, N)
+    assert (record["n_instances"], record["n_orderings"], record["n_candidates"]) == (3, 1, N)   # what it was computed over
     with np.load(out.with_suffix(".npz")) as predictions:
         assert predictions["pred_vanilla"].tolist() == [[0], [0], [0]]
 

@@ -8,6 +8,7 @@ import pytest
 
 from ladbench.metrics import (
     InstanceMetric,
+    _percentile_interval,
     acc_mean_std,
     accuracy_per_ordering,
     bootstrap_ci,
@@ -24,7 +25,6 @@ from ladbench.metrics import (
     standard_metric,
     summarize,
 )
-from ladbench.metrics import _percentile_interval, edge_statistics_warnings
 
 # Hand example: I = 4 instances, T = 2 orderings, N = 3.
 # instance 0: identity 0 is the target; predicted right under both orderings (identity 0, 0).
@@ -280,11 +280,3 @@ def test_bootstrap_needs_an_instance_and_a_resample():
     for n_instances, n_boot in ((0, 5), (5, 0)):
         with pytest.raises(ValueError, match="n_instances >= 1 and n_boot >= 1"):
             bootstrap_indices(n_instances, n_boot, 0)
-
-
-def test_edge_statistics_warn_of_one_ordering_only():
-    target = np.array([[0, 1], [2, 0]])
-    assert edge_statistics_warnings(target, 3, "reference") == []                        # T = 2, every position held
-    one = edge_statistics_warnings(target[:, :1], 3, "reference")
-    assert [w.split(":")[0] for w in one] == ["T = 1 ordering", "position(s) [1] never hold the ground truth"]
-    assert edge_statistics_warnings(target[:, :1], 3, "undefined") == []

@@ -134,6 +134,9 @@ def test_t_equal_one_and_unseen_positions():
         "position(s) [1] never hold the ground truth: RStd is over the 3 other positions (edge_statistics = "
         "reference, the reference's; undefined: null)"]
     assert metrics.edge_statistics_warnings(target, 4, "undefined") == []
+    assert metrics.edge_statistics_warnings(np.hstack([target, target[::-1]]), 4, "reference") == [  # T = 2
+        "position(s) [1] never hold the ground truth: RStd is over the 3 other positions (edge_statistics = "
+        "reference, the reference's; undefined: null)"]
     # one position seen: a std of one value is 0.0
     alone = metrics.summarize(pred[:2], target[:2], order[:2], 4, n_boot=0, edge_statistics="reference")
     assert alone["rstd"] == 0.0
