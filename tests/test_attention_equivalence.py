@@ -133,6 +133,27 @@ def test_attention_sinks_and_position_bias_by_hand():
         [(weights[:, :, -1] * (segments == s)[:, None]).sum(-1) for s in (0, 1)], -1), atol=1e-6, rtol=0)
 
 
+@pytest.mark.current_lane("position biases and sinks reach the kernel in transformers 5.x")
+@pytest.mark.parametrize("causal_module", [True, False])
+@pytest.mark.parametrize("n_queries", [1, 5])
+def test_a_position_bias_without_a_mask_is_folded_as_sdpa_folds_it(n_queries, causal_module):
+    """Without an attention mask SDPA makes the bias causal only where the module is causal and
+    there is more than one query (a decode step's one query sees every key): the capture's folded
+    mask must give the output transformers' own SDPA path gives for the same call."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from ladbench.models.attention import capture_attention_forward
+    g = torch.Generator().manual_seed(1)
+    query = torch.randn(1, 4, n_queries, 8, generator=g)
+    key, value = (torch.randn(1, 2, 5, 8, generator=g) for _ in range(2))
+    bias = torch.randn(1, 4, n_queries, 5, generator=g)
+    module = torch.nn.Module()
+    module.num_key_value_groups, module.is_causal = 2, causal_module
+    output, _ = capture_attention_forward(module, query, key, value, None, scaling=0.3, position_bias=bias)
+    expected, _ = sdpa_attention_forward(module, query, key, value, None, scaling=0.3, position_bias=bias)
+    torch.testing.assert_close(output, expected, atol=1e-6, rtol=0)
+
+
 @pytest.mark.parametrize("mask_kind", ["none", "shared bool", "per head float", "longer than the keys"])
 @pytest.mark.parametrize("groups", [2, 8])
 def test_one_query_on_the_kv_heads_equals_sdpa_with_repeated_kv(groups, mask_kind):
@@ -205,22 +226,25 @@ def test_one_query_attention_is_taken_only_where_it_applies(monkeypatch):
 
 class _OwnSdpaAttention(torch.nn.Module):
     """Attention as a decoder shipped with its checkpoint writes it (LLaVA-OV-1.5's hub code): its
-    own call of torch's SDPA, grouped KV heads expanded first, ``is_causal`` where it has no mask."""
+    own call of torch's SDPA, grouped KV heads expanded first, ``is_causal`` where it has no mask
+    (``pass_causal`` False: a call that leaves ``is_causal`` at SDPA's default, full attention)."""
 
-    def __init__(self, heads: int, kv_heads: int) -> None:
+    def __init__(self, heads: int, kv_heads: int, pass_causal: bool = True) -> None:
         super().__init__()
-        self.heads, self.kv_heads = heads, kv_heads
+        self.heads, self.kv_heads, self.pass_causal = heads, kv_heads, pass_causal
 
     def forward(self, query, key, value, mask=None, expand=True):
         if expand:
             key, value = (t.repeat_interleave(self.heads // self.kv_heads, dim=1) for t in (key, value))
         causal = mask is None and query.shape[2] > 1
         kwargs = {} if expand else {"enable_gqa": True}
-        return torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask, is_causal=causal,
-                                                                **kwargs)
+        if self.pass_causal:
+            kwargs["is_causal"] = causal
+        return torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask, **kwargs)
 
 
-@pytest.mark.parametrize("case", ["causal", "causal, fewer queries", "float mask", "bool mask", "grouped heads"])
+@pytest.mark.parametrize("case", ["causal", "causal, fewer queries", "float mask", "bool mask", "grouped heads",
+                                  "no causal flag"])
 def test_a_decoders_own_sdpa_call_is_captured_as_its_kernel_computes_it(case, monkeypatch):
     """route_own_sdpa: the captured last row is the kernel's (a hand-computed softmax), the output is
     the unrouted module's bit for bit, SoFA's bias reaches that kernel, and outside a capture the
@@ -238,14 +262,15 @@ def test_a_decoders_own_sdpa_call_is_captured_as_its_kernel_computes_it(case, mo
     elif case == "bool mask":
         mask = torch.rand(2, 1, queries, keys) > 0.3
         mask[..., 0] = True
-    module = _OwnSdpaAttention(heads, kv_heads)
+    module = _OwnSdpaAttention(heads, kv_heads, pass_causal=case != "no causal flag")
     expand = case != "grouped heads"
     shipped = module(query, key, value, mask, expand)
     route_own_sdpa([module])
     route_own_sdpa([module])                                  # idempotent: one wrapper
     # the rows by hand: top-left causal (SDPA's rule) where there is no mask
     scores = query @ key.repeat_interleave(2, dim=1).transpose(-1, -2) / dim ** 0.5
-    seen = torch.ones(queries, keys, dtype=torch.bool).tril() if mask is None else mask
+    seen = torch.ones(queries, keys, dtype=torch.bool)
+    seen = mask if mask is not None else seen if case == "no causal flag" else seen.tril()
     seen = seen if seen.dtype == torch.bool else seen == 0
     expected = scores.masked_fill(~seen, float("-inf")).softmax(-1)[:, :, -1]
     segments = torch.arange(keys).repeat(2, 1)                # one segment per key: the masses are the row

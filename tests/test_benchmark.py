@@ -208,6 +208,54 @@ def test_planted_hard_negatives_are_found():
     assert got.tolist() == [[2, 3]]
 
 
+@pytest.mark.parametrize("dtype", bm.SIMILARITY_DTYPES)
+def test_a_caption_exactly_at_the_threshold_is_not_below_it(dtype):
+    """METHOD §7: a distractor's caption similarity must be *below* caption_sim_max. Image 1 looks
+    most like the target and its caption's similarity is exactly 0.5 (exact in float16 too), so at
+    a threshold of 0.5 it is skipped in both arithmetics, and taken just above it."""
+    image = np.array([[1, 0, 0], [0.9, 0.1, 0], [0.8, 0, 0.2], [0, 1, 0]])
+    image /= np.linalg.norm(image, axis=1, keepdims=True)
+    text = np.array([[1, 0, 0], [0.5, 0.75, 0], [0, 1, 0], [0, 0, 1]])
+    mine = lambda threshold: bm.hard_distractors(np.array([0]), image, text, None, 1, threshold, "reference",  # noqa: E731
+                                                 similarity_dtype=dtype).tolist()
+    assert mine(0.5) == mine(0.4999) == [[2]]   # 0.4999: float16's margin alone must not admit it
+    assert mine(0.5001) == [[1]]
+
+
+def test_the_smallest_pool_and_a_pool_used_up_by_targets_are_accepted():
+    """A pool of 2 images is the least a benchmark needs (N = 2), and the targets may take every
+    pool image; one fewer, or a negative count, is refused."""
+    rng = np.random.default_rng(0)
+    assert sorted(bm.draw_pool(np.array([5, 9]), 2, rng).tolist()) == [5, 9]
+    assert sorted(bm.draw_targets(6, 4, 2, rng).tolist()) == list(range(6))
+    assert len(bm.draw_targets(6, 6, 0, rng)) == 6 and len(bm.draw_targets(6, 1, 0, rng)) == 1
+    for n_eval, n_calibration in [(0, 2), (3, -1), (4, 3)]:
+        with pytest.raises(bm.BenchmarkError):
+            bm.draw_targets(6, n_eval, n_calibration, rng)
+    table, features = make_dataset(n=40)
+    for draw in bm.DRAWS:
+        doc = bm.build_benchmark(table, features, "random", 2, n_eval=1, n_calibration=1, pool_size=2, n_orderings=2,
+                                 draw=draw)
+        assert doc["pool_size"] == 2 and doc["eval"][0]["target"] != doc["calibration"][0]["target"]
+    pool, targets, _, _ = bm.reference_draw(2, 2, 2, 1, 0, 0, "random")
+    assert sorted(pool.tolist()) == [0, 1] and targets.shape == (1,)
+    for n_eval, n_calibration in [(0, 2), (3, -1)]:
+        with pytest.raises(bm.BenchmarkError, match="--n-eval must be >= 1"):
+            bm.reference_draw(10, 10, 2, n_eval, n_calibration, 0, "random")
+    with pytest.raises(bm.BenchmarkError, match="fewer than N = 3"):
+        bm.reference_draw(10, 2, 3, 1, 0, 0, "random")
+
+
+def test_a_pool_smaller_than_asked_is_noted_and_a_full_one_is_not(capsys):
+    table, features = make_dataset(n=40)
+    eligible = len(bm.eligible_rows([r["categories"] for r in table["images"]], features["image_emb"], True))
+    for pool_size, noted in [(eligible, False), (eligible + 1, True)]:
+        doc = bm.build_benchmark(table, features, "random", 2, n_eval=2, n_calibration=0, pool_size=pool_size,
+                                 n_orderings=2)
+        assert doc["pool_size"] == eligible
+        assert ("only %d eligible images" % eligible in capsys.readouterr().err) is noted
+
+
 def test_top_k_ties_go_to_smaller_index():
     scores = np.array([[0.5, 0.9, 0.5, 0.9, 0.1, 0.5]])
     assert bm.top_k_by_row(scores, 3).tolist() == [[1, 3, 0]]
@@ -287,6 +335,9 @@ def test_evaluation_head_calibration_copies_the_first_evaluation_instances(toy):
     with pytest.raises(bm.BenchmarkError, match="only --n-eval = 5"):
         bm.build_benchmark(table, features, "random", 4, n_eval=5, n_calibration=10, pool_size=180,
                            calibration_source="evaluation_head")
+    every = bm.build_benchmark(table, features, "random", 4, n_eval=5, n_calibration=5, pool_size=180,
+                               calibration_source="evaluation_head")   # all of them may calibrate
+    assert [i["candidates"] for i in every["eval"]] == [i["candidates"] for i in every["calibration"]]
 
 
 @pytest.mark.parametrize("kwargs, message", [

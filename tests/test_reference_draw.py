@@ -226,3 +226,9 @@ def test_float16_dot_is_numpys_and_within_its_margin():
     assert margin.max() < 1e-3                           # tight enough that few pairs need the loop
     blas = (rows.astype(np.float32) @ pool.T.astype(np.float32)).astype(np.float16)
     assert (blas != numpy_dot).any()                     # float32 BLAS products round differently
+    # The bound does not assume unit vectors: float16's rounding error grows with the product's size.
+    for scale in (1 / 16, 16):
+        rows_s, pool_s = (rows * np.float16(scale)), (pool * np.float16(4))
+        numpy_dot = np.array([[float(np.dot(r, p)) for p in pool_s] for r in rows_s])
+        estimate, margin = bm.float16_dot_estimate(rows_s, pool_s)
+        assert (np.abs(numpy_dot - estimate) <= margin).all()
