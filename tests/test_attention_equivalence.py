@@ -222,6 +222,8 @@ def test_one_query_attention_is_taken_only_where_it_applies(monkeypatch):
     assert not attention.packs_one_query(module, query, key, shared, {"softcap": 50.0})        # SDPA refuses it
     module.num_key_value_groups = 1
     assert not attention.packs_one_query(module, query, torch.zeros(2, 8, 5, 4), shared, {})   # no groups
+    del module.num_key_value_groups
+    assert not attention.packs_one_query(module, query, torch.zeros(2, 4, 5, 4), shared, {})   # none stated
 
 
 class _OwnSdpaAttention(torch.nn.Module):

@@ -652,6 +652,30 @@ def test_torchs_sdpa_reads_a_kv_stores_strided_views_right_on_this_machine():
             assert attention.strided_kv_read_right(error, dtype) and error == 0.0
 
 
+def test_the_strided_read_probe_measures_the_kernels_relative_error(monkeypatch):
+    """A kernel whose output on strided views is off by a factor 1 + r is measured at r, and r
+    reads as a misread where it exceeds what the dtype's own rounding explains; meta: 0."""
+    from ladbench.models import attention
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def off_by(relative):
+        def kernel(query, key, value, **kwargs):
+            output = sdpa(query, key, value, **kwargs)
+            return output if key.is_contiguous() else output * (1 + relative)
+        return kernel
+    try:
+        for dtype, relative, right in [(torch.float32, 1e-3, False), (torch.float32, 1e-6, True),
+                                       (torch.float64, 1e-6, False), (torch.bfloat16, 0.1, False)]:
+            attention.strided_kv_read_error.cache_clear()
+            monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", off_by(relative))
+            error = attention.strided_kv_read_error("cpu", dtype, 2, 16, 2)
+            assert error == pytest.approx(relative, rel=0.1)
+            assert attention.strided_kv_read_right(error, dtype) is right, (dtype, relative)
+    finally:
+        attention.strided_kv_read_error.cache_clear()
+    assert attention.strided_kv_read_error("meta", torch.float32, 2, 16, 2) == 0.0
+
+
 @pytest.mark.parametrize(("family", "prompt", "gpu_kernels"),
                          [(QWEN_BUILDS[0], prompt, gpu) for prompt in sorted(VARIANTS) for gpu in (False, True)]
                          + [(family, "sc", True) for family in DECODE_FAMILIES if family not in QWEN_BUILDS],
