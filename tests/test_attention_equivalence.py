@@ -100,25 +100,27 @@ def test_sofa_sigma_zero_is_vanilla_and_sigma_positive_changes_scores(family, ti
 
 
 @pytest.mark.current_lane("position biases and sinks reach the kernel in transformers 5.x")
-def test_attention_sinks_and_position_bias_by_hand():
-    """A call with a position bias and per-query sinks (Inkling 2): the kernel's output is
-    softmax([q.k * scale + bias + mask, sink])[..., :-1] @ V, written out here, and the captured
-    last row is that softmax's last row without the sink: its mass is 1 less the sink's share."""
+@pytest.mark.parametrize("with_bias", [True, False], ids=["bias and sinks", "sinks alone"])
+def test_attention_sinks_and_position_bias_by_hand(with_bias):
+    """A call with a position bias and per-query sinks (Inkling 2), or sinks alone (gpt-oss): the
+    kernel's output is softmax([q.k * scale + bias + mask, sink])[..., :-1] @ V, written out here,
+    and the captured last row is that softmax's last row without the sink: its mass is 1 less the
+    sink's share."""
     from ladbench.models.attention import LastRowCapture, capture_attention_forward
     g = torch.Generator().manual_seed(0)
-    batch, heads, kv_heads, length, dim = 2, 4, 2, 5, 8
+    batch, heads, kv_heads, length, dim = 3, 4, 2, 5, 8
     query = torch.randn(batch, heads, length, dim, generator=g)
     key, value = (torch.randn(batch, kv_heads, length, dim, generator=g) for _ in range(2))
-    bias = torch.randn(batch, heads, length, length, generator=g)
+    bias = torch.randn(batch, heads, length, length, generator=g) * with_bias
     sinks = torch.randn(batch, heads, length, 1, generator=g) + 2.0        # a sizeable share
-    padding = torch.tensor([[0, 1, 1, 1, 1], [1, 1, 1, 1, 1]], dtype=torch.bool)
+    padding = torch.tensor([[0, 1, 1, 1, 1], [1, 1, 1, 1, 1], [0, 0, 1, 1, 1]], dtype=torch.bool)
     mask = torch.ones(length, length, dtype=torch.bool).tril()[None, None] & padding[:, None, None, :]
     module = torch.nn.Module()
     module.num_key_value_groups, module.is_causal = heads // kv_heads, True
-    segments = torch.tensor([[2, 0, 0, 1, 1], [0, 0, 1, 1, 1]])               # 2 = padding
+    segments = torch.tensor([[2, 0, 0, 1, 1], [0, 0, 1, 1, 1], [2, 2, 0, 1, 1]])   # 2 = padding
     with LastRowCapture([module], segments, 3) as capture:
-        output, _ = capture_attention_forward(module, query, key, value, mask, scaling=0.3, position_bias=bias,
-                                              sinks=sinks)
+        output, _ = capture_attention_forward(module, query, key, value, mask, scaling=0.3, sinks=sinks,
+                                              **({"position_bias": bias} if with_bias else {}))
     k, v = (x.repeat_interleave(heads // kv_heads, dim=1) for x in (key, value))
     logits = (query @ k.transpose(-1, -2)) * 0.3 + bias
     logits = logits.masked_fill(~mask, float("-inf"))
@@ -134,12 +136,14 @@ def test_attention_sinks_and_position_bias_by_hand():
 
 
 @pytest.mark.current_lane("position biases and sinks reach the kernel in transformers 5.x")
-@pytest.mark.parametrize("causal_module", [True, False])
-@pytest.mark.parametrize("n_queries", [1, 5])
-def test_a_position_bias_without_a_mask_is_folded_as_sdpa_folds_it(n_queries, causal_module):
-    """Without an attention mask SDPA makes the bias causal only where the module is causal and
-    there is more than one query (a decode step's one query sees every key): the capture's folded
-    mask must give the output transformers' own SDPA path gives for the same call."""
+@pytest.mark.parametrize("causal_call", [None, True, False])
+@pytest.mark.parametrize("causal_module", [True, False, None])
+@pytest.mark.parametrize("n_queries", [1, 2, 5])
+def test_a_position_bias_without_a_mask_is_folded_as_sdpa_folds_it(n_queries, causal_module, causal_call):
+    """Without an attention mask SDPA makes the bias causal where the call says so (else the module,
+    causal when it does not say) and there is more than one query (a decode step's one query sees
+    every key): the capture's folded mask must give the output transformers' own SDPA path gives
+    for the same call (None: the module has no ``is_causal``, the call passes none)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     from ladbench.models.attention import capture_attention_forward
@@ -148,9 +152,12 @@ def test_a_position_bias_without_a_mask_is_folded_as_sdpa_folds_it(n_queries, ca
     key, value = (torch.randn(1, 2, 5, 8, generator=g) for _ in range(2))
     bias = torch.randn(1, 4, n_queries, 5, generator=g)
     module = torch.nn.Module()
-    module.num_key_value_groups, module.is_causal = 2, causal_module
-    output, _ = capture_attention_forward(module, query, key, value, None, scaling=0.3, position_bias=bias)
-    expected, _ = sdpa_attention_forward(module, query, key, value, None, scaling=0.3, position_bias=bias)
+    module.num_key_value_groups = 2
+    if causal_module is not None:
+        module.is_causal = causal_module
+    call = {} if causal_call is None else {"is_causal": causal_call}
+    output, _ = capture_attention_forward(module, query, key, value, None, scaling=0.3, position_bias=bias, **call)
+    expected, _ = sdpa_attention_forward(module, query, key, value, None, scaling=0.3, position_bias=bias, **call)
     torch.testing.assert_close(output, expected, atol=1e-6, rtol=0)
 
 

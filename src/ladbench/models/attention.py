@@ -115,7 +115,9 @@ def folded_mask(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
 
     if position_bias is None:
         position_bias = query.new_zeros(1, 1, query.shape[2], key.shape[2])
-    is_causal = query.shape[2] > 1 and kwargs.get("is_causal") is not False and getattr(module, "is_causal", True)
+    # SDPA's rule: the call's is_causal where it passes one, else the module's; one query sees every key
+    said = kwargs.get("is_causal")
+    is_causal = query.shape[2] > 1 and (getattr(module, "is_causal", True) if said is None else said)
     return create_position_bias_mask(position_bias.to(query.dtype), attention_mask, is_causal, query, key)
 
 
