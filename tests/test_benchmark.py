@@ -119,35 +119,42 @@ def test_random_distractors_are_uniform_and_never_the_target():
         assert np.abs(freq - expected).max() < 0.03
 
 
-def brute_force_hard_negatives(table, features, pool_ids, target_id, k, sim_max, rule, has_categories):
-    """Reference oracle: per-pair Python loop, float64 similarities, set semantics for categories."""
+def brute_force_hard_negatives(table, features, pool_ids, target_id, k, sim_max, rule, has_categories,
+                               dtype="float32"):
+    """Reference oracle: per-pair Python loop, set semantics for categories; similarities in float64
+    (``float32``: the float32 products agree away from ties) or numpy's own float16 ``np.dot``
+    (``float16``, the reference's), ties broken by pool position."""
     idx = index_of(table)
     t = idx[target_id]
-    t_img = features["image_emb"][t].astype(np.float64)
-    t_txt = features["text_emb"][t].astype(np.float64)
+
+    def dot(name, c):
+        if dtype == "float16":
+            return float(np.dot(features[name][c].astype(np.float16), features[name][t].astype(np.float16)))
+        return float(features[name][c].astype(np.float64) @ features[name][t].astype(np.float64))
     t_cats = set(table["images"][t]["categories"])
     scored = []
-    for cand_id in pool_ids:
+    for position, cand_id in enumerate(pool_ids):
         if cand_id == target_id:
             continue
         c = idx[cand_id]
-        if float(features["text_emb"][c].astype(np.float64) @ t_txt) >= sim_max:
+        if dot("text_emb", c) >= sim_max:
             continue
         c_cats = set(table["images"][c]["categories"])
         if has_categories and ((rule == "reference" and t_cats <= c_cats) or (rule == "paper" and t_cats == c_cats)):
             continue
-        scored.append((-float(features["image_emb"][c].astype(np.float64) @ t_img), cand_id))
+        scored.append((-dot("image_emb", c), position, cand_id))
     scored.sort()
-    return [cand for _, cand in scored[:k]], scored
+    return [cand for _, _, cand in scored[:k]], scored
 
 
+@pytest.mark.parametrize("dtype", bm.SIMILARITY_DTYPES)
 @pytest.mark.parametrize("rule", ["reference", "paper"])
 @pytest.mark.parametrize("n", [2, 4, 8])
-def test_adversarial_matches_brute_force_oracle(toy, rule, n):
+def test_adversarial_matches_brute_force_oracle(toy, rule, n, dtype):
     table, features = toy
     doc = bm.build_benchmark(table, features, "adversarial", n, n_eval=40, n_calibration=10,
                              n_orderings=min(5, math.factorial(n)), pool_size=150, seed=7,
-                             caption_sim_max=0.9, category_rule=rule)
+                             caption_sim_max=0.9, category_rule=rule, similarity_dtype=dtype)
     check_common(doc, table, features, n, 40, 10, min(5, math.factorial(n)))
     assert doc["category_rule"] == rule and doc["caption_sim_max"] == 0.9
     # Recover the pool exactly as documented: eligible rows, seeded draw.
@@ -156,10 +163,11 @@ def test_adversarial_matches_brute_force_oracle(toy, rule, n):
     pool_ids = [table["images"][r]["image_id"] for r in pool_rows]
     constrained = 0
     for inst in doc["eval"] + doc["calibration"]:
-        expected, scored = brute_force_hard_negatives(table, features, pool_ids, inst["target"], n - 1, 0.9, rule, True)
+        expected, scored = brute_force_hard_negatives(table, features, pool_ids, inst["target"], n - 1, 0.9, rule, True,
+                                                      dtype)
         got = sorted(set(inst["candidates"]) - {inst["target"]})
         # Guard the oracle against float ties at the boundary (float32 BLAS vs float64 loop).
-        if len(scored) > n - 1:
+        if len(scored) > n - 1 and dtype == "float32":
             assert scored[n - 1][0] - scored[n - 2][0] > 1e-6
         assert got == sorted(expected)
         unconstrained, _ = brute_force_hard_negatives(table, features, pool_ids, inst["target"], n - 1, 9.0, rule, False)
@@ -206,6 +214,8 @@ def test_planted_hard_negatives_are_found():
     got = bm.hard_distractors(np.array([0]), image, text, None, 2, 0.9, "reference")
     # 3 and 4 are both orthogonal to the target: a tie, broken by the smaller index.
     assert got.tolist() == [[2, 3]]
+    # exactly as many admissible candidates as distractors needed: all of them, best first
+    assert bm.hard_distractors(np.array([0]), image, text, None, 3, 0.9, "reference").tolist() == [[2, 3, 4]]
 
 
 @pytest.mark.parametrize("dtype", bm.SIMILARITY_DTYPES)

@@ -84,6 +84,7 @@ def _instance(doc, split="eval"):
 
 @pytest.mark.parametrize("edit, problem", [
     (lambda d: _instance(d).update(id=4713.7), "eval[0].id must be a non-negative integer, got 4713.7"),
+    (lambda d: _instance(d).update(orderings=[]), "eval[0].orderings must be a non-empty list of orderings"),
     (lambda d: _instance(d).update(orderings=[[0, 0, 1, 2]]), "eval[0].orderings[0] must be a permutation of 0..3"),
     (lambda d: _instance(d).update(orderings=[[0, 1, 2, 4]]), "eval[0].orderings[0] must be a permutation of 0..3"),
     (lambda d: _instance(d).update(orderings=[[0, 1, 2, 3.0]]), "eval[0].orderings[0] must be a permutation"),
@@ -100,6 +101,11 @@ def test_a_resigned_benchmark_with_impossible_content_names_the_file(tmp_path, e
     with pytest.raises(bm.BenchmarkError) as caught:
         bm.load_benchmark(path)
     assert str(caught.value).startswith(f"{path}: {problem}")
+
+
+def test_a_benchmark_of_two_candidates_is_the_smallest_that_loads(tmp_path):
+    path, _ = make_demo_benchmark(tmp_path, 2, n_orderings=2)
+    assert bm.load_benchmark(path)["n_candidates"] == 2
 
 
 # --- re-signed features ----------------------------------------------------------------------
