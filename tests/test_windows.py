@@ -42,6 +42,12 @@ def test_window_per_layer_from_layer_types_and_none_when_switched_off():
     assert layer_windows({"num_hidden_layers": 2, "sliding_window": 4096, "use_sliding_window": False}) == [0, 0]
     assert layer_windows({"num_hidden_layers": 2, "sliding_window": None}) == [0, 0]
     assert layer_windows({"num_hidden_layers": 2, "sliding_window": 16}) == [16, 16]     # Mistral: every layer
+    # a type transformers does not know: every p-th layer global, as Gemma 3's older files say it
+    assert layer_windows({"num_hidden_layers": 12, "sliding_window": 8, "sliding_window_pattern": 6}) == [8] * 5 + [0] + [8] * 5 + [0]
+    # what the file omits, its config class fills (Mistral's default window), windows switched on or not said
+    for file in ({"num_hidden_layers": 2}, {"num_hidden_layers": 2, "use_sliding_window": True}, {}):
+        assert set(layer_windows({"model_type": "mistral", **file})) == {4096}, file
+    assert len(layer_windows({"model_type": "mistral"})) == 32                                # the class's depth too
     assert compact([20, 21, 22, 24, 30, 31]) == "20-22, 24, 30-31"
 
 
