@@ -48,6 +48,8 @@ def test_window_per_layer_from_layer_types_and_none_when_switched_off():
     for file in ({"num_hidden_layers": 2}, {"num_hidden_layers": 2, "use_sliding_window": True}, {}):
         assert set(layer_windows({"model_type": "mistral", **file})) == {4096}, file
     assert len(layer_windows({"model_type": "mistral"})) == 32                                # the class's depth too
+    sliding = {"model_type": "gemma3_text", "num_hidden_layers": 2, "layer_types": ["sliding_attention"] * 2}
+    assert layer_windows(sliding) == [4096, 4096]          # windowed layers whose window the file leaves to the class
     assert compact([20, 21, 22, 24, 30, 31]) == "20-22, 24, 30-31"
 
 
