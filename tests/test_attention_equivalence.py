@@ -203,6 +203,10 @@ def test_the_captured_row_on_the_kv_heads_equals_it_with_repeated_keys(mask_kind
             "per head float": torch.randn(batch, kv_heads * groups, queries, keys, generator=gen),
             "2-D padding": (torch.rand(batch, keys, generator=gen) > 0.3).long()}[mask_kind]
     repeated = attention.last_row_attention(query, key, mask, 0.3)
+    if mask_kind == "2-D padding":   # a flash kernel's padding mask: 1 = a real key, as the 4-D bool mask says it
+        as_bool = mask.bool()[:, None, None, :].expand(batch, 1, queries, keys)
+        torch.testing.assert_close(repeated, attention.last_row_attention(query, key, as_bool, 0.3), rtol=0, atol=0)
+        assert (repeated[~mask.bool()[:, None, :].expand_as(repeated)] == 0).all()
     monkeypatch.setattr(attention, "packs_on", lambda device: True)
     monkeypatch.setattr(torch.Tensor, "repeat_interleave", None)             # no key copied per head
     packed = attention.last_row_attention(query, key, mask, 0.3)
@@ -276,6 +280,7 @@ def test_a_decoders_own_sdpa_call_is_captured_as_its_kernel_computes_it(case, mo
     shipped = module(query, key, value, mask, expand)
     route_own_sdpa([module])
     route_own_sdpa([module])                                  # idempotent: one wrapper
+    assert not hasattr(module.forward.__wrapped__, "__wrapped__")
     # the rows by hand: top-left causal (SDPA's rule) where there is no mask
     scores = query @ key.repeat_interleave(2, dim=1).transpose(-1, -2) / dim ** 0.5
     seen = torch.ones(queries, keys, dtype=torch.bool)
