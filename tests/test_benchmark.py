@@ -166,7 +166,8 @@ def test_adversarial_matches_brute_force_oracle(toy, rule, n, dtype):
         expected, scored = brute_force_hard_negatives(table, features, pool_ids, inst["target"], n - 1, 0.9, rule, True,
                                                       dtype)
         got = sorted(set(inst["candidates"]) - {inst["target"]})
-        # Guard the oracle against float ties at the boundary (float32 BLAS vs float64 loop).
+        # Guard the oracle against float ties at the boundary (float32 BLAS vs float64 loop); float16's
+        # exact ties are broken by pool position in both.
         if len(scored) > n - 1 and dtype == "float32":
             assert scored[n - 1][0] - scored[n - 2][0] > 1e-6
         assert got == sorted(expected)
@@ -234,7 +235,7 @@ def test_a_caption_exactly_at_the_threshold_is_not_below_it(dtype):
 
 def test_the_smallest_pool_and_a_pool_used_up_by_targets_are_accepted():
     """A pool of 2 images is the least a benchmark needs (N = 2), and the targets may take every
-    pool image; one fewer, or a negative count, is refused."""
+    pool image; no evaluation instance, a negative count, or one target more than the pool is refused."""
     rng = np.random.default_rng(0)
     assert sorted(bm.draw_pool(np.array([5, 9]), 2, rng).tolist()) == [5, 9]
     assert sorted(bm.draw_targets(6, 4, 2, rng).tolist()) == list(range(6))
@@ -263,7 +264,7 @@ def test_a_pool_smaller_than_asked_is_noted_and_a_full_one_is_not(capsys):
         doc = bm.build_benchmark(table, features, "random", 2, n_eval=2, n_calibration=0, pool_size=pool_size,
                                  n_orderings=2)
         assert doc["pool_size"] == eligible
-        assert ("only %d eligible images" % eligible in capsys.readouterr().err) is noted
+        assert (f"only {eligible} eligible images" in capsys.readouterr().err) is noted
 
 
 def test_top_k_ties_go_to_smaller_index():
