@@ -204,9 +204,10 @@ def test_the_captured_row_on_the_kv_heads_equals_it_with_repeated_keys(mask_kind
             "2-D padding": (torch.rand(batch, keys, generator=gen) > 0.3).long()}[mask_kind]
     repeated = attention.last_row_attention(query, key, mask, 0.3)
     if mask_kind == "2-D padding":   # a flash kernel's padding mask: 1 = a real key, as the 4-D bool mask says it
-        as_bool = mask.bool()[:, None, None, :].expand(batch, 1, queries, keys)
+        real = mask.bool()
+        as_bool = real[:, None, None, :].expand(batch, 1, queries, keys)
         torch.testing.assert_close(repeated, attention.last_row_attention(query, key, as_bool, 0.3), rtol=0, atol=0)
-        assert (repeated[~mask.bool()[:, None, :].expand_as(repeated)] == 0).all()
+        assert (repeated[~real[:, None, :].expand_as(repeated)] == 0).all()
     monkeypatch.setattr(attention, "packs_on", lambda device: True)
     monkeypatch.setattr(torch.Tensor, "repeat_interleave", None)             # no key copied per head
     packed = attention.last_row_attention(query, key, mask, 0.3)

@@ -227,8 +227,10 @@ def test_a_caption_exactly_at_the_threshold_is_not_below_it(dtype):
     image = np.array([[1, 0, 0], [0.9, 0.1, 0], [0.8, 0, 0.2], [0, 1, 0]])
     image /= np.linalg.norm(image, axis=1, keepdims=True)
     text = np.array([[1, 0, 0], [0.5, 0.75, 0], [0, 1, 0], [0, 0, 1]])
-    mine = lambda threshold: bm.hard_distractors(np.array([0]), image, text, None, 1, threshold, "reference",  # noqa: E731
-                                                 similarity_dtype=dtype).tolist()
+
+    def mine(threshold):
+        return bm.hard_distractors(np.array([0]), image, text, None, 1, threshold, "reference",
+                                   similarity_dtype=dtype).tolist()
     assert mine(0.5) == mine(0.4999) == [[2]]   # 0.4999: float16's margin alone must not admit it
     assert mine(0.5001) == [[1]]
 

@@ -212,13 +212,18 @@ def test_cli_reference_draw_writes_byte_identical_files(tmp_path):
 
 # --- float16 similarities as numpy computes them ----------------------------------------
 
+def numpys_dot(rows: np.ndarray, pool: np.ndarray) -> np.ndarray:
+    """``np.dot`` of every row with every pool vector, one pair at a time: the reference's similarities."""
+    return np.array([[float(np.dot(r, p)) for p in pool] for r in rows])
+
+
 def test_float16_dot_is_numpys_and_within_its_margin():
     rng = np.random.default_rng(3)
     rows = rng.normal(size=(6, 768))
     pool = rows[rng.integers(0, 6, size=300)] + 0.2 * rng.normal(size=(300, 768))
     rows = (rows / np.linalg.norm(rows, axis=1, keepdims=True)).astype(np.float16)
     pool = (pool / np.linalg.norm(pool, axis=1, keepdims=True)).astype(np.float16)
-    numpy_dot = np.array([[float(np.dot(r, p)) for p in pool] for r in rows])   # the reference's np.dot
+    numpy_dot = numpys_dot(rows, pool)
     r, c = np.nonzero(np.ones(numpy_dot.shape, dtype=bool))
     assert np.array_equal(bm.float16_dot_pairs(rows, pool, r, c).reshape(numpy_dot.shape), numpy_dot)
     estimate, margin = bm.float16_dot_estimate(rows, pool)
@@ -228,7 +233,6 @@ def test_float16_dot_is_numpys_and_within_its_margin():
     assert (blas != numpy_dot).any()                     # float32 BLAS products round differently
     # The bound does not assume unit vectors: float16's rounding error grows with the product's size.
     for scale in (1 / 16, 16):
-        rows_s, pool_s = (rows * np.float16(scale)), (pool * np.float16(4))
-        numpy_dot = np.array([[float(np.dot(r, p)) for p in pool_s] for r in rows_s])
-        estimate, margin = bm.float16_dot_estimate(rows_s, pool_s)
-        assert (np.abs(numpy_dot - estimate) <= margin).all()
+        scaled_rows, scaled_pool = rows * np.float16(scale), pool * np.float16(4)
+        estimate, margin = bm.float16_dot_estimate(scaled_rows, scaled_pool)
+        assert (np.abs(numpys_dot(scaled_rows, scaled_pool) - estimate) <= margin).all()

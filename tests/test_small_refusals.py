@@ -196,8 +196,9 @@ def test_the_orderings_seed_is_apart_from_the_draws():
 def test_per_instance_orderings_with_their_own_seed_do_not_follow_the_draws_seed():
     table, features = tied_dataset()
     kwargs = dict(n_eval=6, n_calibration=2, n_orderings=3, pool_size=60, orderings="per_instance")
-    orderings = lambda **seeds: [i["orderings"] for i in bm.build_benchmark(table, features, "random", 4,  # noqa: E731
-                                                                            **seeds, **kwargs)["eval"]]
+
+    def orderings(**seeds):
+        return [i["orderings"] for i in bm.build_benchmark(table, features, "random", 4, **seeds, **kwargs)["eval"]]
     assert orderings(seed=7, ordering_seed=42) == orderings(seed=8, ordering_seed=42) != orderings(seed=7)
     assert orderings(seed=7) != orderings(seed=8)     # unset: the draw's own stream
 
