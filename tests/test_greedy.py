@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from conftest_models import FAMILIES, TINY_IMAGE_SIZE, demo_runner, make_demo_benchmark
-from ladbench.inference.greedy import greedy_reply_texts
+from ladbench.inference.greedy import _penalised, greedy_reply_texts, repetition_penalty
 from ladbench.methods import METHODS, parse_reference_replies
 
 
@@ -31,6 +31,28 @@ def test_reply_text_stops_at_the_first_stop_token():
         def decode(self, ids, skip_special_tokens):
             return "".join(" ab"[i] if i < 3 else "?" for i in ids if not (skip_special_tokens and i == 0))
     assert greedy_reply_texts(Tok(), np.array([[1, 2], [0, 1], [2, 0], [1, 9]]), [0]) == ["ab", "", "b", "a?"]
+
+
+def test_repetition_penalty_is_transformers_on_logits_of_both_signs():
+    """Seen tokens' logits shrink towards 0 whatever their sign: divided where positive, multiplied
+    where negative (a seen token twice in a row is penalised once), as transformers' processor does."""
+    import torch
+    from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor
+    logits = torch.randn(3, 40, generator=torch.Generator().manual_seed(0)) * 4
+    seen = torch.tensor([[1, 2, 2, 30], [0, 5, 6, 7], [39, 39, 39, 39]])
+    assert (logits.gather(1, seen) < 0).any() and (logits.gather(1, seen) > 0).any()
+    for penalty in (1.0, 1.3, 3.0):
+        torch.testing.assert_close(_penalised(logits, seen, penalty),
+                                   RepetitionPenaltyLogitsProcessor(penalty)(seen, logits.clone()), rtol=0, atol=0)
+
+
+def test_repetition_penalty_defaults_to_none_where_the_model_states_none():
+    assert repetition_penalty(SimpleNamespace(model=SimpleNamespace())) == 1.0
+    for stated in (None, 0, 1.0):
+        config = SimpleNamespace(repetition_penalty=stated)
+        assert repetition_penalty(SimpleNamespace(model=SimpleNamespace(generation_config=config))) == 1.0
+    config = SimpleNamespace(repetition_penalty=1.2)
+    assert repetition_penalty(SimpleNamespace(model=SimpleNamespace(generation_config=config))) == 1.2
 
 
 @pytest.mark.slow

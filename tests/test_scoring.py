@@ -64,11 +64,58 @@ def test_reference_mode_is_raw_logits_and_joint_is_restricted_log_prob():
     np.testing.assert_allclose(shift, np.repeat(shift[:, :1], 3, axis=1))
 
 
+def test_restricted_log_softmax_normalises_the_last_axis_of_any_rank():
+    logits = np.log([1.0, 2.0, 3.0, 4.0])
+    np.testing.assert_allclose(restricted_log_softmax(logits, [0, 3]), np.log([0.2, 0.8]), atol=1e-12)
+    stacked = np.stack([logits, logits[::-1]])[:, None, :].repeat(3, axis=1)       # [2, 3, 4]
+    np.testing.assert_allclose(np.exp(restricted_log_softmax(stacked, [0, 3])),
+                               np.broadcast_to(np.array([[0.2, 0.8], [0.8, 0.2]])[:, None, :], (2, 3, 2)), atol=1e-12)
+
+
 def test_trie_rejects_ambiguous_identifiers():
     with pytest.raises(ValueError, match="same tokens"):
         IdentifierTrie.build(["1", "1"], toy_encode, END)
+    # the message names the identifiers that collide, and only those
+    with pytest.raises(ValueError, match=r"identifiers \['x', 'y'\] encode"):
+        IdentifierTrie.build(["1", "x", "2", "y"], lambda s: toy_encode(s) if s.isdigit() else [7], END)
     with pytest.raises(ValueError, match="end token"):
         IdentifierTrie.build(["1"], lambda s: [END], END)
+
+
+class ToyTokenizer:
+    """A tokenizer with a BOS it adds only when asked, a newline token, one token per digit, and,
+    when ``merges`` is set, a token for a digit right after a newline (as a byte-level BPE that
+    merged across the newline would)."""
+
+    BOS, NEWLINE, MERGED = 50, 51, 60
+
+    def __init__(self, merges: bool = False) -> None:
+        self.merges = merges
+
+    def __call__(self, text: str, add_special_tokens: bool = True) -> dict:
+        ids = [self.BOS] if add_special_tokens else []
+        for i, ch in enumerate(text):
+            if ch == "\n":
+                ids.append(self.NEWLINE)
+            elif self.merges and i > 0 and text[i - 1] == "\n":
+                ids.append(self.MERGED + TOY[ch])
+            else:
+                ids.append(TOY[ch])
+        return {"input_ids": ids}
+
+
+def test_identifier_encoder_takes_the_replys_tokens_without_special_tokens():
+    encode = identifier_encoder(ToyTokenizer())
+    assert encode("1") == [1] and encode("10") == [1, 10]                 # no BOS: the reply starts mid-sequence
+
+
+def test_identifier_encoder_refuses_a_tokenizer_that_merges_after_the_newline():
+    """The newline stays its own token but the identifier after it becomes another token: the
+    standalone tokens would score the wrong sequence."""
+    tokenizer = ToyTokenizer(merges=True)
+    assert tokenizer("\n1", add_special_tokens=False)["input_ids"][:1] == [ToyTokenizer.NEWLINE]
+    with pytest.raises(ValueError, match="tokenises differently after a newline"):
+        identifier_encoder(tokenizer)("1")
 
 
 # ------------------------------------------------------------------------ formats, prompts

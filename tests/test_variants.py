@@ -74,6 +74,8 @@ HASHED_SETTINGS_SHA256 = {
     "cot": "5f374ce11d2fc4e42818d3201222e2c36f00b64fc800db193ce082d603d45ba6",
     "sc": "3b695bc4e06ebb2844c9f290baecfdac563969556b1acd15d8fad3ffd354c778",
 }
+# Taken at 58efa05 (cache format 2): config_sha256 of the fixed files of the test below.
+FIXED_INPUTS_CONFIG_SHA256 = "7b500d65c06629a69bcb12f07721efaa4d9ac3909ff97f1e246747442f5351f4"
 PROMPTS_SHA256 = "b2dc22faa75743cea592cc2062964f13cf90e5c5af4f8684002a378454a2ed3f"
 
 
@@ -90,6 +92,27 @@ def _digest(document) -> str:
 @pytest.mark.parametrize("prompt", list(HASHED_SETTINGS_SHA256))
 def test_the_cache_identity_of_each_existing_variant_is_unchanged(prompt):
     assert _digest(_settings(prompt).hashed_fields()) == HASHED_SETTINGS_SHA256[prompt]
+
+
+def test_the_cache_identity_of_fixed_input_files_is_unchanged(tmp_path):
+    """A cache's whole identity over fixed inputs: the settings, the benchmark file's bytes, the
+    image table's content, the model folder's config and weights, and the cache format. A change in
+    any rule here (a format number, what a fingerprint reads) rebuilds every cache a user has, GPU
+    hours of them; where that is meant, the digest below changes in the same commit."""
+    from ladbench.inference.runner import InferenceSettings, config_sha256
+    bench = tmp_path / "benchmark.json"
+    bench.write_bytes(b'{"n_candidates": 4, "eval": []}')
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_bytes(b'{"model_type": "qwen2_5_vl"}')
+    (model / "model.safetensors").write_bytes(bytes(range(256)) * 8)
+    (model / "README.md").write_text("not part of the identity")
+    table = {"image_root": str(tmp_path / "anywhere"),
+             "images": [{"image_id": 1, "file_name": "a.jpg", "caption": "a dog"},
+                        {"image_id": 2, "file_name": "b.jpg", "caption": "a cat", "sha256": "0" * 64}]}
+    settings = InferenceSettings(benchmark=str(bench), images="i.json", out="o.h5", model_name="m", family="qwen2_5_vl",
+                                 model_path=str(model), prompt="vanilla")
+    assert config_sha256(settings, str(bench), table) == FIXED_INPUTS_CONFIG_SHA256
 
 
 def test_the_prompt_texts_are_unchanged():
