@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from conftest_models import FAMILIES, demo_runner
-from ladbench.inference.prompts import identifiers, majority_vote, parse_answer_is, parse_last_identifier
+from ladbench.inference.prompts import MAX_CANDIDATES, identifiers, majority_vote, parse_answer_is, parse_last_identifier
 from ladbench.inference.scoring import IdentifierTrie, identifier_encoder, restricted_log_softmax, trie_scores
 from ladbench.variants import prompt_sha256, prompt_text
 
@@ -126,6 +126,10 @@ def test_identifier_formats():
     assert identifiers("words", 3) == ["first", "second", "third"]
     with pytest.raises(ValueError, match="identifier format"):
         identifiers("emoji", 4)
+    assert identifiers("digits", 1) == ["1"] and identifiers("words", 1) == ["first"]      # one candidate is allowed
+    for n in (0, MAX_CANDIDATES + 1):
+        with pytest.raises(ValueError, match="number of candidates"):
+            identifiers("digits", n)
 
 
 def test_vanilla_digit_prompt_is_the_reference_text():
@@ -137,6 +141,8 @@ def test_vanilla_digit_prompt_is_the_reference_text():
     assert "The answer is <index>" in prompt_text("sc", 8, "a dog")
     assert "from A to D" in prompt_text("vanilla", 4, "x", "upper")
     assert "first, second, third and fourth" in prompt_text("vanilla", 4, "x", "words")
+    assert "indexed as first and second," in prompt_text("vanilla", 2, "x", "words")
+    assert "indexed as first," in prompt_text("vanilla", 1, "x", "words")
     assert prompt_sha256("vanilla", 4, "digits") == prompt_sha256("sofa", 4, "digits")
     assert prompt_sha256("vanilla", 4, "digits") != prompt_sha256("instruction", 4, "digits")
 
@@ -149,6 +155,10 @@ def test_answer_parsing():
     assert parse_last_identifier("The Second one", 4, "words") == 1
     assert parse_answer_is("I see 1 and 3. The answer is 2. Also 4", 4) == 1
     assert parse_answer_is("I see 1 and 3", 4) == 2                     # falls back to the last valid integer
+    # the stated answer wins over identifiers written after it, in every format
+    assert parse_answer_is("The answer is Second, not third.", 4, "words") == 1
+    assert parse_answer_is("The answer is B, not A. the answer is c", 4, "upper") == 1
+    assert majority_vote([0, 0, 1]) == 0                                   # position 0 is an answer like any other
     assert majority_vote([2, 1, -1, 1, 2]) == 2 and majority_vote([-1, -1]) == -1 and majority_vote([0, 3, 3]) == 3
 
 
