@@ -432,6 +432,114 @@ def test_a_slab_laid_out_anew_at_every_step_keeps_what_it_holds(ending, tmp_path
     assert tight.decode_stats.kv_positions_copied > roomy.decode_stats.kv_positions_copied + tight.decode_stats.decode_rows
 
 
+@pytest.mark.parametrize("tight", [False, True], ids=["roomy", "tight"])
+@pytest.mark.parametrize("copies_views", [False, True], ids=["views", "copies"])
+def test_a_slab_holds_each_sequence_right_aligned_at_its_end_with_zeros_before_it(monkeypatch, tight, copies_views):
+    """The slab against a picture kept by hand, through admissions narrower and wider than the
+    flight (a new layout), decode steps, a trim and cuts that reuse freed rows: over the columns
+    [start, end) every row in flight reads zeros, then its own positions, the last at ``end`` (and
+    a step's attention reads just that); a reused row reads nothing of the sequence it held before;
+    the copies are counted as DecodeStats says (a new layout: all in flight; an admission: the
+    flight; a cut: the rows moved; a contiguous copy for the attention: what it reads). Buffers
+    with room to spare, and with none (a new layout at every step); views of them, and contiguous
+    copies (where SDPA misreads views)."""
+    from ladbench.inference import decode
+    from ladbench.inference.decode import DecodeStats, Flight, Slab
+    if tight:
+        monkeypatch.setattr(Slab, "columns_for", staticmethod(lambda end: end + 1))
+    monkeypatch.setattr(decode, "read_views", lambda kv, groups: (0.0, copies_views))
+    heads, dim, layers = 2, 5, 3
+    serial = iter(range(1, 10**6))
+    copies = collections.Counter()
+
+    def positions(n: int, width: int) -> list[list[torch.Tensor]]:
+        """Per layer, keys and values [n, heads, width, dim], every position its own nonzero numbers."""
+        return [[torch.stack([torch.full((heads, width, dim), 0.0) + torch.arange(1, width + 1)[None, :, None] * 1000
+                              + next(serial) for _ in range(n)]) for _ in range(2)] for _ in range(layers)]
+
+    def flight(kv: list[list[torch.Tensor]]) -> Flight:
+        n, width = kv[0][0].shape[0], kv[0][0].shape[2]
+        return Flight(compat.new_plain_cache(kv), torch.ones(n, width), None, torch.zeros(n, 1), None, list(range(n)))
+
+    stats = DecodeStats()
+    first = positions(2, 3)
+    slab = Slab(flight(first), rows=4, stats=stats)
+    held: list[list[list[torch.Tensor]]] = []        # per row in flight: per layer, [keys, values] [heads, columns, dim]
+
+    def admit(kv):
+        n, width = kv[0][0].shape[0], kv[0][0].shape[2]
+        copies["expected"] += n * width + (slab.count * slab.width if width > slab.end else 0)
+        slab.admit(flight(kv))
+        held.extend([[[buf[r] for buf in pair] for pair in kv] for r in range(n)])
+
+    def step():
+        copies["expected"] += slab.count * slab.width if slab.end == slab.capacity else 0
+        slab.reserve()
+        copies["expected"] += slab.count * (slab.width + 1) if copies_views else 0
+        new = positions(slab.count, 1)
+        for r, row in enumerate(held):
+            for layer, pair in enumerate(row):
+                pair[:] = [torch.cat([buf, new[layer][i][r]], 1) for i, buf in enumerate(pair)]
+        for layer, (keys, values) in enumerate(new):
+            read = slab.append(layer, keys, values)              # what the step's attention reads
+            for r, row in enumerate(held):
+                for got, expected in zip(read, row[layer]):
+                    pad = slab.width + 1 - expected.shape[1]
+                    assert (got[r, :, :pad] == 0).all() and torch.equal(got[r, :, pad:], expected), (r, layer)
+        slab.stepped()
+
+    def cut(live, moved):
+        copies["expected"] += moved * slab.width
+        order = slab.cut(live)
+        held[:] = [held[r] for r in order]
+        return order
+
+    def check():
+        assert slab.count == len(held) and stats.kv_positions_copied == copies["expected"]
+        for r, row in enumerate(held):
+            for layer, pair in enumerate(row):
+                for buf, expected in zip(slab.kv[layer], pair):
+                    got = buf[r, :, slab.start:slab.end]
+                    pad = slab.width - expected.shape[1]
+                    assert pad >= 0 and (got[:, :pad] == 0).all(), (r, layer)
+                    assert torch.equal(got[:, pad:], expected), (r, layer)
+
+    admit(first)                                     # the first flight: a layout 3 columns wide
+    check()
+    step()
+    admit(positions(1, 2))                           # narrower than the flight: no new layout
+    check()
+    slab.trim(1)                                     # a leading column no sequence needs (padding of all)
+    for row in held:
+        for pair in row:
+            pair[:] = [buf[:, max(buf.shape[1] - slab.width, 0):] for buf in pair]
+    step()                                           # a step reading from a column past 0
+    check()
+    admit(positions(1, slab.width + 1))              # wider than the flight, within its end: zeros before the old rows
+    check()
+    step()
+    assert cut([1, 3], moved=1) == [3, 1]            # row 3 moves into freed row 0
+    check()
+    admit(positions(1, 2))                           # into a freed row that held a sequence: zeros before it
+    check()
+    admit(positions(1, slab.end + 3))                # wider than the flight ends: a new layout, then the row
+    check()
+    step()
+    check()
+    with pytest.raises(ValueError, match="do not fit a slab of 4 rows"):
+        slab.admit(flight(positions(1, 2)))
+    assert cut([0, 2, 3], moved=1) == [0, 3, 2]      # row 3 moves into freed row 1; rows 0 and 2 stay
+    check()
+    step()
+    check()
+    assert cut([], moved=0) == [] and slab.width == 0
+
+
+def test_a_slab_layout_leaves_room_for_half_its_end_again_and_at_least_256_steps_in_blocks_of_256():
+    from ladbench.inference.decode import Slab
+    assert [Slab.columns_for(end) for end in (0, 1, 256, 300, 511, 600, 1000)] == [256, 512, 512, 768, 768, 1024, 1536]
+
+
 def test_a_short_first_step_does_not_narrow_the_sequences_in_flight(ending, tmp_path):
     """The loop's width comes from the groups' size asked for (halved only by an out-of-memory
     retry), not from the rows of the first step it reads: a first chunk of one row (a resumed job,
