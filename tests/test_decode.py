@@ -537,7 +537,7 @@ def test_a_slab_holds_each_sequence_right_aligned_at_its_end_with_zeros_before_i
 
 def test_a_slab_layout_leaves_room_for_half_its_end_again_and_at_least_256_steps_in_blocks_of_256():
     from ladbench.inference.decode import Slab
-    assert [Slab.columns_for(end) for end in (0, 1, 256, 300, 511, 600, 1000)] == [256, 512, 512, 768, 768, 1024, 1536]
+    assert [Slab.columns_for(end) for end in (0, 1, 256, 300, 511, 600, 1000, 2000)] == [256, 512, 512, 768, 768, 1024, 1536, 3072]
 
 
 def test_a_short_first_step_does_not_narrow_the_sequences_in_flight(ending, tmp_path):
