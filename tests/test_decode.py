@@ -1089,6 +1089,12 @@ def test_kv_reads_counted_against_what_the_sequences_hold(ending, tmp_path, prom
     assert alone.kv_positions_held == slab.kv_positions_held == ring.kv_positions_held > 0
     if prompt == "cot":
         assert alone.kv_positions_read == alone.kv_positions_held and alone.kv_reads_held() == 1
+        # one sequence in flight: a prefill a row, every token slot useful, a step a row; a reply of
+        # L tokens is drawn from its prefill's logits and then from L - 1 steps
+        rows, replied = len(alone_text), int(runs[0][0]["n_generated"].sum())
+        assert alone.prefills == alone.prefilled_rows == rows and alone.slots == 1
+        assert alone.token_slots == alone.useful_tokens == replied and alone.useful_fraction() == 1.0
+        assert alone.decode_rows == alone.decode_steps == replied - rows and alone.occupancy() == 1.0
     assert slab.kv_positions_held <= slab.kv_positions_read < ring.kv_positions_read
     assert ring.kv_positions_read == ring.decode_steps * ring.slots * ring.ring_columns
     assert ring.kv_reads_per_token() == ring.kv_positions_read / ring.useful_tokens
