@@ -540,6 +540,34 @@ def test_a_slab_layout_leaves_room_for_half_its_end_again_and_at_least_256_steps
     assert [Slab.columns_for(end) for end in (0, 1, 256, 300, 511, 600, 1000, 2000)] == [256, 512, 512, 768, 768, 1024, 1536, 3072]
 
 
+def test_the_loops_repetition_penalty_is_transformers_on_logits_of_both_signs():
+    """Each sequence's own seen tokens (a mask [B, V]) shrink towards 0 whatever their sign, as
+    transformers' processor does given the tokens."""
+    from types import SimpleNamespace
+
+    from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor
+
+    from ladbench.inference.decode import SlotDecoder
+    scores = torch.randn(3, 30, generator=torch.Generator().manual_seed(1)) * 4
+    tokens = torch.tensor([[1, 2, 29], [0, 5, 7], [11, 11, 11]])
+    seen = torch.zeros(3, 30, dtype=torch.bool).scatter_(1, tokens, True)
+    assert (scores[seen] < 0).any() and (scores[seen] > 0).any()
+    for penalty in (1.3, 3.0):
+        got = SlotDecoder.penalised(SimpleNamespace(penalty=penalty), scores, seen)
+        torch.testing.assert_close(got, RepetitionPenaltyLogitsProcessor(penalty)(tokens, scores.clone()), rtol=0, atol=0)
+    assert SlotDecoder.penalised(SimpleNamespace(penalty=3.0), scores, None) is scores
+
+
+def test_a_sequence_goes_on_until_it_ends_or_draws_its_last_allowed_token():
+    from types import SimpleNamespace
+
+    from ladbench.inference.decode import SlotDecoder
+    decoder = SimpleNamespace(max_new_tokens=3)
+    steps = torch.tensor([0, 1, 2, 0, 2])                  # tokens generated before this step's draw
+    ended = torch.tensor([False, False, False, True, True])
+    assert SlotDecoder.continuing(decoder, ended, steps).tolist() == [True, True, False, False, False]
+
+
 def test_a_short_first_step_does_not_narrow_the_sequences_in_flight(ending, tmp_path):
     """The loop's width comes from the groups' size asked for (halved only by an out-of-memory
     retry), not from the rows of the first step it reads: a first chunk of one row (a resumed job,
