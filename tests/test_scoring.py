@@ -155,7 +155,7 @@ def test_answer_parsing():
     assert parse_last_identifier("The Second one", 4, "words") == 1
     assert parse_answer_is("I see 1 and 3. The answer is 2. Also 4", 4) == 1
     assert parse_answer_is("I see 1 and 3", 4) == 2                     # falls back to the last valid integer
-    # the stated answer wins over identifiers written after it, in every format
+    # the stated answer wins over identifiers written after it (words, and a case the format does not use)
     assert parse_answer_is("The answer is Second, not third.", 4, "words") == 1
     assert parse_answer_is("The answer is B, not A. the answer is c", 4, "upper") == 1
     assert majority_vote([0, 0, 1]) == 0                                   # position 0 is an answer like any other
