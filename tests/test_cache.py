@@ -7,7 +7,8 @@ import h5py
 import numpy as np
 import pytest
 
-from ladbench.inference.cache import CacheLayout, CacheWriter, is_complete_for, partial_path, plan_rows, read_cache
+from ladbench.inference.cache import (CacheLayout, CacheWriter, is_complete_for, partial_path, plan_rows, read_cache,
+                                      throughput)
 
 BENCH = {
     "n_candidates": 3,
@@ -143,3 +144,15 @@ def test_generative_and_head_datasets(tmp_path):
     assert c.eval_view("parsed").shape == (2, 2) and np.isnan(c["scores"]).all()
     with h5py.File(path) as f:
         assert f["attn_heads"].dtype == np.float16 and f["parsed"].dtype == np.int16
+
+
+def test_throughput_by_hand_over_the_timed_rows_only():
+    """Rows without a time (never run, or written before times were kept) count in neither the
+    rows nor the seconds nor the tokens; a job of under a second is not mistaken for none."""
+    seconds, tokens = np.array([0.25, np.nan, 0.25], dtype=np.float32), np.array([10, 99, 30])
+    assert throughput(seconds) == {"rows_per_s": 4.0, "timed_rows": 2, "timed_s": 0.5}
+    assert throughput(seconds, tokens) == {"rows_per_s": 4.0, "timed_rows": 2, "timed_s": 0.5,
+                                           "generated_tokens": 40, "generated_tokens_per_s": 80.0}
+    none = throughput(np.full(2, np.nan), np.array([5, 5]))
+    assert np.isnan(none["rows_per_s"]) and np.isnan(none["generated_tokens_per_s"])
+    assert (none["timed_rows"], none["timed_s"], none["generated_tokens"]) == (0, 0.0, 0)
