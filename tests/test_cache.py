@@ -7,8 +7,9 @@ import h5py
 import numpy as np
 import pytest
 
-from ladbench.inference.cache import (CacheLayout, CacheWriter, is_complete_for, partial_path, plan_rows, read_cache,
-                                      throughput)
+from ladbench.hdf5 import HDF5FileError
+from ladbench.inference.cache import (CacheLayout, CacheWriter, InferenceCache, is_complete_for, partial_path, plan_rows,
+                                      read_cache, throughput)
 
 BENCH = {
     "n_candidates": 3,
@@ -103,6 +104,42 @@ def test_write_resume_finish_and_read_views(tmp_path):
     assert c.calibration_view("attn").shape == (1, 3, 2, 3)
     assert c.calibration_view("attn")[0, 2, 0, 0] == 6.0                # calibration shift 2 = row 6
     assert c.calibration_view("target_pos")[0].tolist() == [2, 1, 0]
+
+
+def test_views_refuse_rows_out_of_row_major_order(tmp_path):
+    """Rows that are all there, in the right number, but in another order would put one
+    ordering's scores under another's: both views refuse them, as they refuse a missing row."""
+    path = str(tmp_path / "c.h5")
+    w = CacheWriter.open(path, plan_rows(BENCH), LAYOUT, {"config_sha256": "abc", "n_candidates": 3})
+    w.write(list(range(7)), _results(range(7)))
+    w.finish({})
+    good = read_cache(path)
+
+    def reordered(rows):
+        return InferenceCache(path, {k: v[rows] for k, v in good.arrays.items()}, good.attrs)
+
+    eval_swapped = reordered([0, 2, 1, 3, 4, 5, 6])                     # (instance 1, ordering 0) before (0, 1)
+    assert sorted(eval_swapped["instance"][:4]) == sorted(good["instance"][:4])
+    with pytest.raises(ValueError, match="c.h5: evaluation rows are not instance x ordering in row-major order"):
+        eval_swapped.eval_view("scores")
+    eval_swapped.calibration_view("scores")                             # the other split is untouched
+    for rows in ([0, 1, 2, 3, 4, 6, 5], [0, 1, 2, 3, 4, 5]):             # shifts 2 and 1 swapped; shift 2 missing
+        with pytest.raises(ValueError, match="c.h5: calibration rows are not instance x shift in row-major order"):
+            reordered(rows).calibration_view("scores")
+        reordered(rows).eval_view("scores")
+
+
+def test_a_folder_is_read_as_unfinished_work_only_by_its_partial_name(tmp_path):
+    """Only ``<cache>.partial`` is an unfinished run's folder: another folder at a cache's
+    path is refused as a folder, not mistaken for a run that did not finish."""
+    path = str(tmp_path / "c.h5")
+    w = CacheWriter.open(path, plan_rows(BENCH), LAYOUT, {"config_sha256": "abc", "n_candidates": 3})
+    w.write([0], _results([0]))
+    assert read_cache(partial_path(path), require_complete=False)["done"].tolist() == [True] + [False] * 6
+    os.mkdir(tmp_path / "results")
+    for require_complete in (True, False):
+        with pytest.raises(HDF5FileError, match=r"results: inference cache: a folder, not a file; delete it"):
+            read_cache(str(tmp_path / "results"), require_complete=require_complete)
 
 
 def test_changed_inputs_replace_the_file_and_same_inputs_keep_it(tmp_path):

@@ -85,6 +85,29 @@ def test_a_file_without_a_digest_is_read_with_one_warning(tmp_path, capsys):
     assert first["scores"].shape[0] == first["done"].shape[0]
 
 
+def test_a_file_from_before_the_digest_still_has_its_reply_texts_checked(tmp_path, capsys):
+    """A format-2 cache written before content_sha256 carries text_sha256, the digest of its
+    replies (docs/formats.md §4): a reply changed since is refused; one that is not, read."""
+    from ladbench.inference.cache import text_sha256
+    plan = plan_rows(benchmark(4))
+    path = str(tmp_path / "g.h5")
+    writer = CacheWriter.open(path, plan, CacheLayout(4, LAYERS, n_heads=2, generative=True, n_samples=2),
+                              {"config_sha256": "g", "n_candidates": 4})
+    rows = np.arange(len(plan))
+    texts = np.array([[f"{r % 4 + 1}", "2"] for r in rows], dtype=object)
+    writer.write(rows, {"text": texts, "parsed": (rows % 4).astype(np.int16)})
+    writer.finish({})
+    with h5py.File(path, "r+") as h5:
+        del h5.attrs[hdf5.DIGEST_ATTR]
+        h5.attrs["text_sha256"] = text_sha256(texts.astype(str))
+    assert read_cache(path)["text"][5, 0] == "2"
+    with h5py.File(path, "r+") as h5:
+        h5["text"][5, 0] = "3"                                          # one sample's answer
+    with pytest.raises(HDF5FileError, match="g.h5: inference cache: corrupted .the reply texts do not match text_sha256"):
+        read_cache(path)
+    assert "without a content_sha256" in capsys.readouterr().err
+
+
 def test_damage_anywhere_is_one_line_or_changes_nothing(tmp_path):
     """Bytes of a cache flipped one at a time (300 places drawn over the whole file; every
     place was walked once by hand, 9,496 of them, in 150 s): each read either refuses with one

@@ -155,6 +155,8 @@ def _problem(exc: OSError) -> str:
         return "no such file"
     if isinstance(exc, PermissionError) or "errno = 13," in text:
         return "not readable (permission denied)"
+    if isinstance(exc, IsADirectoryError) or "errno = 21," in text:
+        return "a folder, not a file"
     if "errno = 28," in text or "No space left" in text or "errno = 27," in text or "File too large" in text:
         return "the disk is full (or the file is over the size limit)"
     if "file signature not found" in text:
