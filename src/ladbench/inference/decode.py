@@ -73,7 +73,7 @@ from ladbench.models import attention, compat
 from ladbench.models.base import not_full_attention
 
 from . import graphs
-from .greedy import repetition_penalty
+from .greedy import penalty_applied, repetition_penalty
 
 log = logging.getLogger(__name__)
 
@@ -684,8 +684,7 @@ class SlotDecoder:
         """The model's repetition penalty on each sequence's own tokens (``seen``), as ``generate`` applies it."""
         if seen is None:
             return scores
-        p = self.penalty
-        return torch.where(seen, torch.where(scores < 0, scores * p, scores / p), scores)
+        return torch.where(seen, penalty_applied(scores, self.penalty), scores)
 
     def step(self, flight: Flight, replies: dict[int, list[int]]) -> Flight | None:
         """Draw one token per sequence, read them back (the step's one host sync), drop the

@@ -27,14 +27,19 @@ def repetition_penalty(adapter) -> float:
     return float(penalty) if penalty else 1.0
 
 
-def _penalised(logits, seen_ids, penalty: float):
-    """transformers' repetition penalty: logits of tokens in ``seen_ids`` [B, S] are divided by
-    ``penalty`` where positive and multiplied where negative."""
+def penalty_applied(logits, penalty: float):
+    """transformers' repetition penalty rule, on the logits of tokens already seen: each moves
+    towards 0, divided by ``penalty`` where positive and multiplied where negative. (The
+    greedy readout picks the seen logits by token id, the decode loop by a vocabulary mask.)"""
     import torch
+    return torch.where(logits < 0, logits * penalty, logits / penalty)
+
+
+def _penalised(logits, seen_ids, penalty: float):
+    """The repetition penalty on the logits of the tokens in ``seen_ids`` [B, S]."""
     if penalty == 1.0:
         return logits
-    seen = torch.gather(logits, 1, seen_ids)
-    return logits.scatter(1, seen_ids, torch.where(seen < 0, seen * penalty, seen / penalty))
+    return logits.scatter(1, seen_ids, penalty_applied(logits.gather(1, seen_ids), penalty))
 
 
 def greedy_reply_tokens(adapter, last_logits, state, inputs: dict):
