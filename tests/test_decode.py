@@ -852,6 +852,50 @@ def test_the_static_step_compiles_as_one_graph_and_replies_stay_equal(ending, ti
         assert (again[key] == old[key][:4]).all(), key
 
 
+class _Layer:
+    """A cache layer as transformers' repeat sees it, with a prompt tensor it may leave behind."""
+
+    def __init__(self, batch: int, repeats_prompt_keys: bool):
+        self.keys, self.prompt_keys, self.repeats_prompt_keys = torch.zeros(batch, 1, 3, 2), torch.zeros(batch, 1, 5, 2), repeats_prompt_keys
+
+    def batch_repeat_interleave(self, repeats: int):
+        self.keys = self.keys.repeat_interleave(repeats, 0)
+        if self.repeats_prompt_keys:
+            self.prompt_keys = self.prompt_keys.repeat_interleave(repeats, 0)
+
+
+class _Cache:
+    def __init__(self, layers):
+        self.layers = layers
+
+    def batch_repeat_interleave(self, repeats: int):
+        for layer in self.layers:
+            layer.batch_repeat_interleave(repeats)
+
+
+@pytest.mark.parametrize("samples", [2, 3])
+def test_a_padded_group_repeated_per_sample_is_checked_layer_by_layer(samples):
+    """The padded path repeats a group's cache once per sample: every 4-D tensor a layer holds
+    must come out at the repeated batch (a layer state transformers' repeat leaves at the
+    prompt's batch would decode with another sequence's keys), and a layer with no repeat at
+    all is refused before anything is repeated. Both are :class:`UnrepeatableCache`, which
+    sends the job through ``generate``."""
+    from ladbench.inference.decode import Flight, UnrepeatableCache, take
+
+    def flight(cache):
+        return Flight(cache, torch.ones(2, 3), None, torch.zeros(2, 5), None, seq=[0, 1])
+    rows = [0] * samples + [1] * samples
+    good = _Cache([_Layer(2, True), _Layer(2, True)])
+    taken = take(flight(good), rows, joinable=False)
+    assert taken.seq == rows and [layer.prompt_keys.shape[0] for layer in good.layers] == [2 * samples] * 2
+    with pytest.raises(UnrepeatableCache, match="_Layer.prompt_keys is not repeated along the batch"):
+        take(flight(_Cache([_Layer(2, True), _Layer(2, False)])), rows, joinable=False)
+    bare = _Cache([_Layer(2, True), object()])
+    with pytest.raises(UnrepeatableCache, match="_Cache's layers cannot be repeated along the batch"):
+        take(flight(bare), rows, joinable=False)
+    assert bare.layers[0].keys.shape[0] == 2                               # refused before any repeat
+
+
 @pytest.mark.current_lane("family auto's architectures run on the current lane")
 def test_a_cache_transformers_repeats_only_in_part_sends_self_consistency_through_generate(auto_adapter, tmp_path):
     """Unlimited-OCR's cache layers keep the prompt's keys beside their window, which transformers'
