@@ -1138,6 +1138,30 @@ def test_the_loop_decodes_a_cache_spread_over_two_devices(caplog, static):
                        "loop decodes it"] if static else [])
 
 
+def test_decode_stats_ratios_and_sums_by_hand():
+    """The ratios the generation benchmark reports, and runs added: counts summed, widths the widest.
+    A run with nothing counted gives 0, not a division by zero; one reply token divides by 1."""
+    from ladbench.inference.decode import WIDTHS, DecodeStats
+    run = DecodeStats(decode_steps=2, decode_rows=6, slots=4, token_slots=8, useful_tokens=5, kv_positions_copied=10,
+                      kv_positions_read=30, kv_positions_held=24, widest_cache=7, prefill_seconds=0.5)
+    assert (run.useful_fraction(), run.occupancy(), run.kv_copies_per_token(), run.kv_reads_per_token(),
+            run.kv_reads_held()) == (5 / 8, 6 / 8, 10 / 5, 30 / 5, 24 / 30)
+    empty = DecodeStats()
+    assert empty == DecodeStats(**{f.name: 0 for f in dataclasses.fields(DecodeStats)})          # every count starts at 0
+    assert (empty.useful_fraction(), empty.occupancy(), empty.kv_copies_per_token(), empty.kv_reads_per_token(),
+            empty.kv_reads_held()) == (0, 0, 0, 0, 0)
+    one = DecodeStats(decode_steps=1, decode_rows=1, slots=1, token_slots=1, useful_tokens=1, kv_positions_copied=3,
+                      kv_positions_read=1, kv_positions_held=1)
+    assert (one.useful_fraction(), one.occupancy(), one.kv_copies_per_token(), one.kv_reads_per_token(),
+            one.kv_reads_held()) == (1, 1, 3, 1, 1)
+    total = DecodeStats(decode_steps=1, slots=6, widest_cache=3, ring_columns=9, prefill_seconds=0.25)
+    total.add(run)
+    assert (total.decode_steps, total.slots, total.widest_cache, total.ring_columns, total.prefill_seconds) == (3, 6, 7, 9, 0.75)
+    assert dataclasses.replace(total, decode_steps=0, prefill_seconds=0) == dataclasses.replace(
+        run, decode_steps=0, prefill_seconds=0, slots=6, ring_columns=9)
+    assert set(WIDTHS) < {f.name for f in dataclasses.fields(DecodeStats)}
+
+
 def test_kv_positions_held_by_hand():
     """Prompt 5, reply 3 (end token included): two tokens fed, attending 6 and 7 positions; a
     one-token reply is fed nothing; samples of a row share its prompt."""
