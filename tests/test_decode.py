@@ -1162,6 +1162,24 @@ def test_decode_stats_ratios_and_sums_by_hand():
     assert set(WIDTHS) < {f.name for f in dataclasses.fields(DecodeStats)}
 
 
+def test_the_progress_note_sizes_the_kv_store_by_hand():
+    """The job's progress line: tokens generated, and the bytes the slab or ring holds (keys and
+    values of every layer), in MiB under a GiB and in GiB from one; no store, no size."""
+    from types import SimpleNamespace
+
+    from ladbench.inference.decode import DecodeStats, SlotDecoder
+
+    def note(store):
+        return SlotDecoder.progress_note(SimpleNamespace(stats=DecodeStats(useful_tokens=12345), store=store))
+    assert note(None) == "12,345 tokens generated"
+    layer = (torch.zeros(3, 2, 64, 8, dtype=torch.bfloat16), torch.zeros(3, 2, 64, 8, dtype=torch.bfloat16))   # 2 x 6 KiB
+    assert note(SimpleNamespace(kv=[layer] * 64)) == "12,345 tokens generated, KV store 0.8 MiB"                # 768 KiB
+    big = (torch.empty(3 * 2**27, dtype=torch.uint8, device="meta"),) * 2                                      # 2 x 384 MiB
+    assert note(SimpleNamespace(kv=[big] * 2)) == "12,345 tokens generated, KV store 1.50 GiB"
+    gib = (torch.empty(2**29, dtype=torch.uint8, device="meta"),) * 2
+    assert note(SimpleNamespace(kv=[gib])) == "12,345 tokens generated, KV store 1.00 GiB"
+
+
 def test_kv_positions_held_by_hand():
     """Prompt 5, reply 3 (end token included): two tokens fed, attending 6 and 7 positions; a
     one-token reply is fed nothing; samples of a row share its prompt."""
