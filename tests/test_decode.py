@@ -100,22 +100,26 @@ def test_samples_admitted_one_slot_at_a_time_keep_their_own_keys(ending, tmp_pat
         assert (new[key] == old[key]).all(), key
 
 
+@pytest.mark.parametrize("decode", ["slots", "graphs"])
 @pytest.mark.parametrize("prompt", sorted(VARIANTS))
-def test_a_repetition_penalty_is_applied_as_generate_applies_it_to_one_row(tiny_model, tmp_path, prompt):
+def test_a_repetition_penalty_is_applied_as_generate_applies_it_to_one_row(tiny_model, tmp_path, prompt, decode):
     """The generation config's repetition penalty (the real Qwen models set 1.05), over each row's
-    own tokens: the loop at batch 2 equals ``generate`` row by row (batch 1: no padding to penalise)."""
+    own tokens: the loop at batch 2 equals ``generate`` row by row (batch 1: no padding to penalise),
+    in the slab and in the ring (``--decode graphs``, eager on the CPU), whose slots carry the
+    tokens seen from one sequence to the next."""
     from ladbench.models import load_adapter
     family = QWEN_BUILDS[0]
     adapter = load_adapter(family, tiny_model("qwen2_5_vl"), device="cpu", dtype="float32")
     with torch.no_grad():
         adapter.model.get_output_embeddings().weight[adapter.end_of_turn_id] *= 2
     adapter.model.generation_config.repetition_penalty = 1.5
-    new, loop = generated(adapter, tmp_path / "loop", prompt, "slots")
+    new, loop = generated(adapter, tmp_path / "loop", prompt, decode)
     old, _ = generated(adapter, tmp_path / "generate", prompt, "generate", batch_size=1)
     assert loop.generate_reason is None and loop.decode_stats.decode_steps
+    assert bool(loop.decode_stats.ring_columns) == (decode == "graphs")
     assert (new["text"] == old["text"]).all() and (new["n_generated"] == old["n_generated"]).all()
     adapter.model.generation_config.repetition_penalty = 1.0                 # the penalty changes the replies
-    plain, _ = generated(adapter, tmp_path / "plain", prompt, "slots")
+    plain, _ = generated(adapter, tmp_path / "plain", prompt, decode)
     assert (plain["text"] != new["text"]).any()
 
 
