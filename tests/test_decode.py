@@ -1184,6 +1184,38 @@ def test_the_progress_note_sizes_the_kv_store_by_hand():
     assert note(SimpleNamespace(kv=[gib])) == "12,345 tokens generated, KV store 1.00 GiB"
 
 
+def test_a_ring_serves_a_later_step_only_if_all_it_was_built_for_matches():
+    """A stage's next step reuses the ring (and its compiled step) only with as many slots or
+    fewer, the same compilation, graphs, model, sampler and penalty state, and the same heads,
+    head sizes and dtype of the cache; any one of them different, it builds another."""
+    from types import SimpleNamespace
+
+    from ladbench.inference.decode import Ring
+
+    def kv(heads=2, dim=4, dtype=torch.float32, value_dim=4):
+        return torch.zeros(1, heads, 5, dim, dtype=dtype), torch.zeros(1, heads, 5, value_dim, dtype=dtype)
+    adapter, compiled = object(), ("mode", "reduce-overhead")
+    ring = SimpleNamespace(slots=4, compile_options=dict([compiled]), graphs=True, adapter=adapter,
+                           keys=torch.zeros(4), seen=None, kv=[kv()] * 2)
+
+    built_for = dict(slots=4, options=(compiled,), graphs=True, model=adapter, keys=torch.zeros(2), seen=None,
+                     cache=(kv(),) * 2)
+
+    def serves(**different):
+        step = {**built_for, **different}
+        options = None if step["options"] is None else dict(step["options"])
+        decoder = SimpleNamespace(slots=step["slots"], compile_options=options, graphs=step["graphs"], adapter=step["model"])
+        first = SimpleNamespace(keys=step["keys"], seen=step["seen"],
+                                cache=compat.new_plain_cache([list(pair) for pair in step["cache"]]))
+        return Ring.serves(ring, decoder, first)
+    assert serves() and serves(slots=3)
+    for different in (dict(slots=5), dict(options=None), dict(options=()), dict(graphs=False), dict(model=object()),
+                      dict(keys=None), dict(seen=torch.zeros(2, 9, dtype=torch.bool)), dict(cache=(kv(),)),
+                      dict(cache=(kv(), kv(heads=3))), dict(cache=(kv(), kv(dim=8))), dict(cache=(kv(), kv(dtype=torch.float16))),
+                      dict(cache=(kv(), kv(value_dim=8)))):
+        assert not serves(**different), different
+
+
 def test_kv_positions_held_by_hand():
     """Prompt 5, reply 3 (end token included): two tokens fed, attending 6 and 7 positions; a
     one-token reply is fed nothing; samples of a row share its prompt."""
