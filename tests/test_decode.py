@@ -1216,6 +1216,19 @@ def test_a_ring_serves_a_later_step_only_if_all_it_was_built_for_matches():
         assert not serves(**different), different
 
 
+def test_query_groups_by_hand():
+    """Query heads per KV head, which the strided-read probe is asked with: 1 where the config
+    states no grouping, no heads, or heads that are not numbers."""
+    from types import SimpleNamespace
+
+    from ladbench.inference.decode import query_groups
+    assert query_groups(SimpleNamespace(num_attention_heads=16, num_key_value_heads=2)) == 8
+    assert query_groups(SimpleNamespace(num_attention_heads=16, num_key_value_heads=16)) == 1
+    assert query_groups(SimpleNamespace(num_attention_heads=16, num_key_value_heads=None)) == 1
+    assert query_groups(SimpleNamespace()) == 1
+    assert query_groups(SimpleNamespace(num_attention_heads="16", num_key_value_heads=2)) == 1
+
+
 def test_kv_positions_held_by_hand():
     """Prompt 5, reply 3 (end token included): two tokens fed, attending 6 and 7 positions; a
     one-token reply is fed nothing; samples of a row share its prompt."""
