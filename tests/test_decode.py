@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -547,8 +548,6 @@ def test_a_slab_layout_leaves_room_for_half_its_end_again_and_at_least_256_steps
 def test_the_loops_repetition_penalty_is_transformers_on_logits_of_both_signs():
     """Each sequence's own seen tokens (a mask [B, V]) shrink towards 0 whatever their sign, as
     transformers' processor does given the tokens."""
-    from types import SimpleNamespace
-
     from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor
 
     from ladbench.inference.decode import SlotDecoder
@@ -563,8 +562,6 @@ def test_the_loops_repetition_penalty_is_transformers_on_logits_of_both_signs():
 
 
 def test_a_sequence_goes_on_until_it_ends_or_draws_its_last_allowed_token():
-    from types import SimpleNamespace
-
     from ladbench.inference.decode import SlotDecoder
     decoder = SimpleNamespace(max_new_tokens=3)
     steps = torch.tensor([0, 1, 2, 0, 2])                  # tokens generated before this step's draw
@@ -605,8 +602,6 @@ def test_a_cache_the_loop_cannot_join_takes_the_padded_path_and_says_so_in_one_l
 
 
 def test_the_padded_path_reasons_name_what_the_loop_cannot_cut_or_join():
-    from types import SimpleNamespace
-
     from ladbench.inference.decode import padded_path_reason
     from ladbench.models import compat
     full = SimpleNamespace(layer_types=["full_attention"] * 4)
@@ -678,8 +673,6 @@ def test_keyed_noise_is_the_documented_hash_of_seed_row_sample_step_and_token():
 def test_a_generation_option_only_generate_applies_is_found_even_at_token_id_0():
     """Token 0 is a token: a forced BOS of id 0 sends the model through ``generate``; unset
     options (None, 0 n-grams, a neutral 1.0) leave it to the loop."""
-    from types import SimpleNamespace
-
     from ladbench.inference.decode import unreproduced_options
 
     def options(**config):
@@ -860,7 +853,9 @@ class _Layer:
     """A cache layer as transformers' repeat sees it, with a prompt tensor it may leave behind."""
 
     def __init__(self, batch: int, repeats_prompt_keys: bool):
-        self.keys, self.prompt_keys, self.repeats_prompt_keys = torch.zeros(batch, 1, 3, 2), torch.zeros(batch, 1, 5, 2), repeats_prompt_keys
+        self.keys = torch.zeros(batch, 1, 3, 2)
+        self.prompt_keys = torch.zeros(batch, 1, 5, 2)
+        self.repeats_prompt_keys = repeats_prompt_keys
 
     def batch_repeat_interleave(self, repeats: int):
         self.keys = self.keys.repeat_interleave(repeats, 0)
@@ -1169,8 +1164,6 @@ def test_decode_stats_ratios_and_sums_by_hand():
 def test_the_progress_note_sizes_the_kv_store_by_hand():
     """The job's progress line: tokens generated, and the bytes the slab or ring holds (keys and
     values of every layer), in MiB under a GiB and in GiB from one; no store, no size."""
-    from types import SimpleNamespace
-
     from ladbench.inference.decode import DecodeStats, SlotDecoder
 
     def note(store):
@@ -1188,28 +1181,25 @@ def test_a_ring_serves_a_later_step_only_if_all_it_was_built_for_matches():
     """A stage's next step reuses the ring (and its compiled step) only with as many slots or
     fewer, the same compilation, graphs, model, sampler and penalty state, and the same heads,
     head sizes and dtype of the cache; any one of them different, it builds another."""
-    from types import SimpleNamespace
-
     from ladbench.inference.decode import Ring
 
     def kv(heads=2, dim=4, dtype=torch.float32, value_dim=4):
         return torch.zeros(1, heads, 5, dim, dtype=dtype), torch.zeros(1, heads, 5, value_dim, dtype=dtype)
-    adapter, compiled = object(), ("mode", "reduce-overhead")
-    ring = SimpleNamespace(slots=4, compile_options=dict([compiled]), graphs=True, adapter=adapter,
+    adapter = object()
+    ring = SimpleNamespace(slots=4, compile_options={"mode": "reduce-overhead"}, graphs=True, adapter=adapter,
                            keys=torch.zeros(4), seen=None, kv=[kv()] * 2)
-
-    built_for = dict(slots=4, options=(compiled,), graphs=True, model=adapter, keys=torch.zeros(2), seen=None,
-                     cache=(kv(),) * 2)
+    built_for = dict(slots=4, compile_options={"mode": "reduce-overhead"}, graphs=True, adapter=adapter,
+                     keys=torch.zeros(2), seen=None, cache=(kv(),) * 2)
 
     def serves(**different):
         step = {**built_for, **different}
-        options = None if step["options"] is None else dict(step["options"])
-        decoder = SimpleNamespace(slots=step["slots"], compile_options=options, graphs=step["graphs"], adapter=step["model"])
+        decoder = SimpleNamespace(**{k: step[k] for k in ("slots", "compile_options", "graphs", "adapter")})
         first = SimpleNamespace(keys=step["keys"], seen=step["seen"],
                                 cache=compat.new_plain_cache([list(pair) for pair in step["cache"]]))
         return Ring.serves(ring, decoder, first)
     assert serves() and serves(slots=3)
-    for different in (dict(slots=5), dict(options=None), dict(options=()), dict(graphs=False), dict(model=object()),
+    for different in (dict(slots=5), dict(compile_options=None), dict(compile_options={}), dict(graphs=False),
+                      dict(adapter=object()),
                       dict(keys=None), dict(seen=torch.zeros(2, 9, dtype=torch.bool)), dict(cache=(kv(),)),
                       dict(cache=(kv(), kv(heads=3))), dict(cache=(kv(), kv(dim=8))), dict(cache=(kv(), kv(dtype=torch.float16))),
                       dict(cache=(kv(), kv(value_dim=8)))):
@@ -1219,8 +1209,6 @@ def test_a_ring_serves_a_later_step_only_if_all_it_was_built_for_matches():
 def test_query_groups_by_hand():
     """Query heads per KV head, which the strided-read probe is asked with: 1 where the config
     states no grouping, no heads, or heads that are not numbers."""
-    from types import SimpleNamespace
-
     from ladbench.inference.decode import query_groups
     assert query_groups(SimpleNamespace(num_attention_heads=16, num_key_value_heads=2)) == 8
     assert query_groups(SimpleNamespace(num_attention_heads=16, num_key_value_heads=16)) == 1
