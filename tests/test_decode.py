@@ -596,6 +596,9 @@ def test_a_cache_the_loop_cannot_join_takes_the_padded_path_and_says_so_in_one_l
     stats = loop.decode_stats
     assert stats.ring_columns == 0 and stats.prefills == len(ROWS) // 2           # groups of 2 rows, no ring
     assert stats.decode_rows == stats.decode_steps * 2 * SAMPLES                  # a whole group each step
+    # each sample's copy of its row's prompt cache, then every step's concatenation copies all a
+    # sequence holds (the step's reads, less the one new position each)
+    assert stats.kv_positions_copied == SAMPLES * stats.prefilled_tokens + stats.kv_positions_read - stats.decode_rows
     (line,) = [r.getMessage() for r in caplog.records if r.name == "ladbench.inference.decode"]
     assert "(its text config sets use_sliding_window)" in line and "(the padded path), not 12 sequences" in line
     assert line.endswith("static shapes do not apply") == (decode == "static")
