@@ -11,6 +11,8 @@ STAMP  := $(VENV)/.installed
 CORES  ?= 2
 # the suite runs on CORES workers, whole test files each (pytest-xdist; conftest.py orders them)
 PYTEST_WORKERS ?= -n $(CORES) --dist loadfile
+# the slowest tests, setup and body apart: what pyproject's per-test `timeout` must stay above
+PYTEST_REPORT ?= --durations=15
 DEMO_CONFIG := workflow/demo/config.yaml
 SMK    := PATH="$(BIN):$$PATH" $(BIN)/snakemake
 
@@ -41,10 +43,10 @@ demo: install
 	@PATH="$(BIN):$$PATH" ladbench where --configfile $(DEMO_CONFIG)
 
 test: install
-	PATH="$(BIN):$$PATH" $(BIN)/pytest $(PYTEST_WORKERS)
+	PATH="$(BIN):$$PATH" $(BIN)/pytest $(PYTEST_WORKERS) $(PYTEST_REPORT)
 
 test-current: install-current
-	PATH="$(CURRENT_BIN):$$PATH" $(CURRENT_BIN)/pytest $(PYTEST_WORKERS) -m "lanes and not slurm"
+	PATH="$(CURRENT_BIN):$$PATH" $(CURRENT_BIN)/pytest $(PYTEST_WORKERS) $(PYTEST_REPORT) -m "lanes and not slurm"
 
 # The workflow's own checks and its layout (snakefmt: [tool.snakefmt]), then ruff over the
 # Python (rules: [tool.ruff] in pyproject.toml).

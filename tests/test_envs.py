@@ -91,3 +91,18 @@ def test_a_test_of_the_current_lane_only_runs_in_make_test_current():
     assert "test_windows.py::test_a_mistral_text_model_windowed_on_every_layer" in selected, result.stdout[-2000:]
     assert "test_hub_checks.py::test_a_refused_architecture_on_the_hub_is_refused_before_any_job" in selected
     assert "test_windows.py::test_gemma3_layers_are_five_windowed_to_one_global" not in selected   # lane-free: not marked
+
+
+@pytest.mark.lanes
+def test_a_test_that_hangs_fails_naming_itself(tmp_path, pytestconfig):
+    """The suite's time limit per test (pytest-timeout, pinned in both locks; pyproject's
+    `timeout`) stops a test that never ends and names it, on either lane. Shortened here to 2 s."""
+    import subprocess
+    assert float(pytestconfig.getini("timeout")) > 0           # this suite runs under one
+    import sys
+    (tmp_path / "test_spins.py").write_text("def test_spins():\n    while True:\n        pass\n")
+    result = subprocess.run([sys.executable, "-m", "pytest", "-c", str(ROOT / "pyproject.toml"), "--rootdir", str(tmp_path),
+                             "-p", "no:cacheprovider", "-p", "no:xdist", "-o", "timeout=2", str(tmp_path / "test_spins.py")],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1, result.stdout[-2000:]
+    assert "FAILED test_spins.py::test_spins - Failed: Timeout (>2.0s) from pytest-timeout" in result.stdout, result.stdout[-2000:]

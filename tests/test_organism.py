@@ -144,6 +144,12 @@ _BUILD_SCRIPT = "import json, sys; from ladbench.cli import main; [main(a) for a
 GLIBC_MASK = "glibc.cpu.hwcaps=-AVX,-AVX2,-FMA,-FMA4,-AVX512F,-AVX512DQ,-AVX512BW,-AVX512VL"
 
 
+#: how long one build of the portable models may take (an emulated CPU is the slow one)
+BUILD_LIMIT_S = 1800
+#: a test that builds them twice, as its own time limit (pyproject's `timeout` is shorter)
+builds_twice = pytest.mark.timeout(2 * BUILD_LIMIT_S + 60)
+
+
 def build_portable_models(out: Path, env: dict, emulator: tuple[str, ...] = ()) -> dict[str, str]:
     """Run the PORTABLE_BUILDS stages as ``ladbench`` runs them (the CLI sets the CPU switches),
     in ``env``, optionally under an ``emulator``; the sha256 of each weights file."""
@@ -154,7 +160,7 @@ def build_portable_models(out: Path, env: dict, emulator: tuple[str, ...] = ()) 
     argv = [[*command, "--out", str(out / name)] for name, (command, _) in PORTABLE_BUILDS.items()]
     python = [*emulator, "-0", sys.executable, os.path.realpath(sys.executable)] if emulator else [sys.executable]
     result = subprocess.run([*python, "-c", _BUILD_SCRIPT, json.dumps(argv)], env=env, capture_output=True,
-                            text=True, timeout=1800)
+                            text=True, timeout=BUILD_LIMIT_S)
     assert result.returncode == 0, result.stderr[-3000:]
     return {name: hashlib.sha256((out / name / weights).read_bytes()).hexdigest()
             for name, (_, weights) in PORTABLE_BUILDS.items()}
@@ -177,6 +183,7 @@ def emulated_cpu_environment() -> dict:
     return {k: v for k, v in unpinned_environment().items() if k not in HOST_CPU_CLAIMS}
 
 
+@builds_twice
 def test_weights_do_not_depend_on_the_instruction_sets_this_machine_can_mask(tmp_path):
     """Built once as a user runs the stages (nothing set: each library would use the best this
     CPU has) and once as a CPU without AVX, AVX2, FMA or AVX-512 would run them, as far as one
@@ -204,6 +211,7 @@ def qemu_or_skip() -> str:
 
 
 @pytest.mark.slow
+@builds_twice
 def test_weights_are_the_same_bits_on_an_emulated_older_cpu(tmp_path):
     """The demo's models built on this CPU and on another one: qemu-x86_64 emulating an Intel
     Nehalem (SSE4.2 only: no AVX, AVX2, FMA or AVX-512; another vendor than an AMD host, other

@@ -57,9 +57,13 @@ def hostile_config(tmp_path: Path, download: bool = False) -> tuple[Path, Path]:
     return path, root
 
 
+#: how long one Snakemake run of the hostile-path demo may take
+RUN_LIMIT_S = 1500
+
+
 def run(workdir: Path, configfile: Path, *args: str) -> str:
     result = subprocess.run(snakemake_command(workdir, *args, configfile=configfile), capture_output=True, text=True,
-                            env=plain_path_environment(), timeout=1500)
+                            env=plain_path_environment(), timeout=RUN_LIMIT_S)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-6000:]
     return output
@@ -82,6 +86,7 @@ def test_download_command_passes_a_hostile_root_as_one_argument(tmp_path):
     no_marker_anywhere(tmp_path, ROOT)
 
 
+@pytest.mark.timeout(RUN_LIMIT_S + 60)   # the whole demo DAG in the body (pyproject's `timeout` is shorter)
 def test_demo_dag_with_hostile_paths_completes_and_is_byte_identical(demo_run, tmp_path):
     config, _ = hostile_config(tmp_path)
     workdir = tmp_path / "run"
