@@ -1228,6 +1228,26 @@ def test_kv_positions_held_by_hand():
     assert kv_positions_held([5, 2], [[3, 1], [2, 4]]) == (6 + 7) + 0 + 3 + (3 + 4 + 5)
 
 
+def test_a_ring_holds_prompt_reply_and_margin_in_whole_blocks_by_hand():
+    """Columns for up to ``tokens`` tokens and 64 more, rounded up to blocks of 128: CoT's
+    1,900-token prompts and 1,024-token replies take 3,072 (the docstring's case); 64 tokens fill
+    one block exactly, 65 start a second."""
+    from ladbench.inference.decode import ring_capacity
+    assert ring_capacity(1900 + 1024) == 3072
+    assert ring_capacity(64) == 128 and ring_capacity(65) == 256
+    assert ring_capacity(0) == 128
+
+
+def test_the_static_step_is_cuda_graphed_at_fixed_shapes_on_a_gpu_and_eager_on_a_cpu():
+    """``--decode static`` on a GPU: ``reduce-overhead`` (CUDA graphs), its shapes fixed (a ring is
+    one shape, so its kernels are specialised to it; a ring of another shape compiles anew, which
+    ``RING_BLOCK`` keeps rare). On the CPU: not compiled."""
+    from ladbench.inference.decode import static_compile_options
+    assert static_compile_options("cuda") == static_compile_options(torch.device("cuda", 1)) == {
+        "mode": "reduce-overhead", "dynamic": False}
+    assert static_compile_options("cpu") is None
+
+
 @pytest.mark.parametrize("prompt", sorted(VARIANTS))
 def test_kv_reads_counted_against_what_the_sequences_hold(ending, tmp_path, prompt):
     """What the sequences hold is the same however they decode (the same replies, the same prompts).
