@@ -183,18 +183,29 @@ def test_a_decode_step_reads_back_from_the_device_once(ending, tmp_path, monkeyp
 @pytest.mark.parametrize("prompt", sorted(VARIANTS))
 def test_a_ring_grows_for_a_longer_prompt_and_keeps_what_it_holds(ending, tmp_path, monkeypatch, prompt):
     """A ring sized for the first group without margin: a later, longer prompt does not fit, the
-    ring is unrolled into a longer one mid-flight, and every reply stays generate's."""
+    ring is unrolled into a longer one mid-flight, and every reply stays generate's. The ring then
+    has room for the widest prompt and the longest reply allowed, exactly: the reply limit here is
+    more than half the prompts' spread (25 tokens), so that a room check off by the limit either
+    way shows. Each unrolling copies every slot's columns, which the KV copy count holds beside the
+    admissions' copies (a ring with room from the start makes only those)."""
     from ladbench.inference import decode
+    adapter, limit = ending(QWEN_BUILDS[0]), 16
+    _, roomy = generated(adapter, tmp_path / "roomy", prompt, "static", max_new_tokens=limit)
     sizes = []
 
     def exact(tokens):
         sizes.append(tokens)
         return tokens
     monkeypatch.setattr(decode, "ring_capacity", exact)
-    adapter = ending(QWEN_BUILDS[0])
-    new, loop = generated(adapter, tmp_path / "ring", prompt, "static")
-    old, _ = generated(adapter, tmp_path / "generate", prompt, "generate")
-    assert len(sizes) > 1 and loop.decode_stats.ring_columns == max(sizes) > sizes[0]
+    new, loop = generated(adapter, tmp_path / "ring", prompt, "static", max_new_tokens=limit)
+    old, _ = generated(adapter, tmp_path / "generate", prompt, "generate", max_new_tokens=limit)
+    stats = loop.decode_stats
+    widths = [group["attention_mask"].shape[1] for group in loop.prepare(ROWS).groups]
+    assert 2 * limit > max(widths) - min(widths) > 0
+    assert sizes[0] == widths[0] + limit                              # the first ring: the first group's
+    assert len(sizes) > 1 and stats.ring_columns == max(sizes) == max(widths) + limit > sizes[0]
+    unrolled = stats.kv_positions_copied - roomy.decode_stats.kv_positions_copied
+    assert unrolled == stats.slots * sum(sizes[:-1])                  # the first ring starts empty
     for key in ("text", "parsed", "n_generated"):
         assert (new[key] == old[key]).all(), key
 
