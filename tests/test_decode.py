@@ -854,8 +854,11 @@ def test_the_static_step_compiles_as_one_graph_and_replies_stay_equal(ending, ti
     # computation on the model and copies them into every output (a guard of the compiled step);
     # the loop's prefills take their positions from the host and leave it alone, generate sets it
     old, _ = generated(adapter, tmp_path / "generate", prompt, "generate")
+    steps_begun = []              # each compiled step a new CUDA-graph step: its replay may reuse the last one's memory
+    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: steps_begun.append(1))
     new, loop = generated(adapter, tmp_path / "compiled", prompt, "static")
     assert compiled and loop.decode_stats.ring_columns
+    assert len(steps_begun) == loop.decode_stats.decode_steps > 0
     again = loop.generate_batch(loop.prepare(ROWS[:4]))                     # the next step of the stage
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1     # one ring, one graph, both steps
     for key in ("text", "parsed", "n_generated"):
