@@ -1275,6 +1275,10 @@ def test_kv_reads_counted_against_what_the_sequences_hold(ending, tmp_path, prom
     (alone_text, alone), (slab_text, slab), (ring_text, ring) = [(out["text"], runner.decode_stats) for out, runner in runs]
     assert (alone_text == slab_text).all() and (slab_text == ring_text).all()
     assert alone.kv_positions_held == slab.kv_positions_held == ring.kv_positions_held > 0
+    # however they decode, each sequence is fed back every token of its reply but the last
+    assert alone.decode_rows == slab.decode_rows == ring.decode_rows == alone.useful_tokens - len(alone_text) * (
+        SAMPLES if prompt == "sc" else 1)
+    assert ring.token_slots % ring.slots == 0 and ring.token_slots >= ring.useful_tokens   # every slot drawn for
     if prompt == "cot":
         assert alone.kv_positions_read == alone.kv_positions_held and alone.kv_reads_held() == 1
         # one sequence in flight: a prefill a row, every token slot useful, a step a row; a reply of
