@@ -52,6 +52,7 @@ def test_permavg_plan_adds_all_cyclic_shifts_of_each_ordering():
     assert plan.shift[:3].tolist() == [0, 1, 2] and plan.ordering[:6].tolist() == [0, 0, 0, 1, 1, 1]
     # instance 0, ordering 1 = [2, 0, 1]; shift 1 shows ordering[(p + 1) % 3] = [0, 1, 2]
     assert plan.order[4].tolist() == [0, 1, 2] and plan.target_pos[4] == 1
+    assert plan.shift[-3:].tolist() == [0, 0, 0]    # calibration rows: their shift is their `ordering`
     for r in range(len(plan)):                 # the target really sits where target_pos says
         inst = BENCH["eval" if plan.split[r] == 0 else "calibration"][plan.instance[r]]
         assert inst["candidates"][plan.order[r][plan.target_pos[r]]] == inst["target"]
@@ -62,8 +63,18 @@ def test_plan_rejects_bad_benchmarks():
     with pytest.raises(ValueError, match=r"orderings\[0\] is not a permutation"):
         plan_rows(bad)
     bad = {**BENCH, "calibration": [{"id": 3, "caption": "c", "target": 99, "candidates": [1, 2, 3]}]}
-    with pytest.raises(ValueError, match="target must be one of the candidates"):
+    with pytest.raises(ValueError, match=r"^benchmark calibration \(id 3\): target must be one of the candidates$"):
         plan_rows(bad)
+    bad = {**BENCH, "eval": [BENCH["eval"][0], {**BENCH["eval"][1], "target": 99}]}
+    with pytest.raises(ValueError, match=r"^benchmark eval \(id 1\): target must be one of the candidates$"):
+        plan_rows(bad)
+
+
+def test_a_plan_starts_at_row_0_and_a_shard_of_it_where_its_rows_start():
+    plan = plan_rows(BENCH, shifts_per_ordering=True)
+    shard = plan.rows(4, 9)
+    assert plan.first_row == 0 and shard.first_row == 4 and shard.rows(1, 3).first_row == 5
+    assert shard.order.tolist() == plan.order[4:9].tolist() and shard.shift.tolist() == plan.shift[4:9].tolist()
 
 
 def _results(rows, n_layers=2, n=3):
