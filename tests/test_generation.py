@@ -41,6 +41,8 @@ def test_greedy_cot_at_batch_b_equals_batch_1(setup):
     assert (one["text"] == many["text"]).all() and (one["parsed"] == many["parsed"]).all()
     assert (one["n_generated"] == many["n_generated"]).all() and (one["n_generated"] >= 1).all()
     assert (one["n_generated"] <= 12).all()
+    with h5py.File(folder / "cot4.h5", "r", locking=False) as f:     # one reply a row: no samples' answers
+        assert {"text", "parsed", "n_generated"} <= set(f) and "sample_parsed" not in f
     attrs = many.attrs
     assert attrs["generated_tokens"] == int(many["n_generated"].sum())
     assert attrs["generated_tokens_per_s"] == pytest.approx(attrs["generated_tokens"] / attrs["timed_s"])
