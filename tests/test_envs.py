@@ -98,8 +98,8 @@ def test_a_test_that_hangs_fails_naming_itself(tmp_path, pytestconfig):
     """The suite's time limit per test (pytest-timeout, pinned in both locks; pyproject's
     `timeout`) stops a test that never ends and names it, on either lane. Shortened here to 2 s."""
     import subprocess
-    assert float(pytestconfig.getini("timeout")) > 0           # this suite runs under one
     import sys
+    assert float(pytestconfig.getini("timeout")) > 0           # this suite runs under one
     (tmp_path / "test_spins.py").write_text("def test_spins():\n    while True:\n        pass\n")
     result = subprocess.run([sys.executable, "-m", "pytest", "-c", str(ROOT / "pyproject.toml"), "--rootdir", str(tmp_path),
                              "-p", "no:cacheprovider", "-p", "no:xdist", "-o", "timeout=2", str(tmp_path / "test_spins.py")],
